@@ -1,0 +1,225 @@
+"""The remediation activities: one per external action, each safe to retry.
+
+Each activity reads the current state before it acts (is the node drained already? was this job
+requeued already?), so a retry after a worker crash does nothing twice. Bad input fails fast with
+a non-retryable ApplicationError whose message names what was wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.notify import Notifier
+from activities.providers import NodeProvider
+from activities.slurm import NodeOutOfService, SlurmClient, UnknownNode
+from gpuheal import policy
+from gpuheal.models import (
+    CheckpointRequest,
+    DrainResult,
+    HealthCheckResult,
+    JobSnapshot,
+    NodeInfo,
+    NodeRef,
+    Notification,
+    RemediationResult,
+    RepairRequest,
+    ReplacementResult,
+    RequeueRequest,
+    RequeueResult,
+    ResumedJob,
+    VerifyRequest,
+)
+from workers import metrics
+
+# Non-retryable error types; the workflow's retry policies name them too.
+UNKNOWN_NODE = "UnknownNode"
+NOT_RESUMED = "TrainingNotResumed"
+
+
+class RemediationActivities:
+    def __init__(self, slurm: SlurmClient, provider: NodeProvider, notifier: Notifier) -> None:
+        self._slurm = slurm
+        self._provider = provider
+        self._notifier = notifier
+
+    @activity.defn
+    async def look_up_slurm_node(self, ref: NodeRef) -> NodeInfo:
+        """Fail fast on a node Slurm does not know, before anything is touched."""
+        try:
+            return await self._slurm.node(ref.node)
+        except (UnknownNode, NodeOutOfService) as err:
+            raise ApplicationError(
+                f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True
+            ) from err
+
+    @activity.defn
+    async def notify_operators(self, note: Notification) -> None:
+        await self._notifier.send(note)
+
+    @activity.defn
+    async def list_jobs_on_node(self, ref: NodeRef) -> list[JobSnapshot]:
+        return await self._slurm.jobs_on_node(ref.node)
+
+    @activity.defn
+    async def request_checkpoint(self, req: CheckpointRequest) -> list[int]:
+        """Ask batch jobs still running on the node to checkpoint now (SIGUSR1 to the batch
+        script). A second signal after a retry only asks for a checkpoint the job already has."""
+        signalled = []
+        for job_id in req.job_ids:
+            job = await self._slurm.job(job_id)
+            if job is None or job.state != "RUNNING":
+                continue
+            if req.node not in await self._slurm.hostnames(job.nodes):
+                continue
+            await self._slurm.signal_batch(job_id, "USR1")
+            signalled.append(job_id)
+        return signalled
+
+    @activity.defn
+    async def drain_slurm_node(self, ref: NodeRef, reason: str) -> DrainResult:
+        node = await self._slurm.node(ref.node)
+        if node.drained:
+            ours = policy.is_our_drain(node.reason, ref.incident_id)
+            return DrainResult(
+                node=ref.node, drained_by_us=ours, already_drained=True, previous_reason=node.reason
+            )
+        await self._slurm.update_node(ref.node, state="drain", reason=reason)
+        return DrainResult(node=ref.node, drained_by_us=True, already_drained=False)
+
+    @activity.defn
+    async def requeue_slurm_job(self, req: RequeueRequest) -> RequeueResult:
+        before = req.job
+        base = dict(
+            job_id=before.job_id,
+            restart_count_before=before.restart_count,
+            node_count=before.node_count,
+        )
+        current = await self._slurm.job(before.job_id)
+        if current is None:
+            return RequeueResult(**base, requeued=False, reason="job no longer known to Slurm")
+        if current.restart_count <= before.restart_count:
+            why = policy.unrequeueable_reason(current.requeueable, current.state)
+            if why:
+                return RequeueResult(**base, requeued=False, reason=why)
+            await self._slurm.requeue(current.job_id)
+            already = False
+        else:
+            already = True  # a previous attempt requeued it; only finish the job's set-up below
+        # Progress at the failure: the comment unless the restarted run has overwritten it already.
+        progress = current.progress
+        if progress is None or progress.restart != before.restart_count:
+            progress = before.progress
+        fields = {"starttime": "now"}  # skip the ~2 min begin-time delay a requeue imposes
+        if req.exclude_failed_node:
+            excluded = set(await self._slurm.hostnames(current.excluded_nodes))
+            fields["excnodelist"] = ",".join(sorted(excluded | {req.failed_node}))
+        await self._when_pending(current.job_id, fields)
+        return RequeueResult(
+            **base,
+            requeued=True,
+            already_requeued=already,
+            step_at_failure=progress.step if progress else None,
+            checkpoint_step=progress.checkpoint_step if progress else None,
+            checkpoint_at=progress.checkpoint_at if progress else None,
+        )
+
+    async def _when_pending(self, job_id: int, fields: dict[str, str]) -> None:
+        """A requeued job passes through REQUEUED/COMPLETING before it is PENDING, and only a
+        pending job takes these updates; wait for it (a retry of the activity lands here too)."""
+        for _ in range(120):
+            job = await self._slurm.job(job_id)
+            if job is None or job.state not in {
+                "REQUEUED",
+                "COMPLETING",
+                "PENDING",
+                "REQUEUE_HOLD",
+                "REQUEUE_FED",
+            }:
+                return  # running again already (or gone): nothing left to adjust
+            if job.state == "PENDING":
+                await self._slurm.update_job(job_id, **fields)
+                return
+            activity.heartbeat(f"job {job_id} is {job.state}")
+            await asyncio.sleep(0.25)
+        raise RuntimeError(f"job {job_id} did not become PENDING after its requeue")
+
+    @activity.defn
+    async def repair_node(self, req: RepairRequest) -> str:
+        return await self._provider.repair(req.node.node, req.action)
+
+    @activity.defn
+    async def replace_node(self, ref: NodeRef) -> ReplacementResult:
+        return await self._provider.replace(ref.node, ref.incident_id)
+
+    @activity.defn
+    async def check_node_health(self, ref: NodeRef) -> HealthCheckResult:
+        return await self._provider.check_health(ref.node)
+
+    @activity.defn
+    async def resume_slurm_node(self, ref: NodeRef) -> str:
+        node = await self._slurm.node(ref.node)
+        if not node.drained:
+            return f"{ref.node} already in service ({node.state})"
+        if not policy.is_our_drain(node.reason, ref.incident_id):
+            # Someone else drained it (or re-drained it since): never undo their drain.
+            return f"{ref.node} left drained: its drain is not ours ({node.reason!r})"
+        await self._slurm.update_node(ref.node, state="resume")
+        return f"{ref.node} resumed"
+
+    @activity.defn
+    async def decommission_node(self, ref: NodeRef) -> str:
+        return await self._provider.decommission(ref.node, policy.drain_reason(ref.incident_id, "replaced"))
+
+    @activity.defn
+    async def wait_for_training_progress(self, req: VerifyRequest) -> list[ResumedJob]:
+        """Poll until every requeued job runs on a healthy node and has trained past the
+        checkpoint it had before the failure. Heartbeats carry what is still awaited."""
+        pending = {j.job_id: j for j in req.jobs if j.requeued}
+        resumed: dict[int, ResumedJob] = {}
+        while True:
+            for job in await self._slurm.jobs():
+                want = pending.get(job.job_id)
+                if want is None or job.job_id in resumed:
+                    continue
+                done = await self._resumed(job, want, req.avoid_node)
+                if done is not None:
+                    resumed[job.job_id] = done
+            waiting = sorted(set(pending) - set(resumed))
+            if not waiting:
+                return [resumed[j] for j in sorted(resumed)]
+            activity.heartbeat({"waiting_for_jobs": waiting})
+            await asyncio.sleep(req.poll_interval_s)
+
+    async def _resumed(
+        self, job: JobSnapshot, want: RequeueResult, avoid_node: str | None
+    ) -> ResumedJob | None:
+        p = job.progress
+        if job.state != "RUNNING" or p is None or job.restart_count <= want.restart_count_before:
+            return None
+        if p.restart != job.restart_count:
+            return None  # the comment is still the failed run's
+        nodes = await self._slurm.hostnames(job.nodes)
+        if avoid_node is not None and avoid_node in nodes:
+            raise ApplicationError(
+                f"job {job.job_id} restarted on the failed node {avoid_node}",
+                type=NOT_RESUMED,
+                non_retryable=True,
+            )
+        if p.step <= (want.checkpoint_step or 0):
+            return None
+        return ResumedJob(
+            job_id=job.job_id,
+            node=",".join(nodes),
+            step=p.step,
+            checkpoint_step=want.checkpoint_step or 0,
+            restart_count=job.restart_count,
+            observed_at=datetime.now(UTC),
+        )
+
+    @activity.defn
+    async def record_incident_metrics(self, result: RemediationResult) -> None:
+        metrics.observe_incident(result)

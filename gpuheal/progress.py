@@ -1,0 +1,66 @@
+"""The training-progress contract between users' jobs and gpuheal.
+
+RUNNING is not proof that training came back: a restarted job can hang in NCCL set-up or fail to
+find its checkpoint. So gpuheal asks each job to publish its progress in its Slurm job comment:
+
+    gpuheal step=<int> ckpt=<int> ckpt_at=<unix seconds> restart=<SLURM_RESTART_COUNT>
+
+- ``step``: the last optimizer step completed;
+- ``ckpt``: the step stored in the newest durable checkpoint; ``ckpt_at``: when it was written;
+- ``restart``: the job's ``SLURM_RESTART_COUNT`` (0 before any requeue). The comment survives a
+  requeue, so this field tells gpuheal's verifier whether the line is from the restarted run.
+
+A job updates it with ``scontrol update jobid=$SLURM_JOB_ID comment="..."`` (what
+:func:`report_progress` does); a job owner may update their own job's comment. gpuheal also sends
+``SIGUSR1`` to the batch script before it drains the node: a job that traps it and checkpoints at
+once loses no steps.
+
+A job is *resumed* when it runs on a healthy node with a larger restart count than before the
+failure and its comment, written by that run, shows a step past the checkpoint it had before
+the failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+from gpuheal.models import JobProgress
+
+_FIELD = re.compile(r"(\w+)=([0-9.]+)")
+PREFIX = "gpuheal"
+
+
+def format_progress(step: int, checkpoint_step: int, checkpoint_at: float, restart: int) -> str:
+    return f"{PREFIX} step={step} ckpt={checkpoint_step} ckpt_at={checkpoint_at:.0f} restart={restart}"
+
+
+def parse_progress(comment: str | None) -> JobProgress | None:
+    """Parse a job comment; None when the job does not follow the contract."""
+    if not comment or not comment.startswith(PREFIX + " "):
+        return None
+    fields = dict(_FIELD.findall(comment))
+    try:
+        return JobProgress(
+            step=int(fields["step"]),
+            checkpoint_step=int(fields["ckpt"]),
+            checkpoint_at=float(fields["ckpt_at"]) if "ckpt_at" in fields else None,
+            restart=int(fields.get("restart", "0")),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def report_progress(step: int, checkpoint_step: int, checkpoint_at: float | None = None) -> None:
+    """Called from inside a Slurm job: publish progress in the job's comment."""
+    job_id = os.environ["SLURM_JOB_ID"]
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    comment = format_progress(step, checkpoint_step, checkpoint_at or time.time(), restart)
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job_id}", f"comment={comment}"],
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )

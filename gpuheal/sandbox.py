@@ -1,0 +1,291 @@
+"""The local sandbox: Temporal dev server, Slurm cluster, worker and webhook as real processes.
+
+Used by the demo, the benchmark and the integration tests, so all three run the same stack the
+same way. Each Sandbox has its own run directory and ports, so a test run and a demo can coexist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuheal.config import REPO
+from gpuheal.models import JobProgress
+from gpuheal.progress import parse_progress
+
+SLURM_SCRIPT = REPO / "infra" / "slurm" / "sandbox.sh"
+TEMPORAL_SCRIPT = REPO / "infra" / "temporal" / "dev-server.sh"
+TRAIN_JOB = REPO / "infra" / "slurm" / "jobs" / "train.py"
+BIN = Path(sys.executable).parent
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    temporal_port: int = 7233
+    slurm_port: int = 16817
+    webhook_port: int = 8088
+    metrics_port: int = 9464
+    cluster: str = "sandbox"
+    task_queue: str = "gpuheal"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root = self.root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        token_file = self.root / "webhook.token"
+        if not token_file.exists():
+            token_file.write_text(secrets.token_urlsafe(24))
+            token_file.chmod(0o600)
+        self.webhook_token = token_file.read_text().strip()
+
+    # --- paths and environment -----------------------------------------------------------
+
+    @property
+    def slurm_dir(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.slurm_dir / "slurm.conf"
+
+    @property
+    def fault_dir(self) -> Path:
+        return self.slurm_dir / "faults"
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.temporal_port + 1000}"
+
+    @property
+    def webhook_url(self) -> str:
+        return f"http://127.0.0.1:{self.webhook_port}/alertmanager"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SLURM_CONF": str(self.slurm_conf),
+            "GPUHEAL_SLURM_DIR": str(self.slurm_dir),
+            "GPUHEAL_SLURM_PORT": str(self.slurm_port),
+            "GPUHEAL_SLURM_CLUSTER": self.cluster,
+            "GPUHEAL_CLUSTER": self.cluster,
+            "GPUHEAL_TEMPORAL_DIR": str(self.root / "temporal"),
+            "GPUHEAL_TEMPORAL_PORT": str(self.temporal_port),
+            "GPUHEAL_TEMPORAL_ADDRESS": self.temporal_address,
+            "GPUHEAL_UI_URL": self.ui_url,
+            "GPUHEAL_TASK_QUEUE": self.task_queue,
+            "GPUHEAL_WEBHOOK_TOKEN": self.webhook_token,
+            "TEMPORAL_BIN": str(BIN / "temporal"),
+            **self.extra_env,
+        }
+
+    def run(self, *argv: str | Path, check: bool = True, timeout: float = 60) -> str:
+        proc = subprocess.run(
+            [str(a) for a in argv], env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise SandboxError(f"{' '.join(map(str, argv))} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    # --- services ------------------------------------------------------------------------
+
+    def start_slurm(self, clean: bool = True) -> None:
+        self.run(SLURM_SCRIPT, "start", *(["--clean"] if clean else []))
+        self.fault_dir.mkdir(parents=True, exist_ok=True)
+
+    def start_temporal(self) -> None:
+        self.run(TEMPORAL_SCRIPT, "start")
+
+    def stop_temporal(self) -> None:
+        self.run(TEMPORAL_SCRIPT, "stop", check=False)
+
+    def stop_slurm(self) -> None:
+        self.run(SLURM_SCRIPT, "stop", check=False)
+
+    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        pidfile = self.root / f"{name}.pid"
+        if pidfile.exists():  # a leftover from an interrupted run would serve old code
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+                time.sleep(0.5)
+            except (ProcessLookupError, ValueError):
+                pass
+        log = open(self.root / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            [str(BIN / "gpuheal"), *argv],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        pidfile.write_text(str(proc.pid))
+        return proc
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            "worker",
+            "worker",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--sdk-metrics-port",
+            str(self.metrics_port + 1),
+        )
+
+    def start_webhook(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn("webhook", "webhook", "--port", str(self.webhook_port))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.webhook_port}/healthz", timeout=1)
+                return proc
+            except OSError:
+                if proc.poll() is not None:
+                    raise SandboxError(f"webhook exited; see {self.root / 'webhook.log'}") from None
+                time.sleep(0.2)
+        raise SandboxError("webhook did not answer within 20 s")
+
+    @staticmethod
+    def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    # --- Slurm helpers for scenarios -----------------------------------------------------
+
+    def submit_training(
+        self,
+        name: str = "train",
+        requeue: bool = True,
+        step_s: float = 0.5,
+        ckpt_every: int = 10,
+        nodelist: str | None = None,
+    ) -> int:
+        jobs = self.root / "jobs"
+        jobs.mkdir(exist_ok=True)
+        ckpt = jobs / f"{name}-{time.time_ns()}.ckpt.json"
+        env = (
+            f"ALL,TRAIN_CKPT={ckpt},TRAIN_STEP_S={step_s},TRAIN_CKPT_EVERY={ckpt_every},"
+            f"GPUHEAL_FAULT_DIR={self.fault_dir}"
+        )
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={name}",
+            f"--output={jobs}/{name}-%j.out",
+            f"--export={env}",
+            "--requeue" if requeue else "--no-requeue",
+        ]
+        if nodelist:
+            argv.append(f"--nodelist={nodelist}")
+        argv.append(f"--wrap=exec {sys.executable} {TRAIN_JOB}")
+        return int(self.run(*argv).strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, object] | None:
+        data = json.loads(self.run("squeue", "--json"))
+        return next((j for j in data["jobs"] if j["job_id"] == job_id), None)
+
+    def job_progress(self, job_id: int) -> JobProgress | None:
+        j = self.job(job_id)
+        return parse_progress(str(j.get("comment") or "")) if j else None
+
+    def wait_for_step(self, job_id: int, step: int, timeout: float = 60, show: bool = False) -> str:
+        """Wait until the job has passed `step`; returns the node it runs on."""
+        deadline = time.monotonic() + timeout
+        shown = -1
+        while time.monotonic() < deadline:
+            j = self.job(job_id)
+            p = parse_progress(str(j.get("comment") or "")) if j else None
+            done = min(step, p.step if p else 0)
+            if show and done != shown:
+                bar = "█" * (done * 20 // step) + "░" * (20 - done * 20 // step)
+                print(f"\r  training job {job_id}: step {done:>3}/{step} {bar}", end="", flush=True)
+                shown = done
+            if j and p and p.step >= step and j["job_state"] == "RUNNING":
+                if show:
+                    print()
+                return str(j["nodes"])
+            time.sleep(0.3)
+        raise SandboxError(f"job {job_id} did not reach step {step} within {timeout:.0f} s")
+
+    def inject_gpu_fault(self, node: str) -> None:
+        """The sandbox's stand-in for a GPU falling off the bus: jobs on the node stop stepping."""
+        self.fault_dir.mkdir(parents=True, exist_ok=True)
+        (self.fault_dir / node).touch()
+
+    def alertmanager_payload(self, node: str, xid: int, gpu: int = 0) -> dict[str, object]:
+        now = datetime.now(UTC).isoformat()
+        labels = {
+            "alertname": "GpuXidCritical",
+            "node": node,
+            "xid": str(xid),
+            "gpu": str(gpu),
+            "cluster": self.cluster,
+            "severity": "critical",
+        }
+        return {
+            "version": "4",
+            "status": "firing",
+            "receiver": "gpuheal",
+            "groupKey": f"{{}}:{node}",
+            "groupLabels": {"node": node},
+            "commonLabels": labels,
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager.invalid",
+            "truncatedAlerts": 0,
+            "alerts": [
+                {
+                    "status": "firing",
+                    "labels": labels,
+                    "startsAt": now,
+                    "endsAt": "0001-01-01T00:00:00Z",
+                    "fingerprint": f"{node}-{xid}-{gpu}",
+                    "annotations": {"summary": f"XID {xid} on {node} GPU {gpu}"},
+                    "generatorURL": "http://prometheus.invalid/graph",
+                }
+            ],
+        }
+
+    def post_alert(
+        self, payload: dict[str, object] | bytes, token: str | None = None
+    ) -> tuple[int, dict[str, object]]:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        req = urllib.request.Request(
+            self.webhook_url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.webhook_token if token is None else token}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                return err.code, {"error": raw.decode(errors="replace")}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine (as root): Debian packages, venv, pip install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in slurmctld slurmd slurm-client munge; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+echo "setup: pip install -e .[dev]"
+.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'

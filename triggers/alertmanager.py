@@ -1,0 +1,104 @@
+"""Alertmanager webhook payloads (version 4) to health reports. Pure: no I/O.
+
+Label names differ between exporters, so several are accepted:
+node: node, Hostname, hostname, instance (port stripped); XID: xid, err_code, XID;
+GPU: gpu, GPU, gpu_index (a UUID label is kept in the summary, not as an index);
+non-XID signal: gpuheal_signal; cluster: cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuheal.models import HealthReport
+
+NODE_LABELS = ("node", "Hostname", "hostname", "instance")
+XID_LABELS = ("xid", "err_code", "XID")
+GPU_LABELS = ("gpu", "GPU", "gpu_index")
+
+
+class Alert(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    status: str = Field(pattern=r"^(firing|resolved)$")
+    labels: dict[str, str]
+    annotations: dict[str, str] = {}
+    startsAt: datetime
+    fingerprint: str = ""
+
+
+class AlertmanagerPayload(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: str = Field(pattern=r"^4$")
+    status: str
+    alerts: list[Alert] = Field(min_length=1, max_length=1000)
+
+
+class Rejected(BaseModel):
+    alert: str
+    reason: str
+
+
+class Parsed(BaseModel):
+    reports: list[HealthReport]
+    rejected: list[Rejected]
+    resolved: int
+
+
+def _first(labels: dict[str, str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        if labels.get(name):
+            return labels[name]
+    return None
+
+
+def _node_from(value: str) -> str:
+    host = value.rsplit(":", 1)[0] if re.search(r":\d+$", value) else value
+    return host.split(".")[0]  # short hostname, as Slurm names nodes
+
+
+def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
+    """Firing alerts become reports, de-duplicated; resolved alerts start nothing."""
+    reports: dict[tuple[object, ...], HealthReport] = {}
+    rejected: list[Rejected] = []
+    resolved = 0
+    for alert in payload.alerts:
+        name = alert.labels.get("alertname", "?") + (f" [{alert.fingerprint}]" if alert.fingerprint else "")
+        if alert.status == "resolved":
+            resolved += 1
+            continue
+        node = _first(alert.labels, NODE_LABELS)
+        if node is None:
+            rejected.append(
+                Rejected(alert=name, reason=f"no node label (looked for {', '.join(NODE_LABELS)})")
+            )
+            continue
+        xid_s = _first(alert.labels, XID_LABELS)
+        gpu_s = _first(alert.labels, GPU_LABELS)
+        try:
+            report = HealthReport(
+                node=_node_from(node),
+                cluster=alert.labels.get("cluster") or default_cluster,
+                xid=int(xid_s) if xid_s is not None else None,
+                signal=alert.labels.get("gpuheal_signal"),
+                gpu=int(gpu_s) if gpu_s is not None and gpu_s.isdigit() else None,
+                source="alertmanager",
+                observed_at=alert.startsAt,
+                summary=(alert.annotations.get("summary") or alert.labels.get("alertname", ""))[:500],
+            )
+        except (ValidationError, ValueError) as err:
+            rejected.append(Rejected(alert=name, reason=describe_error(err)))
+            continue
+        key = (report.cluster, report.node, report.xid, report.signal, report.gpu)
+        # Fifty alerts for one failure are one report: keep the earliest observation.
+        if key not in reports or report.observed_at < reports[key].observed_at:
+            reports[key] = report
+    return Parsed(reports=list(reports.values()), rejected=rejected, resolved=resolved)
+
+
+def describe_error(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'alert'}: {e['msg']}" for e in err.errors())
+    return str(err)

@@ -1,0 +1,124 @@
+"""HTTP endpoint for Alertmanager's webhook receiver: POST /alertmanager.
+
+It starts (or joins) one remediation per failing node. Because it can start remediations, every
+request must carry `Authorization: Bearer <GPUHEAL_WEBHOOK_TOKEN>`; the server will not start
+without a token. Bodies are limited in size and validated; a malformed body gets HTTP 400 with
+the reason and starts nothing. A simple token bucket limits the request rate.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from pydantic import ValidationError
+from temporalio.client import Client
+
+from gpuheal.config import Settings
+from gpuheal.models import HealthReport
+from triggers.alertmanager import AlertmanagerPayload, describe_error, to_reports
+from triggers.start import start_or_join
+
+log = logging.getLogger("gpuheal.webhook")
+
+MAX_BODY_BYTES = 256 * 1024
+Starter = Callable[[HealthReport], Awaitable[str]]
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate, self.burst = rate_per_s, float(burst)
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+def make_app(
+    settings: Settings, start: Starter, *, rate_per_s: float = 20.0, burst: int = 40
+) -> web.Application:
+    if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
+        raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
+    expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
+    bucket = TokenBucket(rate_per_s, burst)
+
+    async def alertmanager(request: web.Request) -> web.Response:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _error(401, "missing or wrong bearer token")
+        if not bucket.take():
+            return _error(429, "rate limit exceeded; retry later")
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        try:
+            raw = await request.content.read(MAX_BODY_BYTES + 1)
+        except Exception as err:
+            return _error(400, f"could not read body: {err}")
+        if len(raw) > MAX_BODY_BYTES:
+            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        try:
+            payload = AlertmanagerPayload.model_validate(json.loads(raw))
+        except json.JSONDecodeError as err:
+            return _error(400, f"body is not JSON: {err}")
+        except ValidationError as err:
+            return _error(400, f"not an Alertmanager v4 payload: {describe_error(err)}")
+        parsed = to_reports(payload, settings.cluster)
+        if not parsed.reports and parsed.rejected:
+            return web.json_response(
+                {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},
+                status=400,
+            )
+        started = []
+        for report in parsed.reports:
+            try:
+                workflow_id = await start(report)
+            except Exception as err:
+                log.error("could not start remediation for %s: %s", report.describe(), err)
+                return _error(503, f"could not start remediation for {report.describe()}: {err}")
+            log.info("report %s -> %s", report.describe(), workflow_id)
+            started.append({"workflow_id": workflow_id, "report": report.describe()})
+        return web.json_response(
+            {
+                "started_or_joined": started,
+                "rejected": [r.model_dump() for r in parsed.rejected],
+                "resolved_ignored": parsed.resolved,
+            }
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/alertmanager", alertmanager)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def temporal_starter(client: Client, settings: Settings) -> Starter:
+    async def start(report: HealthReport) -> str:
+        handle = await start_or_join(client, settings, report)
+        return handle.id
+
+    return start
+
+
+async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
+    runner = web.AppRunner(make_app(settings, temporal_starter(client, settings)))
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("webhook listening on http://%s:%d/alertmanager", host, port)
+    return runner

@@ -1,0 +1,112 @@
+"""The gpuheal worker: runs the remediation workflow and its activities.
+
+Serves the SDK's Prometheus metrics (task latencies, activity failures, ...) on one port and the
+project's own (incidents open, stage durations, MTTR) on another. SIGTERM or SIGINT shut it down
+gracefully: it stops polling, lets running activities finish for a while, then exits; whatever
+was cut off is retried by Temporal on the next worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+
+from activities.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
+from activities.providers import SandboxProvider
+from activities.remediation import RemediationActivities
+from activities.slurm import SlurmClient
+from gpuheal.config import REPO, Settings
+from workers import metrics
+from workflows.remediation import GpuRemediationWorkflow
+
+log = logging.getLogger("gpuheal.worker")
+
+
+def build_activities(settings: Settings) -> RemediationActivities:
+    slurm = SlurmClient(settings.slurm_conf or str(settings.sandbox_dir / "slurm.conf"))
+    provider = SandboxProvider(slurm, settings.sandbox_dir, REPO / "infra" / "slurm" / "sandbox.sh")
+    notifier: Notifier = LogNotifier()
+    if settings.notify_url:
+        notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
+    return RemediationActivities(slurm, provider, notifier)
+
+
+def activity_list(acts: RemediationActivities) -> list[Callable[..., Any]]:
+    return [
+        acts.look_up_slurm_node,
+        acts.notify_operators,
+        acts.list_jobs_on_node,
+        acts.request_checkpoint,
+        acts.drain_slurm_node,
+        acts.requeue_slurm_job,
+        acts.repair_node,
+        acts.replace_node,
+        acts.check_node_health,
+        acts.resume_slurm_node,
+        acts.decommission_node,
+        acts.wait_for_training_progress,
+        acts.record_incident_metrics,
+    ]
+
+
+def make_worker(client: Client, settings: Settings) -> Worker:
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[GpuRemediationWorkflow],
+        activities=activity_list(build_activities(settings)),
+        graceful_shutdown_timeout=timedelta(seconds=10),
+    )
+
+
+async def _refresh_open_incidents(client: Client) -> None:
+    query = 'WorkflowType="GpuRemediation" AND ExecutionStatus="Running"'
+    while True:
+        try:
+            metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)
+        except Exception as err:
+            log.warning("could not count open incidents: %s", err)
+        await asyncio.sleep(15)
+
+
+async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
+    runtime = Runtime(
+        telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{sdk_metrics_port}"))
+    )
+    start_http_server(metrics_port, addr="127.0.0.1")
+    client = await Client.connect(
+        settings.temporal_address,
+        namespace=settings.namespace,
+        data_converter=pydantic_data_converter,
+        runtime=runtime,
+    )
+    worker = make_worker(client, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    refresher = asyncio.create_task(_refresh_open_incidents(client))
+    log.info(
+        "worker on task queue %r at %s; metrics :%d (gpuheal) :%d (SDK); Slurm %s",
+        settings.task_queue,
+        settings.temporal_address,
+        metrics_port,
+        sdk_metrics_port,
+        settings.slurm_conf or Path(settings.sandbox_dir) / "slurm.conf",
+    )
+    async with worker:
+        await stop.wait()
+        log.info("shutting down: finishing running tasks (up to 10 s)")
+    refresher.cancel()
+    log.info("worker stopped")

@@ -1,0 +1,42 @@
+"""The project's own Prometheus metrics, served by the worker beside the SDK's.
+
+Stage durations and MTTR are observed when an incident closes (record_incident_metrics); the
+open-incident gauge is refreshed from Temporal's visibility store, so it stays right across
+worker restarts and with several workers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from gpuheal.models import RemediationResult
+
+_BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+INCIDENTS_OPEN = Gauge("gpuheal_incidents_open", "Remediation workflows running now")
+INCIDENTS_CLOSED = Counter("gpuheal_incidents_closed_total", "Incidents closed", ["action", "outcome"])
+STAGE_SECONDS = Histogram(
+    "gpuheal_stage_duration_seconds",
+    "Time spent in each remediation stage",
+    ["stage"],
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+)
+MTTR_SECONDS = Histogram(
+    "gpuheal_mttr_seconds",
+    "Failure observed to training making progress again",
+    ["action"],
+    buckets=_BUCKETS,
+)
+STEPS_LOST = Counter("gpuheal_training_steps_lost_total", "Training steps redone after failures")
+GPU_SECONDS_LOST = Counter("gpuheal_gpu_seconds_lost_total", "GPU time lost to failures")
+
+
+def observe_incident(result: RemediationResult) -> None:
+    INCIDENTS_CLOSED.labels(result.action.value, result.outcome).inc()
+    for stage in result.stages:
+        if stage.duration_s is not None:
+            STAGE_SECONDS.labels(stage.stage.value).observe(stage.duration_s)
+    if result.mttr_s is not None:
+        MTTR_SECONDS.labels(result.action.value).observe(result.mttr_s)
+    STEPS_LOST.inc(result.steps_lost)
+    GPU_SECONDS_LOST.inc(result.gpu_seconds_lost)
