@@ -103,6 +103,9 @@ class RemediationActivities:
             return RequeueResult(**base, requeued=False, reason="job no longer known to Slurm")
         if current.restart_count <= before.restart_count:
             why = policy.unrequeueable_reason(current.requeueable, current.state)
+            pinned = req.failed_node in await self._slurm.hostnames(current.required_nodes)
+            if why is None and pinned and req.exclude_failed_node:
+                why = f"pinned to {req.failed_node} with --nodelist: it cannot restart elsewhere"
             if why:
                 return RequeueResult(**base, requeued=False, reason=why)
             await self._slurm.requeue(current.job_id)

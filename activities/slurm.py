@@ -156,5 +156,6 @@ def _job_snapshot(j: dict[str, Any]) -> JobSnapshot:
         requeueable=bool(j.get("requeue", False)),
         restart_count=int(j.get("restart_cnt") or 0),
         excluded_nodes=str(j.get("excluded_nodes") or ""),
+        required_nodes=str(j.get("required_nodes") or ""),
         progress=parse_progress(j.get("comment")),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -152,13 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env()
         if args.command in SYNC_COMMANDS:
             return SYNC_COMMANDS[args.command](settings, args)
-        return asyncio.run(COMMANDS[args.command](settings, args))
+        rc = asyncio.run(COMMANDS[args.command](settings, args))
     except ValidationError as err:
         print(f"gpuheal: invalid input: {err}", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"gpuheal: {err}", file=sys.stderr)
         return 2
+    # The SDK's native client threads can abort interpreter finalisation ("PyGILState_Release")
+    # after a short command; the command's work is done and flushed, so skip finalisation.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

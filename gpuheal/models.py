@@ -157,6 +157,7 @@ class JobSnapshot(Frozen):
     requeueable: bool
     restart_count: int
     excluded_nodes: str = ""
+    required_nodes: str = ""
     progress: JobProgress | None = None
 
 

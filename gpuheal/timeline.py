@@ -50,7 +50,8 @@ def render_result(result: RemediationResult, url: str | None = None) -> str:
     for lost in result.jobs_not_requeued:
         lines.append(f"job {lost.job_id:<6} NOT requeued: {lost.reason}")
     if result.mttr_s is not None:
-        lines.append(f"MTTR       {result.mttr_s:.1f} s (failure observed -> training past its checkpoint)")
+        until = "training past its checkpoint" if result.jobs_resumed else "capacity back in service"
+        lines.append(f"MTTR       {result.mttr_s:.1f} s (failure observed -> {until})")
     lines.append(f"lost       {result.steps_lost} steps, {result.gpu_seconds_lost:.0f} GPU-seconds")
     if url:
         lines.append(f"Temporal   {url}")

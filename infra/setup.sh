@@ -15,7 +15,13 @@ fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
-  python3 -m venv .venv
+  if ! python3 -m venv .venv 2>/dev/null; then
+    # Debian's python3 ships venv separately
+    rm -rf .venv
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv .venv
+  fi
 fi
 echo "setup: pip install -e .[dev]"
 .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'

@@ -166,8 +166,9 @@ cmd_stop() {
   [ -d "$DIR/run" ] || return 0
   local f
   ctld_up && scancel --quiet --full --user=root 2>/dev/null || true
-  for f in "$DIR"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
-  stop_pidfile "$DIR/run/slurmctld.pid"
+  # Signal every daemon first, then wait: stopping them one by one takes seconds each.
+  for f in "$DIR"/run/*.pid; do pid_alive "$f" && kill "$(cat "$f")" 2>/dev/null || true; done
+  for f in "$DIR"/run/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   kill_job_steps
   log "stopped ($DIR)"
 }

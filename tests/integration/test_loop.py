@@ -1,0 +1,226 @@
+"""The whole loop on the real Temporal dev server and the real Slurm sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+from gpuheal import policy
+from gpuheal.config import Settings
+from gpuheal.models import ActionClass, ApprovalPolicy, HealthReport, RemediationSettings, Stage
+from gpuheal.sandbox import Sandbox
+from tests.integration.conftest import nodes_in_service, slurmctld_log
+from triggers.start import start_or_join
+from workflows.remediation import GpuRemediationWorkflow
+
+pytestmark = pytest.mark.integration
+
+
+def report(settings: Settings, node: str, xid: int = 79, gpu: int = 0) -> HealthReport:
+    return HealthReport(node=node, cluster=settings.cluster, xid=xid, gpu=gpu, source="test",
+                        observed_at=datetime.now(UTC))
+
+
+def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str, object]:
+    payload = sb.alertmanager_payload(node, xid)
+    for a in payload["alerts"]:  # type: ignore[attr-defined]
+        a["labels"]["cluster"] = settings.cluster
+    return payload
+
+
+async def count_incidents(client: Client, settings: Settings) -> int:
+    return (await client.count_workflows(f'Cluster="{settings.cluster}"')).count
+
+
+async def test_whole_loop_from_alert_to_resumed_training(
+    webhook: Sandbox, settings: Settings, client: Client, worker: None
+) -> None:
+    sb = webhook
+    job = sb.submit_training("loop")
+    node = await asyncio.to_thread(sb.wait_for_step, job, 12)
+    sb.inject_gpu_fault(node)
+    status, body = await asyncio.to_thread(sb.post_alert, alert_for(sb, settings, node, 79))
+    assert status == 200, body
+    handle = client.get_workflow_handle_for(
+        GpuRemediationWorkflow.run, policy.workflow_id(settings.cluster, node)
+    )
+    result = await asyncio.wait_for(handle.result(), 120)
+
+    assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
+    (resumed,) = result.jobs_resumed
+    assert resumed.job_id == job and node not in resumed.node
+    assert resumed.step > resumed.checkpoint_step >= 10
+    # What Slurm itself says: the job runs elsewhere, restarted once, past its checkpoint.
+    j = sb.job(job)
+    assert j is not None and j["job_state"] == "RUNNING" and j["restart_cnt"] == 1
+    progress = sb.job_progress(job)
+    assert progress is not None and progress.step > resumed.checkpoint_step
+    # The failed node left the cluster; a spare joined.
+    assert result.replacement_node in nodes_in_service(sb)
+    assert node not in nodes_in_service(sb)
+    log = slurmctld_log(sb)
+    assert f"node {node} reason set to: {result.incident_id}:" in log
+    assert result.mttr_s is not None and 0 < result.mttr_s < 60
+    assert [s.stage for s in result.stages][-1] == Stage.CLOSE
+
+
+async def test_two_reports_for_one_node_make_one_workflow_and_one_drain(
+    slurm: Sandbox, settings: Settings, client: Client, worker: None
+) -> None:
+    job = slurm.submit_training("dup")
+    node = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    first = await start_or_join(client, settings, report(settings, node, 79, gpu=0))
+    second = await start_or_join(client, settings, report(settings, node, 79, gpu=1))
+    assert first.id == second.id
+    result = await asyncio.wait_for(first.result(), 120)
+    assert await count_incidents(client, settings) == 1
+    assert len(result.reports) == 2
+    assert slurmctld_log(slurm).count(f"node {node} state set to DRAINING") == 1
+    assert slurmctld_log(slurm).count(f"Requeuing JobId={job}") == 1
+
+
+async def test_job_submitted_with_no_requeue_is_reported_not_dropped(
+    slurm: Sandbox, settings: Settings, client: Client, worker: None
+) -> None:
+    keep = slurm.submit_training("keep")
+    node = await asyncio.to_thread(slurm.wait_for_step, keep, 1)
+    stuck = slurm.submit_training("stuck", requeue=False, nodelist=node)
+    await asyncio.to_thread(slurm.wait_for_step, stuck, 3)
+    slurm.inject_gpu_fault(node)
+    handle = await start_or_join(client, settings, report(settings, node))
+    result = await asyncio.wait_for(handle.result(), 120)
+    assert [r.job_id for r in result.jobs_requeued] == [keep]
+    assert [u.job_id for u in result.jobs_not_requeued] == [stuck]
+    assert "--no-requeue" in result.jobs_not_requeued[0].reason
+    assert [r.job_id for r in result.jobs_resumed] == [keep]
+
+
+async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    settings = settings.model_copy(update={"remediation": RemediationSettings(
+        approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
+        checkpoint_grace_s=1,
+    )})
+    from workers.main import make_worker
+
+    job = slurm.submit_training("abort")
+    node = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, node))
+        for _ in range(100):
+            status = await handle.query(GpuRemediationWorkflow.status)
+            if status.awaiting_approval:
+                break
+            await asyncio.sleep(0.1)
+        assert status.awaiting_approval
+        env = {**slurm.env(), "GPUHEAL_CLUSTER": settings.cluster}
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [os.path.join(os.path.dirname(sys.executable), "gpuheal"), "abort", node,
+             "--operator", "oncall-bob", "--reason", "vendor says firmware bug, not the GPU"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "abort recorded" in cli.stdout
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.outcome == "aborted"
+    assert f"state=resume" in result.node_state
+    info = json.loads(slurm.run("sinfo", "--json"))
+    state = {n["name"]: n for n in info["nodes"]}[node]
+    assert "DRAIN" in state["state_flags"] and state["reason"].startswith(result.incident_id)
+    assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started
+    j = slurm.job(job)
+    assert j is not None and j["job_state"] == "RUNNING" and j["restart_cnt"] == 0  # untouched
+
+
+async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    env_settings = {
+        "GPUHEAL_CLUSTER": settings.cluster, "GPUHEAL_TASK_QUEUE": settings.task_queue,
+        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
+    }
+    slurm.extra_env.update(env_settings)
+    try:
+        job = slurm.submit_training("crash", step_s=2.0)
+        node = await asyncio.to_thread(slurm.wait_for_step, job, 2)
+        worker = slurm.start_worker()
+        slurm.inject_gpu_fault(node)
+        handle = await start_or_join(client, settings, report(settings, node))
+        for _ in range(300):
+            status = await handle.query(GpuRemediationWorkflow.status)
+            if status.stage == Stage.VERIFY:
+                break
+            await asyncio.sleep(0.05)
+        assert status.stage == Stage.VERIFY
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        worker = slurm.start_worker()
+        try:
+            result = await asyncio.wait_for(handle.result(), 120)
+        finally:
+            Sandbox.stop_process(worker)
+    finally:
+        for key in env_settings:
+            slurm.extra_env.pop(key)
+    assert result.outcome == "resolved"
+    log = slurmctld_log(slurm)
+    assert log.count(f"node {node} state set to DRAINING") == 1
+    assert log.count(f"Requeuing JobId={job}") == 1
+    j = slurm.job(job)
+    assert j is not None and j["restart_cnt"] == 1
+    spares = {"gpu04", "gpu05", "gpu06"} & nodes_in_service(slurm)
+    assert spares == {result.replacement_node}  # one spare, not two
+    # the verify activity really was retried on the new worker
+    history = await handle.fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert max(attempts) >= 2
+
+
+async def test_report_for_an_unknown_node_fails_fast_and_names_it(
+    slurm: Sandbox, settings: Settings, client: Client, worker: None
+) -> None:
+    handle = await start_or_join(client, settings, report(settings, "gpu99"))
+    with pytest.raises(WorkflowFailureError) as err:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "gpu99" in str(err.value.cause)
+    assert "no node named" in str(err.value.cause)
+    assert "DRAINING" not in slurmctld_log(slurm)
+
+
+async def test_malformed_webhook_bodies_are_refused_and_start_nothing(
+    webhook: Sandbox, settings: Settings, client: Client
+) -> None:
+    sb = webhook
+    good = alert_for(sb, settings, "gpu01", 79)
+    no_node = alert_for(sb, settings, "gpu01", 79)
+    for a in no_node["alerts"]:  # type: ignore[attr-defined]
+        del a["labels"]["node"]
+    cases: list[tuple[dict[str, object] | bytes, str | None, int, str]] = [
+        (b"{not json", None, 400, "not JSON"),
+        (json.dumps({"version": "3", "alerts": []}).encode(), None, 400, "Alertmanager v4"),
+        (no_node, None, 400, "no node label"),
+        (good, "wrong-token", 401, "bearer token"),
+        (good, "", 401, "bearer token"),
+        (b"x" * (300 * 1024), None, 413, "larger than"),
+    ]
+    for body, token, code, reason in cases:
+        status, answer = await asyncio.to_thread(sb.post_alert, body, token)
+        assert status == code, (reason, answer)
+        assert reason in json.dumps(answer), answer
+    await asyncio.sleep(0.5)
+    assert await count_incidents(client, settings) == 0
+    assert "DRAINING" not in slurmctld_log(sb)

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from gpuheal.models import Decision, HealthReport
+from gpuheal.progress import format_progress, parse_progress
+
+NOW = datetime.now(UTC)
+
+
+@pytest.mark.parametrize("node", ["gpu01; rm -rf /", "-gpu", "", "a" * 64, "gpu 01", "$(reboot)"])
+def test_node_names_that_could_reach_a_command_line_are_refused(node: str) -> None:
+    with pytest.raises(ValidationError, match="node"):
+        HealthReport(node=node, xid=79, observed_at=NOW)
+
+
+def test_report_needs_xid_or_signal() -> None:
+    with pytest.raises(ValidationError, match="needs an XID or a signal"):
+        HealthReport(node="gpu01", observed_at=NOW)
+
+
+def test_report_needs_aware_timestamp() -> None:
+    with pytest.raises(ValidationError, match="time zone"):
+        HealthReport(node="gpu01", xid=79, observed_at=datetime(2026, 1, 1))
+
+
+def test_report_rejects_unknown_fields() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        HealthReport.model_validate({"node": "gpu01", "xid": 79, "observed_at": NOW, "color": "red"})
+
+
+def test_decision_needs_operator_and_reason() -> None:
+    with pytest.raises(ValidationError):
+        Decision(operator="", reason="x")
+    with pytest.raises(ValidationError):
+        Decision(operator="alice", reason="")
+    assert Decision(operator="alice@example.com", reason="ok").operator == "alice@example.com"
+
+
+def test_progress_round_trip() -> None:
+    line = format_progress(120, 100, 1796000000.0, 1)
+    assert line == "gpuheal step=120 ckpt=100 ckpt_at=1796000000 restart=1"
+    p = parse_progress(line)
+    assert p is not None
+    assert (p.step, p.checkpoint_step, p.checkpoint_at, p.restart) == (120, 100, 1796000000.0, 1)
+
+
+@pytest.mark.parametrize("comment", [None, "", "user comment", "gpuheal step=x ckpt=1", "gpuheal ckpt=3"])
+def test_progress_that_does_not_follow_the_contract_is_none(comment: str | None) -> None:
+    assert parse_progress(comment) is None

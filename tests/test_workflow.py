@@ -1,0 +1,201 @@
+"""The workflow's own logic on Temporal's time-skipping test server, with stand-in activities
+(tests/fakes.py): approve, abort and timeout paths, ignore, escalation after a failed repair."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from gpuheal.config import Settings
+from gpuheal.models import (
+    ActionClass,
+    ApprovalPolicy,
+    Decision,
+    HealthReport,
+    RemediationResult,
+    RemediationSettings,
+    Stage,
+)
+from tests.conftest import require_binary
+from tests.fakes import FakeCluster
+from triggers.start import start_or_join
+from workflows.remediation import GpuRemediationWorkflow
+
+Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
+KEYWORD = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+
+
+@pytest.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(require_binary("temporal-test-server")),
+        data_converter=pydantic_data_converter,
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace="default",
+            search_attributes={
+                "NodeName": KEYWORD, "Cluster": KEYWORD, "Stage": KEYWORD, "Action": KEYWORD,
+                "Xid": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+            },
+        )
+    )
+    yield env
+    await env.shutdown()
+
+
+def settings(approval: ApprovalPolicy | None = None) -> Settings:
+    return Settings(
+        task_queue=f"tq-{uuid.uuid4()}",
+        cluster="test",
+        remediation=RemediationSettings(approval=approval or ApprovalPolicy(), checkpoint_grace_s=30),
+    )
+
+
+def report(xid: int = 79) -> HealthReport:
+    return HealthReport(node="gpu01", cluster=f"c{uuid.uuid4().hex[:8]}", xid=xid, gpu=0,
+                        observed_at=datetime.now(UTC))
+
+
+async def wait_for_stage(handle: Handle, stage: Stage) -> None:
+    for _ in range(200):
+        status = await handle.query(GpuRemediationWorkflow.status)
+        if status.stage == stage and (stage != Stage.APPROVAL or status.awaiting_approval):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"workflow never reached {stage}")
+
+
+def worker(env: WorkflowEnvironment, s: Settings, fake: FakeCluster) -> Worker:
+    return Worker(env.client, task_queue=s.task_queue, workflows=[GpuRemediationWorkflow],
+                  activities=fake.activities())  # type: ignore[arg-type]
+
+
+async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
+    assert fake.calls == [
+        "look_up", "notify:remediating", "list_jobs", "checkpoint", "drain", "list_jobs",
+        "requeue:7", "replace", "verify", "decommission", "notify:closed_resolved", "metrics",
+    ]
+    assert [st.stage for st in result.stages] == [
+        Stage.TRIAGE, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE, Stage.REPAIR,
+        Stage.VERIFY, Stage.RETURN, Stage.CLOSE,
+    ]
+    # the checkpoint grace period is a durable timer: 30 s pass in workflow time
+    protect = next(st for st in result.stages if st.stage == Stage.PROTECT)
+    assert protect.duration_s is not None and protect.duration_s >= 30
+    assert result.replacement_node == "gpu09" and result.steps_lost == 2
+    assert result.mttr_s is not None
+
+
+async def test_approve_by_update(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.APPROVAL)
+        # contained while waiting: drained, nothing requeued yet
+        assert fake.calls[-2:] == ["drain", "notify:approval_needed"]
+        assert "requeue:7" not in fake.calls
+        answer = await handle.execute_update(
+            GpuRemediationWorkflow.approve, Decision(operator="alice", reason="RMA ticket 42")
+        )
+        assert "approve recorded" in answer
+        result = await handle.result()
+    assert result.outcome == "resolved"
+    assert result.decision is not None and result.decision.operator == "alice"
+    assert fake.calls.count("drain") == 1  # the containment drain is the drain
+    assert "replace" in fake.calls
+
+
+async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.APPROVAL)
+        await handle.execute_update(GpuRemediationWorkflow.abort, Decision(operator="bob", reason="false alarm"))
+        result = await handle.result()
+    assert result.outcome == "aborted" and result.reason == "false alarm"
+    assert "drained by this incident; not replaced" in result.node_state
+    assert "state=resume" in result.node_state
+    assert not {"replace", "requeue:7", "checkpoint"} & set(fake.calls)
+    assert "notify:aborted" in fake.calls
+
+
+async def test_decision_outside_the_approval_wait_is_rejected(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.APPROVAL)
+        await handle.execute_update(GpuRemediationWorkflow.approve, Decision(operator="alice", reason="go"))
+        with pytest.raises(WorkflowUpdateFailedError) as err:
+            await handle.execute_update(GpuRemediationWorkflow.abort, Decision(operator="bob", reason="stop"))
+        assert "not awaiting approval" in str(err.value.cause)
+        result = await handle.result()
+    assert result.outcome == "resolved" and result.decision is not None
+    assert result.decision.operator == "alice"
+
+
+@pytest.mark.parametrize(("default", "outcome"), [("abort", "aborted"), ("approve", "resolved")])
+async def test_approval_timeout_falls_back_to_the_default(
+    env: WorkflowEnvironment, default: str, outcome: str
+) -> None:
+    approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=900,
+                              default_on_timeout=default)  # type: ignore[arg-type]
+    fake, s = FakeCluster(), settings(approval)
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == outcome
+    assert result.decision is not None and result.decision.by_timeout
+    assert result.decision.operator == "gpuheal-policy"
+    approval_stage = next(st for st in result.stages if st.stage == Stage.APPROVAL)
+    assert approval_stage.duration_s is not None and approval_stage.duration_s >= 900
+
+
+async def test_approve_by_signal(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.APPROVAL)
+        await handle.signal("approve", Decision(operator="carol", reason="ok"))
+        result = await handle.result()
+    assert result.outcome == "resolved" and result.decision is not None
+    assert result.decision.operator == "carol"
+
+
+async def test_informational_xid_is_ignored_with_reason(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(63))).result()
+    assert result.outcome == "ignored" and "informational" in result.reason
+    assert fake.calls == ["look_up", "notify:closed_ignored", "metrics"]
+
+
+async def test_failed_health_check_after_reset_replaces_the_node(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(healthy_after_repair=False), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(48))).result()
+    assert "repair:reset_gpu" in fake.calls
+    assert fake.calls.index("health") < fake.calls.index("replace") < fake.calls.index("decommission")
+    assert "resume" not in fake.calls
+    assert result.action == ActionClass.REPLACE_NODE and result.replacement_node == "gpu09"
+
+
+async def test_reset_then_resume_after_health_check(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(95))).result()
+    assert fake.calls.index("health") < fake.calls.index("resume")
+    assert "health check passed" in result.node_state and result.replacement_node is None
