@@ -55,9 +55,7 @@ class SandboxProvider:
     # --- sandbox process control ---------------------------------------------------------
 
     async def _sandbox(self, verb: str, node: str) -> None:
-        await self._slurm.run(
-            "env", f"GPUHEAL_SLURM_DIR={self._dir}", str(self._script), verb, check_node_name(node)
-        )
+        await self._slurm.run("env", f"GPUHEAL_SLURM_DIR={self._dir}", str(self._script), verb, check_node_name(node))
 
     async def _wait_serving(self, node: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -52,9 +52,7 @@ class RemediationActivities:
         try:
             return await self._slurm.node(ref.node)
         except (UnknownNode, NodeOutOfService) as err:
-            raise ApplicationError(
-                f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True
-            ) from err
+            raise ApplicationError(f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True) from err
 
     @activity.defn
     async def notify_operators(self, note: Notification) -> None:
@@ -84,9 +82,7 @@ class RemediationActivities:
         node = await self._slurm.node(ref.node)
         if node.drained:
             ours = policy.is_our_drain(node.reason, ref.incident_id)
-            return DrainResult(
-                node=ref.node, drained_by_us=ours, already_drained=True, previous_reason=node.reason
-            )
+            return DrainResult(node=ref.node, drained_by_us=ours, already_drained=True, previous_reason=node.reason)
         await self._slurm.update_node(ref.node, state="drain", reason=reason)
         return DrainResult(node=ref.node, drained_by_us=True, already_drained=False)
 
@@ -197,9 +193,7 @@ class RemediationActivities:
             activity.heartbeat({"waiting_for_jobs": waiting})
             await asyncio.sleep(req.poll_interval_s)
 
-    async def _resumed(
-        self, job: JobSnapshot, want: RequeueResult, avoid_node: str | None
-    ) -> ResumedJob | None:
+    async def _resumed(self, job: JobSnapshot, want: RequeueResult, avoid_node: str | None) -> ResumedJob | None:
         p = job.progress
         if job.state != "RUNNING" or p is None or job.restart_count <= want.restart_count_before:
             return None

@@ -103,6 +103,18 @@ def _webhook(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(settings: Settings, args: argparse.Namespace) -> int:
+    from triggers.agent_main import run_agent
+
+    return run_agent(settings, args.node, args.metrics_port, args.kmsg, args.poll_s, args.report_to)
+
+
+def _healthcheck(settings: Settings, args: argparse.Namespace) -> int:
+    from triggers.healthcheck import run_healthcheck
+
+    return run_healthcheck(settings, args.node, args.expect_gpus, args.report_to)
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from gpuheal.demo import run_demo
 
@@ -138,12 +150,30 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="127.0.0.1")
     h.add_argument("--port", type=int, default=8088)
 
+    a = sub.add_parser("agent", help="node health agent: NVML + kernel-log XIDs -> metrics, reports")
+    a.add_argument("--node", required=True, help="this node's Slurm name")
+    a.add_argument("--metrics-port", type=int, default=9410)
+    a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to follow ('none' to disable)")
+    a.add_argument("--poll-s", type=float, default=10.0, help="NVML health polling interval")
+    a.add_argument("--report-to", help="gpuheal webhook URL for direct reports (token from env)")
+
+    c = sub.add_parser("healthcheck", help="one-shot GPU check for Slurm's HealthCheckProgram")
+    c.add_argument("--node", required=True)
+    c.add_argument("--expect-gpus", type=int, default=0, help="GPUs this node must have")
+    c.add_argument("--report-to", help="gpuheal webhook URL (token from GPUHEAL_WEBHOOK_TOKEN)")
+
     sub.add_parser("demo", help="the end-to-end demo on the local sandbox")
     return p
 
 
 COMMANDS = {"report": _report, "approve": _decide, "abort": _decide, "status": _status}
-SYNC_COMMANDS = {"worker": _worker, "webhook": _webhook, "demo": _demo}
+SYNC_COMMANDS = {
+    "worker": _worker,
+    "webhook": _webhook,
+    "demo": _demo,
+    "agent": _agent,
+    "healthcheck": _healthcheck,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

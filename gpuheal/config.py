@@ -64,9 +64,7 @@ class Settings(BaseModel):
             cluster=get("GPUHEAL_CLUSTER", "sandbox"),
             slurm_conf=env.get("SLURM_CONF") or None,
             sandbox_dir=sandbox_dir,
-            webhook_token=SecretStr(env["GPUHEAL_WEBHOOK_TOKEN"])
-            if env.get("GPUHEAL_WEBHOOK_TOKEN")
-            else None,
+            webhook_token=SecretStr(env["GPUHEAL_WEBHOOK_TOKEN"]) if env.get("GPUHEAL_WEBHOOK_TOKEN") else None,
             notify_url=env.get("GPUHEAL_NOTIFY_URL") or None,
             remediation=RemediationSettings(
                 approval=approval,

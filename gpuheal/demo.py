@@ -86,11 +86,7 @@ async def _run(sb: Sandbox) -> int:
     print(render_result(result, f"{sb.ui_url}/namespaces/default/workflows/{incident}"))
     print()
     resumed = [r for r in result.jobs_resumed if r.job_id == job]
-    ok = (
-        bool(resumed)
-        and node not in resumed[0].node.split(",")
-        and resumed[0].step > resumed[0].checkpoint_step
-    )
+    ok = bool(resumed) and node not in resumed[0].node.split(",") and resumed[0].step > resumed[0].checkpoint_step
     sb.run("scancel", str(job), check=False)
     if ok:
         say(

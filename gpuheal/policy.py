@@ -129,9 +129,7 @@ def triage_all(reports: Sequence[HealthReport]) -> Triage:
     for v in verdicts[1:]:
         if more_severe(v.action, worst.action) != worst.action:
             worst = v
-    resets = Counter(
-        (r.gpu, r.xid) for r, v in zip(reports, verdicts, strict=True) if v.action == A.RESET_GPU
-    )
+    resets = Counter((r.gpu, r.xid) for r, v in zip(reports, verdicts, strict=True) if v.action == A.RESET_GPU)
     repeated = [key for key, n in resets.items() if n >= REPEATS_BEFORE_REPLACE]
     if repeated and more_severe(A.REPLACE_NODE, worst.action) == A.REPLACE_NODE:
         gpu, xid = repeated[0]

@@ -97,9 +97,7 @@ class Sandbox:
         }
 
     def run(self, *argv: str | Path, check: bool = True, timeout: float = 60) -> str:
-        proc = subprocess.run(
-            [str(a) for a in argv], env=self.env(), capture_output=True, text=True, timeout=timeout
-        )
+        proc = subprocess.run([str(a) for a in argv], env=self.env(), capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise SandboxError(f"{' '.join(map(str, argv))} failed: {proc.stderr.strip()}")
         return proc.stdout
@@ -267,9 +265,7 @@ class Sandbox:
             ],
         }
 
-    def post_alert(
-        self, payload: dict[str, object] | bytes, token: str | None = None
-    ) -> tuple[int, dict[str, object]]:
+    def post_alert(self, payload: dict[str, object] | bytes, token: str | None = None) -> tuple[int, dict[str, object]]:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         req = urllib.request.Request(
             self.webhook_url,

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine (as root): Debian packages, venv, pip install.
+# Prometheus and Alertmanager come with --no-install-recommends; no Debian service is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in slurmctld slurmd slurm-client munge; do
+for pkg in slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

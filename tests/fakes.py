@@ -36,7 +36,12 @@ class FakeCluster:
         self.notes: list[Notification] = []
         self.healthy_after_repair = healthy_after_repair
         self.job = JobSnapshot(
-            job_id=7, name="train", state="RUNNING", nodes="gpu01", requeueable=True, restart_count=0,
+            job_id=7,
+            name="train",
+            state="RUNNING",
+            nodes="gpu01",
+            requeueable=True,
+            restart_count=0,
             progress=JobProgress(step=42, checkpoint_step=40, checkpoint_at=0.0, restart=0),
         )
 
@@ -72,7 +77,10 @@ class FakeCluster:
         async def requeue(req: RequeueRequest) -> RequeueResult:
             c.calls.append(f"requeue:{req.job.job_id}")
             return RequeueResult(
-                job_id=req.job.job_id, requeued=True, step_at_failure=42, checkpoint_step=40,
+                job_id=req.job.job_id,
+                requeued=True,
+                step_at_failure=42,
+                checkpoint_step=40,
                 checkpoint_at=0.0,
             )
 
@@ -105,8 +113,14 @@ class FakeCluster:
         async def verify(req: VerifyRequest) -> list[ResumedJob]:
             c.calls.append("verify")
             return [
-                ResumedJob(job_id=j.job_id, node="gpu02", step=41, checkpoint_step=40, restart_count=1,
-                           observed_at=datetime.now(UTC))
+                ResumedJob(
+                    job_id=j.job_id,
+                    node="gpu02",
+                    step=41,
+                    checkpoint_step=40,
+                    restart_count=1,
+                    observed_at=datetime.now(UTC),
+                )
                 for j in req.jobs
             ]
 
@@ -114,5 +128,18 @@ class FakeCluster:
         async def record(result: RemediationResult) -> None:
             c.calls.append("metrics")
 
-        return [look_up, notify, list_jobs, checkpoint, drain, requeue, repair, replace, health,
-                resume, decommission, verify, record]
+        return [
+            look_up,
+            notify,
+            list_jobs,
+            checkpoint,
+            drain,
+            requeue,
+            repair,
+            replace,
+            health,
+            resume,
+            decommission,
+            verify,
+            record,
+        ]

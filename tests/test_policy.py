@@ -18,10 +18,20 @@ def report(xid: int | None = None, signal: str | None = None, gpu: int | None = 
 @pytest.mark.parametrize(
     ("xid", "action"),
     [
-        (13, A.RESTART_APP), (31, A.RESTART_APP), (43, A.RESTART_APP), (45, A.IGNORE),
-        (48, A.RESET_GPU), (63, A.IGNORE), (64, A.RESET_GPU), (74, A.RESET_GPU),
-        (79, A.REPLACE_NODE), (92, A.IGNORE), (94, A.RESTART_APP), (95, A.RESET_GPU),
-        (119, A.RESET_GPU), (120, A.RESET_GPU),
+        (13, A.RESTART_APP),
+        (31, A.RESTART_APP),
+        (43, A.RESTART_APP),
+        (45, A.IGNORE),
+        (48, A.RESET_GPU),
+        (63, A.IGNORE),
+        (64, A.RESET_GPU),
+        (74, A.RESET_GPU),
+        (79, A.REPLACE_NODE),
+        (92, A.IGNORE),
+        (94, A.RESTART_APP),
+        (95, A.RESET_GPU),
+        (119, A.RESET_GPU),
+        (120, A.RESET_GPU),
     ],
 )
 def test_xid_catalogue(xid: int, action: A) -> None:
@@ -32,8 +42,13 @@ def test_xid_catalogue(xid: int, action: A) -> None:
 
 @pytest.mark.parametrize(
     ("recovery", "action"),
-    [("none", A.IGNORE), ("gpu_reset", A.RESET_GPU), ("drain_and_reset", A.RESET_GPU),
-     ("node_reboot", A.REBOOT_NODE), (None, A.REBOOT_NODE)],
+    [
+        ("none", A.IGNORE),
+        ("gpu_reset", A.RESET_GPU),
+        ("drain_and_reset", A.RESET_GPU),
+        ("node_reboot", A.REBOOT_NODE),
+        (None, A.REBOOT_NODE),
+    ],
 )
 def test_xid_154_follows_the_drivers_recovery_action(recovery: str | None, action: A) -> None:
     assert policy.triage(report(154, signal=recovery)).action == action
@@ -58,9 +73,7 @@ def test_most_severe_report_wins() -> None:
 
 
 def test_repeated_resets_on_one_gpu_escalate_to_replace() -> None:
-    reports = [
-        HealthReport(node="gpu01", xid=48, gpu=2, observed_at=T0 + timedelta(minutes=i)) for i in range(3)
-    ]
+    reports = [HealthReport(node="gpu01", xid=48, gpu=2, observed_at=T0 + timedelta(minutes=i)) for i in range(3)]
     assert policy.triage_all(reports[:2]).action == A.RESET_GPU
     verdict = policy.triage_all(reports)
     assert verdict.action == A.REPLACE_NODE
@@ -94,12 +107,26 @@ def test_unrequeueable_reason() -> None:
 
 def test_incident_cost() -> None:
     requeued = [
-        RequeueResult(job_id=1, requeued=True, step_at_failure=120, checkpoint_step=100,
-                      checkpoint_at=(T0 - timedelta(seconds=60)).timestamp(), node_count=2),
+        RequeueResult(
+            job_id=1,
+            requeued=True,
+            step_at_failure=120,
+            checkpoint_step=100,
+            checkpoint_at=(T0 - timedelta(seconds=60)).timestamp(),
+            node_count=2,
+        ),
         RequeueResult(job_id=2, requeued=False, reason="--no-requeue"),
     ]
-    resumed = [ResumedJob(job_id=1, node="gpu02", step=101, checkpoint_step=100, restart_count=1,
-                          observed_at=T0 + timedelta(seconds=30))]
+    resumed = [
+        ResumedJob(
+            job_id=1,
+            node="gpu02",
+            step=101,
+            checkpoint_step=100,
+            restart_count=1,
+            observed_at=T0 + timedelta(seconds=30),
+        )
+    ]
     cost = policy.incident_cost(T0, requeued, resumed, gpus_per_node=8)
     assert cost.mttr_s == 30
     assert cost.steps_lost == 20

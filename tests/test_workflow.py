@@ -45,7 +45,10 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         AddSearchAttributesRequest(
             namespace="default",
             search_attributes={
-                "NodeName": KEYWORD, "Cluster": KEYWORD, "Stage": KEYWORD, "Action": KEYWORD,
+                "NodeName": KEYWORD,
+                "Cluster": KEYWORD,
+                "Stage": KEYWORD,
+                "Action": KEYWORD,
                 "Xid": IndexedValueType.INDEXED_VALUE_TYPE_INT,
             },
         )
@@ -63,8 +66,7 @@ def settings(approval: ApprovalPolicy | None = None) -> Settings:
 
 
 def report(xid: int = 79) -> HealthReport:
-    return HealthReport(node="gpu01", cluster=f"c{uuid.uuid4().hex[:8]}", xid=xid, gpu=0,
-                        observed_at=datetime.now(UTC))
+    return HealthReport(node="gpu01", cluster=f"c{uuid.uuid4().hex[:8]}", xid=xid, gpu=0, observed_at=datetime.now(UTC))
 
 
 async def wait_for_stage(handle: Handle, stage: Stage) -> None:
@@ -77,8 +79,7 @@ async def wait_for_stage(handle: Handle, stage: Stage) -> None:
 
 
 def worker(env: WorkflowEnvironment, s: Settings, fake: FakeCluster) -> Worker:
-    return Worker(env.client, task_queue=s.task_queue, workflows=[GpuRemediationWorkflow],
-                  activities=fake.activities())  # type: ignore[arg-type]
+    return Worker(env.client, task_queue=s.task_queue, workflows=[GpuRemediationWorkflow], activities=fake.activities())  # type: ignore[arg-type]
 
 
 async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment) -> None:
@@ -87,12 +88,29 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
     assert fake.calls == [
-        "look_up", "notify:remediating", "list_jobs", "checkpoint", "drain", "list_jobs",
-        "requeue:7", "replace", "verify", "decommission", "notify:closed_resolved", "metrics",
+        "look_up",
+        "notify:remediating",
+        "list_jobs",
+        "checkpoint",
+        "drain",
+        "list_jobs",
+        "requeue:7",
+        "replace",
+        "verify",
+        "decommission",
+        "notify:closed_resolved",
+        "metrics",
     ]
     assert [st.stage for st in result.stages] == [
-        Stage.TRIAGE, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE, Stage.REPAIR,
-        Stage.VERIFY, Stage.RETURN, Stage.CLOSE,
+        Stage.TRIAGE,
+        Stage.NOTIFY,
+        Stage.PROTECT,
+        Stage.DRAIN,
+        Stage.REQUEUE,
+        Stage.REPAIR,
+        Stage.VERIFY,
+        Stage.RETURN,
+        Stage.CLOSE,
     ]
     # the checkpoint grace period is a durable timer: 30 s pass in workflow time
     protect = next(st for st in result.stages if st.stage == Stage.PROTECT)
@@ -149,11 +167,8 @@ async def test_decision_outside_the_approval_wait_is_rejected(env: WorkflowEnvir
 
 
 @pytest.mark.parametrize(("default", "outcome"), [("abort", "aborted"), ("approve", "resolved")])
-async def test_approval_timeout_falls_back_to_the_default(
-    env: WorkflowEnvironment, default: str, outcome: str
-) -> None:
-    approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=900,
-                              default_on_timeout=default)  # type: ignore[arg-type]
+async def test_approval_timeout_falls_back_to_the_default(env: WorkflowEnvironment, default: str, outcome: str) -> None:
+    approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=900, default_on_timeout=default)  # type: ignore[arg-type]
     fake, s = FakeCluster(), settings(approval)
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()

@@ -71,17 +71,16 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
             continue
         node = _first(alert.labels, NODE_LABELS)
         if node is None:
-            rejected.append(
-                Rejected(alert=name, reason=f"no node label (looked for {', '.join(NODE_LABELS)})")
-            )
+            rejected.append(Rejected(alert=name, reason=f"no node label (looked for {', '.join(NODE_LABELS)})"))
             continue
-        xid_s = _first(alert.labels, XID_LABELS)
+        # dcgm-exporter's rule carries the XID as the alert value, in an annotation
+        xid_s = _first(alert.labels, XID_LABELS) or _first(alert.annotations, XID_LABELS)
         gpu_s = _first(alert.labels, GPU_LABELS)
         try:
             report = HealthReport(
                 node=_node_from(node),
                 cluster=alert.labels.get("cluster") or default_cluster,
-                xid=int(xid_s) if xid_s is not None else None,
+                xid=int(float(xid_s)) if xid_s is not None else None,
                 signal=alert.labels.get("gpuheal_signal"),
                 gpu=int(gpu_s) if gpu_s is not None and gpu_s.isdigit() else None,
                 source="alertmanager",

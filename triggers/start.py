@@ -48,7 +48,5 @@ async def start_or_join(
         start_signal_args=[report],
         search_attributes=TypedSearchAttributes(attrs),
         static_summary=f"GPU failure: {report.describe()}",
-        static_details=(
-            f"Reported by `{report.source}` at {report.observed_at.isoformat()}.\n\n{report.summary}"
-        ),
+        static_details=(f"Reported by `{report.source}` at {report.observed_at.isoformat()}.\n\n{report.summary}"),
     )

@@ -48,9 +48,7 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
-def make_app(
-    settings: Settings, start: Starter, *, rate_per_s: float = 20.0, burst: int = 40
-) -> web.Application:
+def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, burst: int = 40) -> web.Application:
     if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
         raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
     expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()

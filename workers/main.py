@@ -81,9 +81,7 @@ async def _refresh_open_incidents(client: Client) -> None:
 
 
 async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
-    runtime = Runtime(
-        telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{sdk_metrics_port}"))
-    )
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{sdk_metrics_port}")))
     start_http_server(metrics_port, addr="127.0.0.1")
     client = await Client.connect(
         settings.temporal_address,

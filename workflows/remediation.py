@@ -76,9 +76,7 @@ class GpuRemediationWorkflow:
         self._awaiting_approval = False
         self._decision: RecordedDecision | None = None
         self._result: RemediationResult | None = None
-        self._ref = NodeRef(
-            cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id
-        )
+        self._ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
 
     # --- run -----------------------------------------------------------------------------
 
@@ -108,31 +106,23 @@ class GpuRemediationWorkflow:
                 await self._notify(
                     "aborted", "warning", f"remediation aborted by {decision.operator}: {decision.reason}"
                 )
-                state = (
-                    "drained by this incident; not replaced" if drain and drain.drained_by_us else "untouched"
-                )
+                state = "drained by this incident; not replaced" if drain and drain.drained_by_us else "untouched"
                 if drain and drain.drained_by_us:
                     state += f"; release with: scontrol update nodename={ref.node} state=resume"
                 return await self._close("aborted", decision.reason, state, drain)
 
         async with self._in_stage(Stage.NOTIFY) as rec:
             rec.outcome = "operators notified"
-            await self._notify(
-                "remediating", "critical", f"{report.describe()}: {self._action}. {verdict.reason}"
-            )
+            await self._notify("remediating", "critical", f"{report.describe()}: {self._action}. {verdict.reason}")
 
         async with self._in_stage(Stage.PROTECT) as rec:
             jobs = await self._act(ACTS.list_jobs_on_node, ref, summary="find jobs on node")
             if jobs:
                 req = CheckpointRequest(node=ref.node, job_ids=tuple(j.job_id for j in jobs))
-                signalled = await self._act(
-                    ACTS.request_checkpoint, req, summary="ask jobs to checkpoint (SIGUSR1)"
-                )
+                signalled = await self._act(ACTS.request_checkpoint, req, summary="ask jobs to checkpoint (SIGUSR1)")
                 if signalled and settings.checkpoint_grace_s > 0:
                     await workflow.sleep(timedelta(seconds=settings.checkpoint_grace_s))
-                rec.outcome = (
-                    f"asked {len(signalled)} job(s) to checkpoint, waited {settings.checkpoint_grace_s:g} s"
-                )
+                rec.outcome = f"asked {len(signalled)} job(s) to checkpoint, waited {settings.checkpoint_grace_s:g} s"
             else:
                 rec.outcome = "no job on the node"
 
@@ -145,17 +135,14 @@ class GpuRemediationWorkflow:
         if plan.requeue:
             async with self._in_stage(Stage.REQUEUE) as rec:
                 for job in await self._act(ACTS.list_jobs_on_node, ref, summary="find jobs on node"):
-                    req_q = RequeueRequest(
-                        job=job, failed_node=ref.node, exclude_failed_node=plan.avoid_failed_node
-                    )
+                    req_q = RequeueRequest(job=job, failed_node=ref.node, exclude_failed_node=plan.avoid_failed_node)
                     res = await self._act(ACTS.requeue_slurm_job, req_q, summary=f"requeue job {job.job_id}")
                     if res.requeued:
                         requeued.append(res)
                     else:
                         not_requeued.append(UnrequeuedJob(job_id=res.job_id, reason=res.reason))
                 rec.outcome = (
-                    f"requeued {[r.job_id for r in requeued]}, "
-                    f"not requeued {[u.job_id for u in not_requeued]}"
+                    f"requeued {[r.job_id for r in requeued]}, not requeued {[u.job_id for u in not_requeued]}"
                 )
 
         replacement: ReplacementResult | None = None
@@ -177,9 +164,7 @@ class GpuRemediationWorkflow:
         resumed: list[ResumedJob] = []
         if requeued:
             async with self._in_stage(Stage.VERIFY) as rec:
-                req_v = VerifyRequest(
-                    jobs=tuple(requeued), avoid_node=ref.node if plan.avoid_failed_node else None
-                )
+                req_v = VerifyRequest(jobs=tuple(requeued), avoid_node=ref.node if plan.avoid_failed_node else None)
                 resumed = await self._act(
                     ACTS.wait_for_training_progress,
                     req_v,
@@ -189,17 +174,14 @@ class GpuRemediationWorkflow:
                     attempts=0,
                 )
                 rec.outcome = "; ".join(
-                    f"job {r.job_id} at step {r.step} (> ckpt {r.checkpoint_step}) on {r.node}"
-                    for r in resumed
+                    f"job {r.job_id} at step {r.step} (> ckpt {r.checkpoint_step}) on {r.node}" for r in resumed
                 )
 
         async with self._in_stage(Stage.RETURN) as rec:
             state, replacement = await self._return_to_service(ref, plan.repair, drain, replacement)
             rec.outcome = state
 
-        cost = policy.incident_cost(
-            report.observed_at, requeued, resumed, settings.gpus_per_node, capacity_back_at
-        )
+        cost = policy.incident_cost(report.observed_at, requeued, resumed, settings.gpus_per_node, capacity_back_at)
         return await self._close(
             "resolved",
             self._reason(),
@@ -223,16 +205,12 @@ class GpuRemediationWorkflow:
                 summary=f"drain {ref.node}",
             )
             rec.outcome = (
-                f"drained ({why})"
-                if not result.already_drained
-                else f"already drained: {result.previous_reason!r}"
+                f"drained ({why})" if not result.already_drained else f"already drained: {result.previous_reason!r}"
             )
             return result
 
     async def _replace(self, ref: NodeRef) -> ReplacementResult:
-        return await self._act(
-            ACTS.replace_node, ref, summary=f"replace {ref.node}", timeout=timedelta(minutes=10)
-        )
+        return await self._act(ACTS.replace_node, ref, summary=f"replace {ref.node}", timeout=timedelta(minutes=10))
 
     async def _return_to_service(
         self,
@@ -324,9 +302,7 @@ class GpuRemediationWorkflow:
                 steps_lost=cost.steps_lost if cost else 0,
                 gpu_seconds_lost=cost.gpu_seconds_lost if cost else 0.0,
             )
-            unrequeued = "".join(
-                f"; job {u.job_id} NOT requeued: {u.reason}" for u in result.jobs_not_requeued
-            )
+            unrequeued = "".join(f"; job {u.job_id} NOT requeued: {u.reason}" for u in result.jobs_not_requeued)
             mttr = f", MTTR {result.mttr_s:.1f} s" if result.mttr_s is not None else ""
             await self._notify(
                 f"closed_{outcome}",
@@ -387,9 +363,7 @@ class GpuRemediationWorkflow:
             summary=summary,
         )
 
-    async def _notify(
-        self, event: str, severity: Literal["info", "warning", "critical"], message: str
-    ) -> None:
+    async def _notify(self, event: str, severity: Literal["info", "warning", "critical"], message: str) -> None:
         note = Notification(
             incident_id=self._ref.incident_id,
             event=event,
@@ -432,9 +406,7 @@ class GpuRemediationWorkflow:
                 self._set_action(escalated)
 
     def _decide(self, verdict: Verdict, d: Decision) -> str:
-        self._decision = RecordedDecision(
-            verdict=verdict, operator=d.operator, reason=d.reason, at=workflow.now()
-        )
+        self._decision = RecordedDecision(verdict=verdict, operator=d.operator, reason=d.reason, at=workflow.now())
         return f"{verdict} recorded for {self._ref.incident_id} by {d.operator}"
 
     def _check_decidable(self, d: Decision) -> None:

@@ -36,8 +36,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             pytest.fail(f"{tool} is missing: run `make setup` (installs Debian's Slurm and munge)")
     sb = Sandbox(
-        tmp_path_factory.mktemp("run"), temporal_port=27233, slurm_port=26817,
-        webhook_port=28088, metrics_port=29464,
+        tmp_path_factory.mktemp("run"),
+        temporal_port=27233,
+        slurm_port=26817,
+        webhook_port=28088,
+        metrics_port=29464,
     )
     sb.start_temporal()
     yield sb
@@ -61,11 +64,13 @@ async def client(stack: Sandbox) -> Client:
 def settings(slurm: Sandbox) -> Settings:
     """Each test gets its own cluster name (so its own workflow ids) and task queue."""
     base = Settings.from_env(slurm.env())
-    return base.model_copy(update={
-        "cluster": f"t{uuid.uuid4().hex[:8]}",
-        "task_queue": f"gpuheal-test-{uuid.uuid4().hex[:8]}",
-        "remediation": RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120),
-    })
+    return base.model_copy(
+        update={
+            "cluster": f"t{uuid.uuid4().hex[:8]}",
+            "task_queue": f"gpuheal-test-{uuid.uuid4().hex[:8]}",
+            "remediation": RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120),
+        }
+    )
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.integration
 
 
 def report(settings: Settings, node: str, xid: int = 79, gpu: int = 0) -> HealthReport:
-    return HealthReport(node=node, cluster=settings.cluster, xid=xid, gpu=gpu, source="test",
-                        observed_at=datetime.now(UTC))
+    return HealthReport(
+        node=node, cluster=settings.cluster, xid=xid, gpu=gpu, source="test", observed_at=datetime.now(UTC)
+    )
 
 
 def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str, object]:
@@ -49,9 +50,7 @@ async def test_whole_loop_from_alert_to_resumed_training(
     sb.inject_gpu_fault(node)
     status, body = await asyncio.to_thread(sb.post_alert, alert_for(sb, settings, node, 79))
     assert status == 200, body
-    handle = client.get_workflow_handle_for(
-        GpuRemediationWorkflow.run, policy.workflow_id(settings.cluster, node)
-    )
+    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, policy.workflow_id(settings.cluster, node))
     result = await asyncio.wait_for(handle.result(), 120)
 
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
@@ -106,10 +105,14 @@ async def test_job_submitted_with_no_requeue_is_reported_not_dropped(
 async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
-    settings = settings.model_copy(update={"remediation": RemediationSettings(
-        approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
-        checkpoint_grace_s=1,
-    )})
+    settings = settings.model_copy(
+        update={
+            "remediation": RemediationSettings(
+                approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
+                checkpoint_grace_s=1,
+            )
+        }
+    )
     from workers.main import make_worker
 
     job = slurm.submit_training("abort")
@@ -125,15 +128,25 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
         env = {**slurm.env(), "GPUHEAL_CLUSTER": settings.cluster}
         cli = await asyncio.to_thread(
             subprocess.run,
-            [os.path.join(os.path.dirname(sys.executable), "gpuheal"), "abort", node,
-             "--operator", "oncall-bob", "--reason", "vendor says firmware bug, not the GPU"],
-            env=env, capture_output=True, text=True, timeout=60,
+            [
+                os.path.join(os.path.dirname(sys.executable), "gpuheal"),
+                "abort",
+                node,
+                "--operator",
+                "oncall-bob",
+                "--reason",
+                "vendor says firmware bug, not the GPU",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert cli.returncode == 0, cli.stderr
         assert "abort recorded" in cli.stdout
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.outcome == "aborted"
-    assert f"state=resume" in result.node_state
+    assert "state=resume" in result.node_state
     info = json.loads(slurm.run("sinfo", "--json"))
     state = {n["name"]: n for n in info["nodes"]}[node]
     assert "DRAIN" in state["state_flags"] and state["reason"].startswith(result.incident_id)
@@ -146,7 +159,8 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
     env_settings = {
-        "GPUHEAL_CLUSTER": settings.cluster, "GPUHEAL_TASK_QUEUE": settings.task_queue,
+        "GPUHEAL_CLUSTER": settings.cluster,
+        "GPUHEAL_TASK_QUEUE": settings.task_queue,
         "GPUHEAL_CHECKPOINT_GRACE_S": "1",
     }
     slurm.extra_env.update(env_settings)

@@ -1,0 +1,88 @@
+"""The webhook's HTTP contract, in process (the integration tests run it against Temporal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
+from gpuheal.config import Settings
+from gpuheal.models import HealthReport
+from triggers.webhook import make_app
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def body(status: str = "firing", **labels: str) -> dict[str, Any]:
+    alert = {"status": status, "labels": labels or {"node": "gpu01", "xid": "79"}, "startsAt": "2026-11-30T01:00:00Z"}
+    return {"version": "4", "status": status, "alerts": [alert]}
+
+
+async def client_for(started: list[HealthReport], **kw: Any) -> TestClient[Any, Any]:
+    async def start(report: HealthReport) -> str:
+        started.append(report)
+        return f"gpuheal-{report.cluster}-{report.node}"
+
+    app = make_app(Settings(webhook_token=SecretStr(TOKEN)), start, **kw)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    return client
+
+
+def test_refuses_to_run_without_a_token() -> None:
+    async def start(report: HealthReport) -> str:
+        return ""
+
+    with pytest.raises(ValueError, match="GPUHEAL_WEBHOOK_TOKEN"):
+        make_app(Settings(), start)
+
+
+async def test_good_alert_starts_and_resolved_alert_does_not() -> None:
+    started: list[HealthReport] = []
+    client = await client_for(started)
+    try:
+        resp = await client.post("/alertmanager", json=body(), headers=AUTH)
+        assert resp.status == 200
+        assert (await resp.json())["started_or_joined"][0]["workflow_id"] == "gpuheal-sandbox-gpu01"
+        resp = await client.post("/alertmanager", json=body(status="resolved", node="gpu02", xid="79"), headers=AUTH)
+        assert resp.status == 200 and (await resp.json())["resolved_ignored"] == 1
+        assert [r.node for r in started] == ["gpu01"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "status", "reason"),
+    [
+        (b'{"version": "4"', AUTH, 400, "not JSON"),
+        (b'{"version": "4", "status": "firing", "alerts": []}', AUTH, 400, "alerts"),
+        (b"{}", {"Authorization": "Bearer nope"}, 401, "bearer token"),
+        (b"{}", {}, 401, "bearer token"),
+        (b"x" * (257 * 1024), AUTH, 413, "larger than"),
+    ],
+)
+async def test_bad_requests_are_refused_with_a_reason(
+    data: bytes, headers: dict[str, str], status: int, reason: str
+) -> None:
+    started: list[HealthReport] = []
+    client = await client_for(started)
+    try:
+        resp = await client.post("/alertmanager", data=data, headers=headers)
+        assert resp.status == status
+        assert reason in (await resp.text())
+        assert started == []
+    finally:
+        await client.close()
+
+
+async def test_rate_limit() -> None:
+    started: list[HealthReport] = []
+    client = await client_for(started, rate_per_s=0.001, burst=2)
+    try:
+        codes = [(await client.post("/alertmanager", json=body(), headers=AUTH)).status for _ in range(3)]
+        assert codes == [200, 200, 429]
+    finally:
+        await client.close()
