@@ -86,6 +86,11 @@ class SandboxProvider:
         return f"reset the GPUs of {node} (GPU fault cleared)"
 
     async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        new, already = await self._choose_spare(node, incident_id)
+        await self._start_spare(new)
+        return ReplacementResult(failed_node=node, new_node=new, already_done=already)
+
+    async def _choose_spare(self, node: str, incident_id: str) -> tuple[str, bool]:
         record = self._load()
         new = record.get(incident_id)
         already = new is not None
@@ -102,9 +107,11 @@ class SandboxProvider:
             tmp = self._record.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(self._record)
+        return new, already
+
+    async def _start_spare(self, new: str) -> None:
         await self._sandbox("start-node", new)
         await self._wait_serving(new)
-        return ReplacementResult(failed_node=node, new_node=new, already_done=already)
 
     async def decommission(self, node: str, reason: str) -> str:
         await self._sandbox("stop-node", node)

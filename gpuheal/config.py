@@ -17,6 +17,15 @@
 | GPUHEAL_CHECKPOINT_GRACE_S | 30 | time jobs get to checkpoint before the requeue |
 | GPUHEAL_VERIFY_TIMEOUT_S | 1800 | how long a requeued job may take to make progress |
 | GPUHEAL_GPUS_PER_NODE | 8 | for the GPU-time-lost figure |
+| GPUHEAL_PROVIDER | sandbox | how nodes are replaced: sandbox, kubernetes, exec |
+| GPUHEAL_PROVIDER_HOOK | (none) | executable for GPUHEAL_PROVIDER=exec (cloud APIs) |
+| GPUHEAL_KUBECONFIG | (none) | kubeconfig: turns on the Kubernetes half |
+| GPUHEAL_SANDBOX_KUBECONFIG | (GPUHEAL_KUBECONFIG) | the sandbox provider's identity: it plays the cloud's node group |
+| GPUHEAL_K8S_IN_CLUSTER | (unset) | 1: use the pod's ServiceAccount instead of a kubeconfig |
+| GPUHEAL_K8S_NODE_LABEL | (none: same name) | Node label that holds the Slurm node name |
+| GPUHEAL_K8S_NO_EXECUTE | (unset) | 1: also taint NoExecute |
+| GPUHEAL_K8S_DRAIN_DEADLINE_S | 300 | how long PDB-blocked evictions are retried |
+| GPUHEAL_K8S_ON_PDB_TIMEOUT | hold | then: hold (wait for approve/abort) or delete |
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, SecretStr
 
-from gpuheal.models import ActionClass, ApprovalPolicy, RemediationSettings
+from gpuheal.models import ActionClass, ApprovalPolicy, KubernetesPolicy, RemediationSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +52,16 @@ class Settings(BaseModel):
     sandbox_dir: Path = REPO / ".run" / "slurm"
     webhook_token: SecretStr | None = None
     notify_url: str | None = None
+    provider: Literal["sandbox", "kubernetes", "exec"] = "sandbox"
+    provider_hook: str | None = None
+    kubeconfig: str | None = None
+    sandbox_kubeconfig: str | None = None
+    k8s_in_cluster: bool = False
     remediation: RemediationSettings = RemediationSettings()
+
+    @property
+    def kubernetes_enabled(self) -> bool:
+        return self.kubeconfig is not None or self.k8s_in_cluster
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -56,6 +75,16 @@ class Settings(BaseModel):
             default_on_timeout=get("GPUHEAL_APPROVAL_DEFAULT", "abort"),
         )
         sandbox_dir = Path(get("GPUHEAL_SLURM_DIR", str(REPO / ".run" / "slurm"))).resolve()
+        kubeconfig = env.get("GPUHEAL_KUBECONFIG") or None
+        in_cluster = env.get("GPUHEAL_K8S_IN_CLUSTER") == "1"
+        kubernetes = None
+        if kubeconfig or in_cluster:
+            kubernetes = KubernetesPolicy(
+                node_label=env.get("GPUHEAL_K8S_NODE_LABEL") or None,
+                no_execute=env.get("GPUHEAL_K8S_NO_EXECUTE") == "1",
+                drain_deadline_s=float(get("GPUHEAL_K8S_DRAIN_DEADLINE_S", "300")),
+                on_pdb_timeout=get("GPUHEAL_K8S_ON_PDB_TIMEOUT", "hold"),
+            )
         return cls(
             temporal_address=get("GPUHEAL_TEMPORAL_ADDRESS", "127.0.0.1:7233"),
             namespace=get("GPUHEAL_NAMESPACE", "default"),
@@ -66,11 +95,17 @@ class Settings(BaseModel):
             sandbox_dir=sandbox_dir,
             webhook_token=SecretStr(env["GPUHEAL_WEBHOOK_TOKEN"]) if env.get("GPUHEAL_WEBHOOK_TOKEN") else None,
             notify_url=env.get("GPUHEAL_NOTIFY_URL") or None,
+            provider=get("GPUHEAL_PROVIDER", "sandbox"),
+            provider_hook=env.get("GPUHEAL_PROVIDER_HOOK") or None,
+            kubeconfig=kubeconfig,
+            sandbox_kubeconfig=env.get("GPUHEAL_SANDBOX_KUBECONFIG") or None,
+            k8s_in_cluster=in_cluster,
             remediation=RemediationSettings(
                 approval=approval,
                 checkpoint_grace_s=float(get("GPUHEAL_CHECKPOINT_GRACE_S", "30")),
                 verify_timeout_s=float(get("GPUHEAL_VERIFY_TIMEOUT_S", "1800")),
                 gpus_per_node=int(get("GPUHEAL_GPUS_PER_NODE", "8")),
+                kubernetes=kubernetes,
             ),
         )
 

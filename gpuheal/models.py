@@ -51,7 +51,9 @@ class Stage(StrEnum):
     NOTIFY = "notify"
     PROTECT = "protect_progress"
     DRAIN = "drain"
+    CORDON = "cordon_and_taint"
     REQUEUE = "requeue"
+    EVICT = "evict_pods"
     REPAIR = "repair_or_replace"
     VERIFY = "verify_resume"
     RETURN = "return_to_service"
@@ -93,10 +95,23 @@ class ApprovalPolicy(Frozen):
     default_on_timeout: Literal["approve", "abort"] = "abort"
 
 
+class KubernetesPolicy(Frozen):
+    """The Kubernetes half (Slurm on Kubernetes): present when the worker talks to a cluster."""
+
+    # Label on the Kubernetes Node that holds the Slurm node name; None: the names are equal.
+    node_label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9./_-]{1,253}$")
+    no_execute: bool = False  # also taint NoExecute (evicts pods that do not tolerate it)
+    drain_deadline_s: float = Field(default=300.0, gt=0)
+    # When a PodDisruptionBudget still blocks an eviction at the deadline: delete the pod
+    # anyway (needs rbac-force-delete.yaml), or hold the incident for a human's approve/abort.
+    on_pdb_timeout: Literal["delete", "hold"] = "hold"
+
+
 class RemediationSettings(Frozen):
     """Knobs carried in the workflow input, so each incident's history records its own policy."""
 
     approval: ApprovalPolicy = ApprovalPolicy()
+    kubernetes: KubernetesPolicy | None = None
     checkpoint_grace_s: float = Field(default=30.0, ge=0)
     verify_timeout_s: float = Field(default=1800.0, gt=0)
     gpus_per_node: int = Field(default=8, ge=1)
@@ -287,3 +302,49 @@ class RemediationStatus(BaseModel):
     reports_received: int
     done: list[str]
     result: RemediationResult | None = None
+
+
+class KubeNodeRef(Frozen):
+    """A Kubernetes Node that backs a Slurm node, within one incident."""
+
+    slurm_node: NodeName
+    kube_node: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    incident_id: str
+
+
+class MapNodeRequest(Frozen):
+    ref: NodeRef
+    node_label: str | None = None
+
+
+class CordonRequest(Frozen):
+    node: KubeNodeRef
+    no_execute: bool = False
+
+
+class CordonResult(Frozen):
+    node: str
+    cordoned_by_others: bool  # it was unschedulable before we came: never uncordon it
+    already_done: bool
+
+
+class EvictRequest(Frozen):
+    node: KubeNodeRef
+    deadline_s: float
+    delete_when_blocked: bool = False
+    poll_interval_s: float = 1.0
+
+
+class EvictResult(Frozen):
+    evicted: tuple[str, ...]
+    kept: tuple[str, ...]  # DaemonSet and mirror pods stay
+    blocked: tuple[str, ...]  # still protected by a PodDisruptionBudget at the deadline
+    deleted: tuple[str, ...] = ()
+    retries_429: int = 0
+
+
+class KubeEvent(Frozen):
+    node: KubeNodeRef
+    reason: str = Field(pattern=r"^[A-Za-z]{1,64}$")
+    message: str = Field(max_length=1000)
+    warning: bool = False

@@ -16,14 +16,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client import ApiClient, CoreV1Api
 from prometheus_client import start_http_server
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities.kube_providers import ExecHookProvider, KubernetesProvider, KubeSandboxProvider
+from activities.kubernetes import KubernetesActivities, load_api
 from activities.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
-from activities.providers import SandboxProvider
+from activities.providers import NodeProvider, SandboxProvider
 from activities.remediation import RemediationActivities
 from activities.slurm import SlurmClient
 from gpuheal.config import REPO, Settings
@@ -33,17 +36,32 @@ from workflows.remediation import GpuRemediationWorkflow
 log = logging.getLogger("gpuheal.worker")
 
 
-def build_activities(settings: Settings) -> RemediationActivities:
+def build_provider(settings: Settings, slurm: SlurmClient, kube: ApiClient | None) -> NodeProvider:
+    script = REPO / "infra" / "slurm" / "sandbox.sh"
+    if settings.provider == "exec":
+        if not settings.provider_hook:
+            raise ValueError("GPUHEAL_PROVIDER=exec needs GPUHEAL_PROVIDER_HOOK")
+        return ExecHookProvider(settings.provider_hook)
+    if settings.provider == "kubernetes":
+        if kube is None:
+            raise ValueError("GPUHEAL_PROVIDER=kubernetes needs GPUHEAL_KUBECONFIG or GPUHEAL_K8S_IN_CLUSTER=1")
+        return KubernetesProvider(slurm, kube)
+    if kube is not None:
+        # The sandbox's node group is the platform, not the worker: it may create Nodes.
+        platform = load_api(settings.sandbox_kubeconfig) if settings.sandbox_kubeconfig else kube
+        return KubeSandboxProvider(slurm, settings.sandbox_dir, script, CoreV1Api(platform))
+    return SandboxProvider(slurm, settings.sandbox_dir, script)
+
+
+def activity_list(settings: Settings) -> list[Callable[..., Any]]:
+    """Every activity this worker serves; the Kubernetes ones when a cluster is configured."""
     slurm = SlurmClient(settings.slurm_conf or str(settings.sandbox_dir / "slurm.conf"))
-    provider = SandboxProvider(slurm, settings.sandbox_dir, REPO / "infra" / "slurm" / "sandbox.sh")
+    kube = load_api(settings.kubeconfig) if settings.kubernetes_enabled else None
     notifier: Notifier = LogNotifier()
     if settings.notify_url:
         notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
-    return RemediationActivities(slurm, provider, notifier)
-
-
-def activity_list(acts: RemediationActivities) -> list[Callable[..., Any]]:
-    return [
+    acts = RemediationActivities(slurm, build_provider(settings, slurm, kube), notifier)
+    found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,
         acts.notify_operators,
         acts.list_jobs_on_node,
@@ -58,6 +76,10 @@ def activity_list(acts: RemediationActivities) -> list[Callable[..., Any]]:
         acts.wait_for_training_progress,
         acts.record_incident_metrics,
     ]
+    if kube is not None:
+        k = KubernetesActivities(kube)
+        found += [k.map_kube_node, k.cordon_and_taint_node, k.evict_pods, k.uncordon_node, k.post_node_event]
+    return found
 
 
 def make_worker(client: Client, settings: Settings) -> Worker:
@@ -65,7 +87,7 @@ def make_worker(client: Client, settings: Settings) -> Worker:
         client,
         task_queue=settings.task_queue,
         workflows=[GpuRemediationWorkflow],
-        activities=activity_list(build_activities(settings)),
+        activities=activity_list(settings),
         graceful_shutdown_timeout=timedelta(seconds=10),
     )
 

@@ -22,15 +22,24 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.kubernetes import KubernetesActivities
     from activities.remediation import NOT_RESUMED, UNKNOWN_NODE, RemediationActivities
     from gpuheal import policy
     from gpuheal import search_attributes as sa
     from gpuheal.models import (
         ActionClass,
         CheckpointRequest,
+        CordonRequest,
+        CordonResult,
         Decision,
         DrainResult,
+        EvictRequest,
+        EvictResult,
         HealthReport,
+        KubeEvent,
+        KubeNodeRef,
+        KubernetesPolicy,
+        MapNodeRequest,
         NodeRef,
         Notification,
         RecordedDecision,
@@ -60,6 +69,7 @@ RETRY = RetryPolicy(
 )
 SHORT = timedelta(seconds=30)
 ACTS = RemediationActivities
+KUBE = KubernetesActivities
 
 
 @workflow.defn(name="GpuRemediation")
@@ -76,6 +86,8 @@ class GpuRemediationWorkflow:
         self._awaiting_approval = False
         self._decision: RecordedDecision | None = None
         self._result: RemediationResult | None = None
+        self._kube: KubeNodeRef | None = None  # set when the node is also a Kubernetes node
+        self._cordon: CordonResult | None = None
         self._ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
 
     # --- run -----------------------------------------------------------------------------
@@ -89,6 +101,9 @@ class GpuRemediationWorkflow:
         async with self._in_stage(Stage.TRIAGE) as rec:
             try:
                 await self._act(ACTS.look_up_slurm_node, ref, summary="look up Slurm node")
+                if settings.kubernetes is not None:
+                    req_map = MapNodeRequest(ref=ref, node_label=settings.kubernetes.node_label)
+                    self._kube = await self._act(KUBE.map_kube_node, req_map, summary="find the Kubernetes node")
             except ActivityError as err:
                 msg = err.cause.message if isinstance(err.cause, ApplicationError) else str(err)
                 raise ApplicationError(f"cannot remediate {report.describe()}: {msg}") from err
@@ -161,6 +176,16 @@ class GpuRemediationWorkflow:
                     )
                 capacity_back_at = workflow.now()
 
+        if self._kube is not None and plan.drain:
+            evicted = await self._evict(self._kube, settings.kubernetes)
+            if evicted.blocked:
+                decision = await self._await_decision(
+                    f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
+                )
+                if decision.verdict == "abort":
+                    state = f"drained and cordoned; pods {list(evicted.blocked)} still there; not replaced"
+                    return await self._close("aborted", decision.reason, state, drain)
+
         resumed: list[ResumedJob] = []
         if requeued:
             async with self._in_stage(Stage.VERIFY) as rec:
@@ -197,6 +222,7 @@ class GpuRemediationWorkflow:
     # --- stages ----------------------------------------------------------------------------
 
     async def _drain(self, ref: NodeRef, why: str) -> DrainResult:
+        """Slurm first (eviction alone tells Slurm nothing), then the Kubernetes cordon."""
         async with self._in_stage(Stage.DRAIN) as rec:
             result = await self._act(
                 ACTS.drain_slurm_node,
@@ -206,6 +232,38 @@ class GpuRemediationWorkflow:
             )
             rec.outcome = (
                 f"drained ({why})" if not result.already_drained else f"already drained: {result.previous_reason!r}"
+            )
+        k8s = self._input.settings.kubernetes
+        if self._kube is not None and k8s is not None and self._cordon is None:
+            async with self._in_stage(Stage.CORDON) as rec:
+                req = CordonRequest(node=self._kube, no_execute=k8s.no_execute)
+                self._cordon = await self._act(
+                    KUBE.cordon_and_taint_node, req, summary=f"cordon {self._kube.kube_node}"
+                )
+                taints = "NoSchedule" + (" + NoExecute" if k8s.no_execute else "")
+                rec.outcome = f"cordoned, tainted {taints}" + (
+                    " (it was already cordoned by someone else)" if self._cordon.cordoned_by_others else ""
+                )
+        return result
+
+    async def _evict(self, node: KubeNodeRef, k8s: KubernetesPolicy | None) -> EvictResult:
+        assert k8s is not None
+        async with self._in_stage(Stage.EVICT) as rec:
+            req = EvictRequest(
+                node=node, deadline_s=k8s.drain_deadline_s, delete_when_blocked=k8s.on_pdb_timeout == "delete"
+            )
+            result = await self._act(
+                KUBE.evict_pods,
+                req,
+                summary=f"evict pods from {node.kube_node}",
+                timeout=timedelta(seconds=k8s.drain_deadline_s + 60),
+                heartbeat=timedelta(seconds=30),
+            )
+            rec.outcome = (
+                f"evicted {len(result.evicted)}, kept {len(result.kept)} (DaemonSet/mirror), "
+                f"{result.retries_429} PDB retries"
+                + (f", deleted {list(result.deleted)}" if result.deleted else "")
+                + (f", BLOCKED {list(result.blocked)}" if result.blocked else "")
             )
             return result
 
@@ -230,6 +288,8 @@ class GpuRemediationWorkflow:
                 replacement = await self._replace(ref)
             elif drain is not None and drain.drained_by_us:
                 msg = await self._act(ACTS.resume_slurm_node, ref, summary=f"resume {ref.node}")
+                if self._kube is not None:
+                    msg += "; " + await self._act(KUBE.uncordon_node, self._kube, summary="uncordon")
                 return f"repaired, health check passed; {msg}", None
             else:
                 before = drain.previous_reason if drain else ""
@@ -238,15 +298,16 @@ class GpuRemediationWorkflow:
         msg = await self._act(ACTS.decommission_node, ref, summary=f"remove {ref.node} from the cluster")
         return f"replaced by {replacement.new_node}; {msg}", replacement
 
-    async def _await_decision(self) -> RecordedDecision:
+    async def _await_decision(self, why: str = "policy asks for a human") -> RecordedDecision:
         approval = self._input.settings.approval
         async with self._in_stage(Stage.APPROVAL) as rec:
+            self._decision = None  # an earlier gate's decision does not answer this one
             self._awaiting_approval = True
             await self._notify(
                 "approval_needed",
                 "warning",
-                f"{self._input.report.describe()}: {self._action} awaits approval "
-                f"(default after {approval.timeout_s:g} s: {approval.default_on_timeout})",
+                f"{self._input.report.describe()}: {self._action} awaits approval ({why}; "
+                f"default after {approval.timeout_s:g} s: {approval.default_on_timeout})",
             )
             try:
                 await workflow.wait_condition(
@@ -333,6 +394,10 @@ class GpuRemediationWorkflow:
             rec.ended_at = workflow.now()
             self._done.append(f"{stage.value}: {rec.outcome}" if rec.outcome else stage.value)
             workflow.set_current_details("\n".join(f"- {d}" for d in self._done))
+        if self._kube is not None:  # `kubectl describe node` tells the story, stage by stage
+            reason = "Gpuheal" + "".join(w.capitalize() for w in stage.value.split("_"))
+            event = KubeEvent(node=self._kube, reason=reason, message=rec.outcome or stage.value)
+            await self._act(KUBE.post_node_event, event, summary=f"event {reason}")
 
     async def _act(
         self,

@@ -1,0 +1,214 @@
+"""Kubernetes activities, for Slurm clusters whose nodes are also Kubernetes nodes.
+
+Through the official `kubernetes` client, as against any cluster: a kubeconfig (the sandbox's,
+or a ServiceAccount's) or the in-cluster config. The RBAC they need is infra/k8s/rbac.yaml:
+nodes get/list/watch/patch/delete, pods list, pods/eviction create, events create.
+
+The Slurm drain always comes first (the workflow orders it): evicting pods tells Slurm nothing.
+Each activity reads the node before it acts, so a retry after a crash or an apiserver outage
+does nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.remediation import UNKNOWN_NODE
+from gpuheal.models import (
+    CordonRequest,
+    CordonResult,
+    EvictRequest,
+    EvictResult,
+    KubeEvent,
+    KubeNodeRef,
+    MapNodeRequest,
+)
+
+TAINT_KEY = "gpuheal.io/gpu-failure"
+INCIDENT_ANNOTATION = "gpuheal.io/incident"
+CORDONED_BY_US = "gpuheal.io/cordoned-by-gpuheal"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def load_api(kubeconfig: str | None) -> client.ApiClient:
+    """A kubeconfig file (the sandbox's, a ServiceAccount's), or the in-cluster config."""
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return api
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class KubernetesActivities:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # The client is synchronous; keep the worker's event loop free.
+        return await asyncio.to_thread(fn, *args, _request_timeout=15, **kwargs)
+
+    @activity.defn
+    async def map_kube_node(self, req: MapNodeRequest) -> KubeNodeRef:
+        """The Kubernetes Node behind a Slurm node: by label when configured, else same name."""
+        slurm = req.ref.node
+        if req.node_label:
+            nodes = await self._call(self.core.list_node, label_selector=f"{req.node_label}={slurm}")
+            names = [n.metadata.name for n in nodes.items]
+        else:
+            try:
+                names = [(await self._call(self.core.read_node, slurm)).metadata.name]
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                names = []
+        if len(names) != 1:
+            how = f"label {req.node_label}={slurm}" if req.node_label else f"name {slurm}"
+            raise ApplicationError(
+                f"expected one Kubernetes node with {how}, found {len(names)}: {names}",
+                type=UNKNOWN_NODE,
+                non_retryable=True,
+            )
+        return KubeNodeRef(slurm_node=slurm, kube_node=names[0], incident_id=req.ref.incident_id)
+
+    @activity.defn
+    async def cordon_and_taint_node(self, req: CordonRequest) -> CordonResult:
+        name, incident = req.node.kube_node, req.node.incident_id
+        node = await self._call(self.core.read_node, name)
+        annotations = node.metadata.annotations or {}
+        if annotations.get(INCIDENT_ANNOTATION) == incident:
+            return CordonResult(
+                node=name, cordoned_by_others=annotations.get(CORDONED_BY_US) != "true", already_done=True
+            )
+        by_others = bool(node.spec.unschedulable)
+        effects = ["NoSchedule", *(["NoExecute"] if req.no_execute else [])]
+        taints = [t for t in (node.spec.taints or []) if t.key != TAINT_KEY]
+        taints += [client.V1Taint(key=TAINT_KEY, value=_label_safe(incident), effect=e) for e in effects]
+        await self._call(
+            self.core.patch_node,
+            name,
+            {
+                "metadata": {
+                    "annotations": {INCIDENT_ANNOTATION: incident, CORDONED_BY_US: "false" if by_others else "true"}
+                },
+                "spec": {"unschedulable": True, "taints": [t.to_dict() for t in taints]},
+            },
+        )
+        return CordonResult(node=name, cordoned_by_others=by_others, already_done=False)
+
+    @activity.defn
+    async def evict_pods(self, req: EvictRequest) -> EvictResult:
+        """Evict every pod on the node through the Eviction API (PodDisruptionBudgets apply).
+        A 429 is retried until the deadline; then the pod is deleted (policy `delete`) or
+        reported as blocked for the workflow to hold."""
+        name = req.node.kube_node
+        deadline = time.monotonic() + req.deadline_s
+        evicted: set[str] = set()
+        kept: set[str] = set()
+        retries = 0
+        while True:
+            pods = await self._call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={name}")
+            blocked = []
+            for pod in pods.items:
+                key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+                if _stays(pod):
+                    kept.add(key)
+                    continue
+                if pod.metadata.deletion_timestamp is not None:
+                    evicted.add(key)  # on its way out (an earlier attempt evicted it)
+                    continue
+                body = client.V1Eviction(
+                    metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
+                )
+                try:
+                    await self._call(
+                        self.core.create_namespaced_pod_eviction, pod.metadata.name, pod.metadata.namespace, body
+                    )
+                    evicted.add(key)
+                except ApiException as err:
+                    if err.status == 404:
+                        evicted.add(key)
+                    elif err.status == 429:  # a PodDisruptionBudget says not now
+                        blocked.append(key)
+                    else:
+                        raise
+            if not blocked:
+                return EvictResult(
+                    evicted=tuple(sorted(evicted)), kept=tuple(sorted(kept)), blocked=(), retries_429=retries
+                )
+            if time.monotonic() >= deadline:
+                deleted: list[str] = []
+                if req.delete_when_blocked:
+                    for key in blocked:
+                        ns, pod_name = key.split("/", 1)
+                        await self._call(self.core.delete_namespaced_pod, pod_name, ns)
+                        deleted.append(key)
+                    blocked = []
+                return EvictResult(
+                    evicted=tuple(sorted(evicted)),
+                    kept=tuple(sorted(kept)),
+                    blocked=tuple(blocked),
+                    deleted=tuple(deleted),
+                    retries_429=retries,
+                )
+            retries += 1
+            activity.heartbeat({"blocked_by_pdb": blocked, "retries": retries})
+            await asyncio.sleep(min(req.poll_interval_s * 2 ** min(retries, 4), 10))
+
+    @activity.defn
+    async def uncordon_node(self, ref: KubeNodeRef) -> str:
+        """Undo our cordon and taint after a passed health check; never someone else's cordon."""
+        node = await self._call(self.core.read_node, ref.kube_node)
+        annotations = node.metadata.annotations or {}
+        ours = annotations.get(INCIDENT_ANNOTATION) == ref.incident_id
+        taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != TAINT_KEY]
+        we_cordoned = ours and annotations.get(CORDONED_BY_US) == "true"
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {INCIDENT_ANNOTATION: None, CORDONED_BY_US: None}},
+            "spec": {"taints": taints or None, **({"unschedulable": False} if we_cordoned else {})},
+        }
+        await self._call(self.core.patch_node, ref.kube_node, patch)
+        if we_cordoned:
+            return f"{ref.kube_node} uncordoned"
+        return f"{ref.kube_node} left cordoned: it was cordoned before this incident"
+
+    @activity.defn
+    async def post_node_event(self, ev: KubeEvent) -> None:
+        """A Kubernetes Event on the node, so `kubectl describe node` tells the incident's story.
+        The name is derived from the incident and reason: a retry finds it and stops."""
+        digest = hashlib.sha1(f"{ev.node.incident_id}/{ev.reason}".encode()).hexdigest()[:12]
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{ev.node.kube_node}.gpuheal.{digest}", namespace="default"),
+            involved_object=client.V1ObjectReference(kind="Node", name=ev.node.kube_node, uid=ev.node.kube_node),
+            reason=ev.reason,
+            message=f"{ev.node.incident_id}: {ev.message}"[:1000],
+            type="Warning" if ev.warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="gpuheal"),
+        )
+        try:
+            await self._call(self.core.create_namespaced_event, "default", body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+
+def _stays(pod: Any) -> bool:
+    if MIRROR_ANNOTATION in (pod.metadata.annotations or {}):
+        return True
+    return any(o.kind == "DaemonSet" for o in (pod.metadata.owner_references or []))
+
+
+def _label_safe(value: str) -> str:
+    return value[-63:].strip("-.") or "incident"

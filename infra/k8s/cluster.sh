@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Kubernetes sandbox: etcd (Debian), kube-apiserver and kube-controller-manager (built from
+# k8s.io/kubernetes by build.sh) and kwok (stands in for kubelets), all on loopback.
+#
+#   cluster.sh start     start (or reuse) it; writes $DIR/kubeconfig (admin) and waits until ready
+#   cluster.sh stop
+#   cluster.sh stop-apiserver / start-apiserver   (tests: an apiserver outage mid-remediation)
+#
+# GPUHEAL_K8S_DIR (default ./.run/k8s) holds certificates, etcd data, logs and the kubeconfig.
+# GPUHEAL_K8S_PORT (default 16443) is the apiserver's port; etcd uses PORT+1 and PORT+2.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+DIR=$(realpath -m "${GPUHEAL_K8S_DIR:-.run/k8s}")
+PORT=${GPUHEAL_K8S_PORT:-16443}
+ETCD_CLIENT=$((PORT + 1))
+ETCD_PEER=$((PORT + 2))
+BIN=$("$HERE/build.sh" --print-bin)
+
+log() { printf 'k8s-sandbox: %s\n' "$*" >&2; }
+
+pid_alive() { [ -s "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
+
+spawn() {
+  local name=$1; shift
+  setsid "$@" >"$DIR/$name.log" 2>&1 </dev/null &
+  echo $! >"$DIR/$name.pid"
+}
+
+stop_one() {
+  local name=$1 pid
+  [ -s "$DIR/$name.pid" ] || return 0
+  pid=$(cat "$DIR/$name.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$DIR/$name.pid"
+}
+
+certs() {
+  [ -s "$DIR/pki/apiserver.crt" ] && return 0
+  mkdir -p "$DIR/pki"
+  local p="$DIR/pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=gpuheal-sandbox-ca" \
+    -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$p/apiserver.key" \
+    -out "$p/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n' >"$p/san.ext"
+  openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$p/san.ext" -out "$p/apiserver.crt" 2>/dev/null
+  openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  # Static tokens: the admin (system:masters) for set-up and tests; the controller manager and
+  # kwok get their own identities. The worker uses a ServiceAccount token (infra/k8s/rbac.yaml).
+  {
+    echo "$(openssl rand -hex 16),gpuheal-admin,gpuheal-admin,system:masters"
+    echo "$(openssl rand -hex 16),system:kube-controller-manager,kcm"
+    echo "$(openssl rand -hex 16),kwok,kwok,system:masters"
+  } >"$p/tokens.csv"
+  chmod 600 "$p"/*.key "$p/tokens.csv"
+}
+
+kubeconfig() {  # kubeconfig NAME USER
+  local token
+  token=$(awk -F, -v u="$2" '$2==u {print $1}' "$DIR/pki/tokens.csv")
+  cat >"$DIR/$1" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: sandbox
+  cluster:
+    server: https://127.0.0.1:$PORT
+    certificate-authority: $DIR/pki/ca.crt
+users:
+- name: $2
+  user:
+    token: $token
+contexts:
+- name: sandbox
+  context: {cluster: sandbox, user: $2}
+current-context: sandbox
+KC
+  chmod 600 "$DIR/$1"
+}
+
+ready() {
+  curl -fsS --max-time 2 --cacert "$DIR/pki/ca.crt" "https://127.0.0.1:$PORT/readyz" >/dev/null 2>&1
+}
+
+start_apiserver() {
+  pid_alive apiserver && return 0
+  spawn apiserver "$BIN/kube-apiserver" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$PORT" \
+    --etcd-servers="http://127.0.0.1:$ETCD_CLIENT" \
+    --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
+    --client-ca-file="$DIR/pki/ca.crt" --token-auth-file="$DIR/pki/tokens.csv" \
+    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$DIR/pki/sa.pub" \
+    --service-account-signing-key-file="$DIR/pki/sa.key" --api-audiences=https://kubernetes.default.svc \
+    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC \
+    --enable-admission-plugins=NodeRestriction --profiling=false --v=1
+  for _ in $(seq 300); do ready && return 0; pid_alive apiserver || break; sleep 0.2; done
+  log "kube-apiserver did not become ready; see $DIR/apiserver.log"; tail -20 "$DIR/apiserver.log" >&2; exit 1
+}
+
+start() {
+  mkdir -p "$DIR"
+  [ -x "$BIN/kube-apiserver" ] || "$HERE/build.sh"
+  certs
+  kubeconfig kubeconfig gpuheal-admin
+  kubeconfig kcm.kubeconfig system:kube-controller-manager
+  kubeconfig kwok.kubeconfig kwok
+  if ! pid_alive etcd; then
+    spawn etcd etcd --name sandbox --data-dir "$DIR/etcd" \
+      --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT" --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT" \
+      --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+      --initial-cluster "sandbox=http://127.0.0.1:$ETCD_PEER" --log-level warn
+  fi
+  start_apiserver
+  if ! pid_alive controller-manager; then
+    spawn controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/kcm.kubeconfig" \
+      --authentication-kubeconfig="$DIR/kcm.kubeconfig" --authorization-kubeconfig="$DIR/kcm.kubeconfig" \
+      --service-account-private-key-file="$DIR/pki/sa.key" --root-ca-file="$DIR/pki/ca.crt" \
+      --use-service-account-credentials=false --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 \
+      --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle' --v=1
+  fi
+  if ! pid_alive kwok; then
+    spawn kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" --manage-all-nodes=false \
+      --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+      --node-lease-duration-seconds=40 --cidr=10.0.0.1/24 --node-ip=10.0.0.1
+  fi
+  log "ready: kube-apiserver https://127.0.0.1:$PORT, KUBECONFIG=$DIR/kubeconfig"
+}
+
+stop() {
+  local n
+  for n in kwok controller-manager apiserver etcd; do stop_one "$n"; done
+  log "stopped ($DIR)"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  stop-apiserver) stop_one apiserver ;;
+  start-apiserver) start_apiserver ;;
+  *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+esac

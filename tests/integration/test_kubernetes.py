@@ -1,0 +1,276 @@
+"""The Kubernetes half on a real kube-apiserver (built by infra/k8s/build.sh), with the real
+kube-controller-manager (PodDisruptionBudget status) and kwok standing in for kubelets, together
+with the Slurm sandbox and the Temporal dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, dynamic
+from kubernetes.client.exceptions import ApiException
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
+from gpuheal.config import Settings
+from gpuheal.kube_sandbox import K8S, KubeSandbox
+from gpuheal.models import (
+    ActionClass,
+    CordonRequest,
+    EvictRequest,
+    HealthReport,
+    KubeEvent,
+    KubeNodeRef,
+    KubernetesPolicy,
+    MapNodeRequest,
+    NodeRef,
+    RemediationSettings,
+    Stage,
+)
+from gpuheal.sandbox import Sandbox
+from tests.integration.conftest import nodes_in_service
+from triggers.start import start_or_join
+from workers.main import make_worker
+from workflows.remediation import GpuRemediationWorkflow
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def kube(stack: Sandbox) -> Iterator[KubeSandbox]:
+    ks = KubeSandbox(stack.root / "k8s", port=26443)
+    ks.start()  # builds the binaries first when the cache is empty
+    yield ks
+    ks.stop()
+
+
+@pytest.fixture
+def k8s_settings(settings: Settings, kube: KubeSandbox, slurm: Sandbox) -> Settings:
+    kube.reset_nodes(["gpu01", "gpu02", "gpu03"])
+    return settings.model_copy(
+        update={
+            "kubeconfig": str(kube.worker_kubeconfig),  # the worker runs with its ServiceAccount's RBAC
+            "sandbox_kubeconfig": str(kube.admin_kubeconfig),  # the node group (platform) may create Nodes
+            "remediation": RemediationSettings(
+                checkpoint_grace_s=1,
+                verify_timeout_s=120,
+                kubernetes=KubernetesPolicy(drain_deadline_s=120),
+            ),
+        }
+    )
+
+
+@pytest.fixture
+async def k8s_worker(client: Client, k8s_settings: Settings) -> AsyncIterator[None]:
+    async with make_worker(client, k8s_settings):
+        yield
+
+
+def report(settings: Settings, node: str, xid: int) -> HealthReport:
+    return HealthReport(node=node, cluster=settings.cluster, xid=xid, source="test", observed_at=datetime.now(UTC))
+
+
+async def wait_stage(handle: Any, stage: Stage, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await handle.query(GpuRemediationWorkflow.status)
+        if status.stage == stage:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never reached {stage}")
+
+
+def node(kube: KubeSandbox, name: str) -> Any:
+    return kube.core().read_node(name)
+
+
+def events_for(kube: KubeSandbox, name: str) -> list[str]:
+    items: Any = kube.core().list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    return [e.reason for e in items]
+
+
+async def test_whole_loop_with_kubernetes(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client, k8s_worker: None
+) -> None:
+    job = slurm.submit_training("k8sloop")
+    failed = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    other = next(n for n in ("gpu01", "gpu02", "gpu03") if n != failed)
+    core: Any = kube.core()
+    # What runs on the node: a DaemonSet pod (stays), a plain pod (evicted at once), and a pod of an
+    # app whose PodDisruptionBudget (minAvailable 2 of 2) blocks its eviction until relaxed.
+    apps: Any = client.AppsV1Api(kube.api())
+    ds = apps.create_namespaced_daemon_set(
+        "default",
+        client.V1DaemonSet(
+            metadata=client.V1ObjectMeta(name="dcgm-exporter"),
+            spec=client.V1DaemonSetSpec(
+                selector=client.V1LabelSelector(match_labels={"app": "dcgm"}),
+                template=client.V1PodTemplateSpec(
+                    metadata=client.V1ObjectMeta(labels={"app": "dcgm"}),
+                    spec=client.V1PodSpec(
+                        containers=[client.V1Container(name="c", image="busybox")], node_selector={"no-such-node": "x"}
+                    ),
+                ),
+            ),
+        ),
+    )
+    owner = client.V1OwnerReference(
+        api_version="apps/v1", kind="DaemonSet", name="dcgm-exporter", uid=ds.metadata.uid, controller=True
+    )
+    await asyncio.to_thread(kube.add_pod, f"dcgm-{failed}", failed, labels={"app": "dcgm"}, owner=owner)
+    await asyncio.to_thread(kube.add_pod, f"slurmd-{failed}", failed, labels={"app": "slurmd"})
+    for n in (failed, other):
+        await asyncio.to_thread(kube.add_pod, f"web-{n}", n, labels={"app": "web"})
+    policy_api: Any = client.PolicyV1Api(kube.api())
+    policy_api.create_namespaced_pod_disruption_budget(
+        "default",
+        client.V1PodDisruptionBudget(
+            metadata=client.V1ObjectMeta(name="web"),
+            spec=client.V1PodDisruptionBudgetSpec(
+                min_available=2, selector=client.V1LabelSelector(match_labels={"app": "web"})
+            ),
+        ),
+    )
+    kube.wait(
+        lambda: (policy_api.read_namespaced_pod_disruption_budget("web", "default").status.current_healthy or 0) == 2,
+        "PDB status from the disruption controller",
+    )
+
+    slurm.inject_gpu_fault(failed)
+    handle = await start_or_join(client, k8s_settings, report(k8s_settings, failed, 79))
+    await wait_stage(handle, Stage.EVICT)
+    await asyncio.sleep(3)
+    # blocked: the PDB protects web-<failed>; the plain pod went at once
+    names = {
+        p.metadata.name for p in core.list_namespaced_pod("default").items if p.metadata.deletion_timestamp is None
+    }
+    assert f"web-{failed}" in names and f"slurmd-{failed}" not in names
+    policy_api.patch_namespaced_pod_disruption_budget("web", "default", {"spec": {"minAvailable": 1}})
+    result = await asyncio.wait_for(handle.result(), 120)
+
+    assert result.outcome == "resolved" and result.replacement_node is not None
+    evict = next(s for s in result.stages if s.stage == Stage.EVICT)
+    assert "evicted 2" in evict.outcome and "kept 1" in evict.outcome and "BLOCKED" not in evict.outcome
+    retries = int(evict.outcome.split(", ")[-1].split()[0]) if "PDB retries" in evict.outcome else 0
+    assert retries >= 1
+    new = result.replacement_node
+    assert any(c.type == "Ready" and c.status == "True" for c in node(kube, new).status.conditions)
+    assert new in nodes_in_service(slurm) and failed not in nodes_in_service(slurm)
+    with pytest.raises(ApiException) as gone:
+        node(kube, failed)
+    assert gone.value.status == 404
+    assert {
+        "GpuhealTriage",
+        "GpuhealDrain",
+        "GpuhealCordonAndTaint",
+        "GpuhealEvictPods",
+        "GpuhealRepairOrReplace",
+        "GpuhealVerifyResume",
+    } <= set(events_for(kube, failed))
+    (resumed,) = result.jobs_resumed
+    assert resumed.step > resumed.checkpoint_step and failed not in resumed.node
+
+
+async def test_apiserver_outage_mid_remediation_is_ridden_out(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client, k8s_worker: None
+) -> None:
+    settings = k8s_settings.model_copy(
+        update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 3})}
+    )
+    job = slurm.submit_training("outage")
+    target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    handle = await start_or_join(client, settings, report(settings, target, 48))  # reset_gpu
+    await wait_stage(handle, Stage.PROTECT)
+    await asyncio.to_thread(kube.stop_apiserver)
+    await asyncio.sleep(10)  # the drain is done; the cordon now fails and is retried
+    await asyncio.to_thread(kube.start_apiserver)
+    result = await asyncio.wait_for(handle.result(), 180)
+    assert result.outcome == "resolved"
+    cordon = next(s for s in result.stages if s.stage == Stage.CORDON)
+    assert cordon.duration_s is not None and cordon.duration_s > 3  # waited out the outage
+    n = node(kube, target)
+    assert not n.spec.unschedulable and not any(t.key == TAINT_KEY for t in (n.spec.taints or []))
+    history = await handle.fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert max(attempts) >= 2
+
+
+async def test_node_cordoned_by_someone_else_stays_cordoned(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client, k8s_worker: None
+) -> None:
+    core: Any = kube.core()
+    core.patch_node("gpu02", {"spec": {"unschedulable": True}})  # an operator's maintenance cordon
+    handle = await start_or_join(client, k8s_settings, report(k8s_settings, "gpu02", 48))
+    result = await asyncio.wait_for(handle.result(), 120)
+    assert result.outcome == "resolved" and "left cordoned" in result.node_state
+    n = node(kube, "gpu02")
+    assert n.spec.unschedulable is True
+    assert not any(t.key == TAINT_KEY for t in (n.spec.taints or []))  # our taint is gone
+    assert INCIDENT_ANNOTATION not in (n.metadata.annotations or {})
+    cordon = next(s for s in result.stages if s.stage == Stage.CORDON)
+    assert "already cordoned by someone else" in cordon.outcome
+
+
+async def test_worker_rbac_allows_its_actions_and_nothing_else(kube: KubeSandbox, k8s_settings: Settings) -> None:
+    worker_api = kube.api(kube.worker_kubeconfig)
+    acts = KubernetesActivities(worker_api)
+    env = ActivityEnvironment()
+    kube.add_pod("victim", "gpu03", labels={"app": "x"})
+    ref = NodeRef(cluster="c", node="gpu03", incident_id="gpuheal-c-gpu03")
+    kref: KubeNodeRef = await env.run(acts.map_kube_node, MapNodeRequest(ref=ref))
+    cordon = await env.run(acts.cordon_and_taint_node, CordonRequest(node=kref, no_execute=True))
+    assert not cordon.cordoned_by_others
+    again = await env.run(acts.cordon_and_taint_node, CordonRequest(node=kref))
+    assert again.already_done  # idempotent: read before act
+    evicted = await env.run(acts.evict_pods, EvictRequest(node=kref, deadline_s=10))
+    assert evicted.evicted == ("default/victim",)
+    await env.run(acts.post_node_event, KubeEvent(node=kref, reason="GpuhealTest", message="rbac"))
+    assert "uncordoned" in await env.run(acts.uncordon_node, kref)
+
+    core: Any = client.CoreV1Api(worker_api)
+    refused = [
+        lambda: core.list_namespaced_secret("default"),
+        lambda: core.delete_namespaced_pod("anything", "default"),
+        lambda: core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="rogue"))),
+        lambda: core.read_namespaced_pod("anything", "default"),  # pods: list only
+    ]
+    for call in refused:
+        with pytest.raises(ApiException) as err:
+            call()
+        assert err.value.status == 403
+
+
+def test_manifests_pass_server_side_dry_run(kube: KubeSandbox) -> None:
+    dyn = dynamic.DynamicClient(kube.api())
+    docs = [
+        d
+        for f in ("rbac.yaml", "rbac-force-delete.yaml", "deploy/gpuheal.yaml")
+        for d in yaml.safe_load_all((K8S / f).read_text())
+        if d
+    ]
+    assert {d["kind"] for d in docs} >= {"ClusterRole", "Deployment", "Service", "ConfigMap", "ServiceAccount"}
+    for doc in docs:
+        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        ns = doc["metadata"].get("namespace")
+        try:
+            resource.create(body=doc, namespace=ns, query_params=[("dryRun", "All")])
+        except ApiException as err:
+            assert err.status == 409, f"{doc['kind']}/{doc['metadata']['name']}: {err.body}"  # exists (rbac.yaml)
+
+
+def test_action_class_in_policy_reaches_kubernetes() -> None:
+    # The Kubernetes half only runs for action classes that drain (see gpuheal.policy.PLANS).
+    from gpuheal import policy
+
+    assert policy.plan_for(ActionClass.RESTART_APP).drain is False
+    assert policy.plan_for(ActionClass.REPLACE_NODE).drain is True
