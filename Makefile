@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench stop clean
+.PHONY: demo test setup lint bench k8s stop clean
 
 $(STAMP): pyproject.toml
 	@bash infra/setup.sh
@@ -19,6 +19,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	bash infra/k8s/build.sh
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)
@@ -27,7 +28,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/mttr.py $(BENCH_ARGS)
 
+k8s: $(STAMP)
+	bash infra/k8s/build.sh
+
 stop:
+	-@GPUHEAL_K8S_DIR=.run/k8s infra/k8s/cluster.sh stop
 	-@GPUHEAL_SLURM_DIR=.run/slurm infra/slurm/sandbox.sh stop
 	-@GPUHEAL_TEMPORAL_DIR=.run/temporal infra/temporal/dev-server.sh stop
 

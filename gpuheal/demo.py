@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime
+from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -18,6 +19,7 @@ from temporalio.service import RPCError
 
 from gpuheal import policy
 from gpuheal.config import REPO
+from gpuheal.kube_sandbox import KubeSandbox, binaries_built
 from gpuheal.models import RemediationResult, RemediationStatus
 from gpuheal.sandbox import Sandbox
 from gpuheal.timeline import render_result, render_timeline
@@ -55,7 +57,35 @@ async def follow(
         await asyncio.sleep(0.25)
 
 
-async def _run(sb: Sandbox) -> int:
+def start_kubernetes(sb: Sandbox) -> KubeSandbox | None:
+    """The Kubernetes half joins the demo once infra/k8s/build.sh has built its binaries."""
+    if not binaries_built():
+        say("Kubernetes sandbox not built yet: running Slurm only (build it with infra/k8s/build.sh, ~12 min)")
+        return None
+    ks = KubeSandbox(sb.root / "k8s", port=16443)
+    say("starting the Kubernetes sandbox (etcd, kube-apiserver, kube-controller-manager, kwok) on 127.0.0.1:16443")
+    ks.start()
+    ks.reset_nodes(["gpu01", "gpu02", "gpu03"])
+    for n in ("gpu01", "gpu02", "gpu03"):
+        ks.add_pod(f"slurmd-{n}", n, labels={"app": "slurmd"})
+    sb.extra_env.update(
+        {
+            "GPUHEAL_KUBECONFIG": str(ks.worker_kubeconfig),  # the worker's ServiceAccount (infra/k8s/rbac.yaml)
+            "GPUHEAL_SANDBOX_KUBECONFIG": str(ks.admin_kubeconfig),  # the sandbox's node group
+        }
+    )
+    return ks
+
+
+def print_node_events(ks: KubeSandbox, node: str) -> None:
+    core: Any = ks.core()
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    print(f"Kubernetes events on node {node} (kubectl describe node {node}):")
+    for e in sorted(events, key=lambda e: e.first_timestamp):
+        print(f"  {e.type:<8} {e.reason:<28} {e.message[:110]}")
+
+
+async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     client = await Client.connect(sb.temporal_address, data_converter=pydantic_data_converter)
     job = sb.submit_training(name="llm-pretrain")
     say(f"submitted training job {job} (checkpoints every 10 steps, traps SIGUSR1 to checkpoint now)")
@@ -85,6 +115,9 @@ async def _run(sb: Sandbox) -> int:
     print()
     print(render_result(result, f"{sb.ui_url}/namespaces/default/workflows/{incident}"))
     print()
+    if ks is not None:
+        print_node_events(ks, node)
+        print()
     resumed = [r for r in result.jobs_resumed if r.job_id == job]
     ok = bool(resumed) and node not in resumed[0].node.split(",") and resumed[0].step > resumed[0].checkpoint_step
     sb.run("scancel", str(job), check=False)
@@ -105,11 +138,12 @@ def run_demo() -> int:
     sb.start_slurm(clean=True)
     say(f"starting Temporal dev server on {sb.temporal_address}; Web UI {sb.ui_url}")
     sb.start_temporal()
+    ks = start_kubernetes(sb)
     say("starting the gpuheal worker and the Alertmanager webhook")
     worker = sb.start_worker()
     webhook = sb.start_webhook()
     try:
-        rc = asyncio.run(_run(sb))
+        rc = asyncio.run(_run(sb, ks))
     finally:
         Sandbox.stop_process(webhook)
         Sandbox.stop_process(worker)

@@ -160,6 +160,16 @@ class GpuRemediationWorkflow:
                     f"requeued {[r.job_id for r in requeued]}, not requeued {[u.job_id for u in not_requeued]}"
                 )
 
+        if self._kube is not None and plan.drain:
+            evicted = await self._evict(self._kube, settings.kubernetes)
+            if evicted.blocked:
+                decision = await self._await_decision(
+                    f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
+                )
+                if decision.verdict == "abort":
+                    state = f"drained and cordoned; pods {list(evicted.blocked)} still there; not replaced"
+                    return await self._close("aborted", decision.reason, state, drain)
+
         replacement: ReplacementResult | None = None
         capacity_back_at = None
         if plan.repair is not None:
@@ -175,16 +185,6 @@ class GpuRemediationWorkflow:
                         timeout=timedelta(minutes=5),
                     )
                 capacity_back_at = workflow.now()
-
-        if self._kube is not None and plan.drain:
-            evicted = await self._evict(self._kube, settings.kubernetes)
-            if evicted.blocked:
-                decision = await self._await_decision(
-                    f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
-                )
-                if decision.verdict == "abort":
-                    state = f"drained and cordoned; pods {list(evicted.blocked)} still there; not replaced"
-                    return await self._close("aborted", decision.reason, state, drain)
 
         resumed: list[ResumedJob] = []
         if requeued:

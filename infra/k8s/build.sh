@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes sandbox's binaries once into a cache directory; later runs reuse them.
 #   kube-apiserver, kube-controller-manager  from k8s.io/kubernetes $K8S_VERSION (this module)
+#   etcd                                      go.etcd.io/etcd/server/v3, the version go.mod resolves
 #   kwok                                      from sigs.k8s.io/kwok $KWOK_VERSION
-# etcd comes from Debian's etcd-server package. Everything arrives through the Go module proxy
-# and apt; nothing else is downloaded.
+# Debian's etcd-server (3.4.23) is too old: kube-apiserver disables watch progress requests on
+# it and kwok's informers then crawl. Everything arrives through the Go module proxy and apt.
 #
 #   build.sh              build what is missing (prints progress and the time it took)
 #   build.sh --print-bin  print the cache's bin directory
@@ -19,20 +20,23 @@ if [ "${1:-}" = "--print-bin" ]; then echo "$BIN"; exit 0; fi
 
 log() { printf 'k8s-build: %s\n' "$*" >&2; }
 
-if ! command -v etcd >/dev/null || ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
-  log "installing Debian packages etcd-server openssl curl"
+if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
+  log "installing Debian packages openssl curl"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server openssl curl >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl curl >/dev/null
 fi
 command -v go >/dev/null || { log "Go is required to build the sandbox (https://go.dev/doc/install)"; exit 1; }
 
 mkdir -p "$BIN"
 start=$(date +%s)
 built=0
-for cmd in kube-apiserver kube-controller-manager; do
+for target in etcd=go.etcd.io/etcd/server/v3 \
+              kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+              kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager; do
+  cmd=${target%%=*} pkg=${target#*=}
   if [ ! -x "$BIN/$cmd" ]; then
-    log "building $cmd $K8S_VERSION (first time only; about 5 minutes on 2 cores)"
-    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags='-s -w' -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+    log "building $cmd from $pkg (first time only; kube-* take about 5 minutes each on 2 cores)"
+    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags='-s -w' -o "$BIN/$cmd.tmp" "$pkg")
     mv "$BIN/$cmd.tmp" "$BIN/$cmd"
     built=1
   fi

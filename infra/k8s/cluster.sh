@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Kubernetes sandbox: etcd (Debian), kube-apiserver and kube-controller-manager (built from
-# k8s.io/kubernetes by build.sh) and kwok (stands in for kubelets), all on loopback.
+# Kubernetes sandbox: etcd, kube-apiserver and kube-controller-manager (built from their Go
+# modules by build.sh) and kwok (stands in for kubelets), all on loopback.
 #
 #   cluster.sh start     start (or reuse) it; writes $DIR/kubeconfig (admin) and waits until ready
 #   cluster.sh stop
@@ -50,11 +50,12 @@ certs() {
     -days 3650 -extfile "$p/san.ext" -out "$p/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
   openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
-  # Static tokens: the admin (system:masters) for set-up and tests; the controller manager and
-  # kwok get their own identities. The worker uses a ServiceAccount token (infra/k8s/rbac.yaml).
+  # Static tokens for the sandbox's own parts: the admin (tests, set-up), the controller manager
+  # and kwok (both cluster-wide, as in a kubeadm cluster's control plane). The gpuheal worker is
+  # not among them: it uses a ServiceAccount token with infra/k8s/rbac.yaml's least privilege.
   {
     echo "$(openssl rand -hex 16),gpuheal-admin,gpuheal-admin,system:masters"
-    echo "$(openssl rand -hex 16),system:kube-controller-manager,kcm"
+    echo "$(openssl rand -hex 16),system:kube-controller-manager,kcm,system:masters"
     echo "$(openssl rand -hex 16),kwok,kwok,system:masters"
   } >"$p/tokens.csv"
   chmod 600 "$p"/*.key "$p/tokens.csv"
@@ -104,13 +105,13 @@ start_apiserver() {
 
 start() {
   mkdir -p "$DIR"
-  [ -x "$BIN/kube-apiserver" ] || "$HERE/build.sh"
+  [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ] && [ -x "$BIN/kwok" ] || "$HERE/build.sh"
   certs
   kubeconfig kubeconfig gpuheal-admin
   kubeconfig kcm.kubeconfig system:kube-controller-manager
   kubeconfig kwok.kubeconfig kwok
   if ! pid_alive etcd; then
-    spawn etcd etcd --name sandbox --data-dir "$DIR/etcd" \
+    spawn etcd "$BIN/etcd" --name sandbox --data-dir "$DIR/etcd" \
       --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT" --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT" \
       --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
       --initial-cluster "sandbox=http://127.0.0.1:$ETCD_PEER" --log-level warn
