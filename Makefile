@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench k8s stop clean
+.PHONY: demo test setup lint bench bench-detection k8s stop clean
 
 $(STAMP): pyproject.toml
 	@bash infra/setup.sh
@@ -27,6 +27,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/mttr.py $(BENCH_ARGS)
+
+bench-detection: $(STAMP)
+	$(PY) bench/detection.py $(BENCH_ARGS)
 
 k8s: $(STAMP)
 	bash infra/k8s/build.sh

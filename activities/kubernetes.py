@@ -183,8 +183,9 @@ class KubernetesActivities:
     @activity.defn
     async def post_node_event(self, ev: KubeEvent) -> None:
         """A Kubernetes Event on the node, so `kubectl describe node` tells the incident's story.
-        The name is derived from the incident and reason: a retry finds it and stops."""
-        digest = hashlib.sha1(f"{ev.node.incident_id}/{ev.reason}".encode()).hexdigest()[:12]
+        The name is derived from the workflow run and reason: a retry finds it and stops."""
+        run_id = activity.info().workflow_run_id
+        digest = hashlib.sha1(f"{ev.node.incident_id}/{run_id}/{ev.reason}".encode()).hexdigest()[:12]
         now = datetime.now(UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{ev.node.kube_node}.gpuheal.{digest}", namespace="default"),

@@ -81,7 +81,7 @@ def print_node_events(ks: KubeSandbox, node: str) -> None:
     core: Any = ks.core()
     events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
     print(f"Kubernetes events on node {node} (kubectl describe node {node}):")
-    for e in sorted(events, key=lambda e: e.first_timestamp):
+    for e in sorted(events, key=lambda e: int(e.metadata.resource_version)):  # creation order
         print(f"  {e.type:<8} {e.reason:<28} {e.message[:110]}")
 
 
