@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.providers import SandboxProvider
@@ -101,6 +103,9 @@ class KubernetesProvider:
         )
 
     async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        # A replacement is a node created after this replacement began (its first attempt, so a
+        # retry after a crash still recognises it) that was not in the pool before.
+        since = _first_attempt_time()
         try:
             failed = await _k8s(self._core.read_node, node)
         except ApiException as err:
@@ -108,8 +113,11 @@ class KubernetesProvider:
                 raise
             failed = None  # deleted by an earlier attempt: only the wait is left
         pool = None
+        known: set[str] = set()  # nodes of the pool that were there before: never "the new one"
         if failed is not None:
             pool = (failed.metadata.labels or {}).get(self._pool_label)
+            selector = f"{self._pool_label}={pool}" if pool else self._pool_label
+            known = {n.metadata.name for n in (await _k8s(self._core.list_node, label_selector=selector)).items}
             machine = (failed.metadata.annotations or {}).get(MACHINE_ANNOTATION)
             if machine:  # Cluster API: the MachineSet makes a new Machine
                 await _k8s(
@@ -122,9 +130,12 @@ class KubernetesProvider:
                 )
             else:
                 await _k8s(self._core.delete_node, node)
-        return ReplacementResult(failed_node=node, new_node=await self._wait_new_node(node, pool), already_done=False)
+        new = await self._wait_new_node(node, pool, since, known)
+        return ReplacementResult(failed_node=node, new_node=new, already_done=False)
 
-    async def _wait_new_node(self, failed: str, pool: str | None, timeout_s: float = 900) -> str:
+    async def _wait_new_node(
+        self, failed: str, pool: str | None, since: datetime, known: set[str], timeout_s: float = 900
+    ) -> str:
         deadline = time.monotonic() + timeout_s
         selector = f"{self._pool_label}={pool}" if pool else self._pool_label
         while time.monotonic() < deadline:
@@ -132,7 +143,8 @@ class KubernetesProvider:
             nodes = await _k8s(self._core.list_node, label_selector=selector)
             for n in nodes.items:
                 name = n.metadata.name
-                fresh = name != failed and n.metadata.deletion_timestamp is None
+                created = n.metadata.creation_timestamp
+                fresh = name not in known and n.metadata.deletion_timestamp is None and created >= since
                 if fresh and node_ready(n) and name in in_slurm and in_slurm[name].state in {"idle", "mixed"}:
                     return str(name)
             await asyncio.sleep(2)
@@ -144,6 +156,13 @@ class KubernetesProvider:
     async def check_health(self, node: str) -> HealthCheckResult:
         n = await _k8s(self._core.read_node, node)
         return HealthCheckResult(node=node, healthy=node_ready(n), detail="Ready" if node_ready(n) else "NotReady")
+
+
+def _first_attempt_time() -> datetime:
+    try:
+        return activity.info().scheduled_time - timedelta(seconds=5)  # allow for clock skew
+    except RuntimeError:  # called outside an activity (tests, tools)
+        return datetime.now(UTC) - timedelta(seconds=5)
 
 
 class ExecHookProvider:

@@ -18,7 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
+from activities.kube_providers import KubernetesProvider
 from activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
+from activities.slurm import SlurmClient
 from gpuheal.config import Settings
 from gpuheal.kube_sandbox import K8S, KubeSandbox
 from gpuheal.models import (
@@ -33,7 +35,7 @@ from gpuheal.models import (
     RemediationSettings,
     Stage,
 )
-from gpuheal.sandbox import Sandbox
+from gpuheal.sandbox import SLURM_SCRIPT, Sandbox
 from tests.integration.conftest import nodes_in_service
 from triggers.start import start_or_join
 from workers.main import make_worker
@@ -270,3 +272,25 @@ def test_manifests_pass_server_side_dry_run(kube: KubeSandbox) -> None:
             resource.create(body=doc, namespace=ns, query_params=[("dryRun", "All")])
         except ApiException as err:
             assert err.status == 409, f"{doc['kind']}/{doc['metadata']['name']}: {err.body}"  # exists (rbac.yaml)
+
+
+async def test_kubernetes_native_replacement_waits_for_the_node_group(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings
+) -> None:
+    """KubernetesProvider deletes the Node and waits for the node group's new one to be Ready and
+    in Slurm. The cloud's node group is played here by the test, with the worker's RBAC."""
+    provider = KubernetesProvider(SlurmClient(str(slurm.slurm_conf)), kube.api(kube.worker_kubeconfig))
+
+    def node_group() -> None:
+        core: Any = kube.core()
+        kube.wait(lambda: "gpu03" not in {n.metadata.name for n in core.list_node().items}, "gpu03 deleted")
+        kube.add_node("gpu05")
+        slurm.run(SLURM_SCRIPT, "start-node", "gpu05")
+
+    group = asyncio.create_task(asyncio.to_thread(node_group))
+    result = await asyncio.wait_for(provider.replace("gpu03", "gpuheal-c-gpu03"), 90)
+    await group
+    assert result.new_node == "gpu05"
+    assert "gpu05" in nodes_in_service(slurm)
+    health = await provider.check_health("gpu05")
+    assert health.healthy

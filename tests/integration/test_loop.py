@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from datetime import UTC, datetime
 
 import pytest
@@ -22,6 +23,11 @@ from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
 
 
 def report(settings: Settings, node: str, xid: int = 79, gpu: int = 0) -> HealthReport:
@@ -181,8 +187,12 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
         worker = slurm.start_worker()
         try:
             result = await asyncio.wait_for(handle.result(), 120)
+            # the restarted worker serves the project's metrics and the SDK's
+            ours = await asyncio.to_thread(scrape, slurm.metrics_port)
+            sdk = await asyncio.to_thread(scrape, slurm.metrics_port + 1)
         finally:
             Sandbox.stop_process(worker)
+        assert worker.returncode == 0  # SIGTERM: a graceful shutdown
     finally:
         for key in env_settings:
             slurm.extra_env.pop(key)
@@ -194,6 +204,10 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     assert j is not None and j["restart_cnt"] == 1
     spares = {"gpu04", "gpu05", "gpu06"} & nodes_in_service(slurm)
     assert spares == {result.replacement_node}  # one spare, not two
+    assert 'gpuheal_mttr_seconds_count{action="replace_node"} 1.0' in ours
+    assert 'gpuheal_incidents_closed_total{action="replace_node",outcome="resolved"} 1.0' in ours
+    assert 'gpuheal_stage_duration_seconds_count{stage="verify_resume"} 1.0' in ours
+    assert "temporal_" in sdk and "activity" in sdk
     # the verify activity really was retried on the new worker
     history = await handle.fetch_history()
     attempts = [
