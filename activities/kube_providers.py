@@ -36,6 +36,17 @@ async def _k8s(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, _request_timeout=15, **kwargs)
 
 
+def kwok_node(name: str, pool: str) -> client.V1Node:
+    """A Node that kwok keeps Ready (the annotation is kwok's selector in infra/k8s/cluster.sh)."""
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            labels={POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"},
+            annotations={"kwok.x-k8s.io/node": "fake"},
+        )
+    )
+
+
 def node_ready(node: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
@@ -62,15 +73,8 @@ class KubeSandboxProvider(SandboxProvider):
         new, already = await self._choose_spare(node, incident_id)
         failed = await _k8s(self._core.read_node, node)
         pool = (failed.metadata.labels or {}).get(POOL_LABEL, "default")
-        body = client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=new,
-                labels={POOL_LABEL: pool, "kubernetes.io/hostname": new, "type": "kwok"},
-                annotations={"kwok.x-k8s.io/node": "fake"},
-            )
-        )
         try:
-            await _k8s(self._core.create_node, body)
+            await _k8s(self._core.create_node, kwok_node(new, pool))
         except ApiException as err:
             if err.status != 409:  # created by an earlier attempt
                 raise

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client, config, utils
 from kubernetes.client.exceptions import ApiException
 
-from activities.kube_providers import POOL_LABEL
+from activities.kube_providers import kwok_node, node_ready
 from gpuheal.config import REPO
 
 K8S = REPO / "infra" / "k8s"
@@ -95,19 +95,12 @@ class KubeSandbox:
     # --- nodes and pods for scenarios ----------------------------------------------------
 
     def add_node(self, name: str, pool: str = "h100") -> None:
-        body = client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels={POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"},
-                annotations={"kwok.x-k8s.io/node": "fake"},
-            )
-        )
         try:
-            self.core().create_node(body)
+            self.core().create_node(kwok_node(name, pool))
         except ApiException as err:
             if err.status != 409:
                 raise
-        self.wait(lambda: _ready(self.core().read_node(name)), f"node {name} Ready")
+        self.wait(lambda: node_ready(self.core().read_node(name)), f"node {name} Ready")
 
     def reset_nodes(self, names: list[str]) -> None:
         """Fresh nodes for a test: delete every node and pod, then add `names`."""
@@ -143,7 +136,3 @@ class KubeSandbox:
                 return
             time.sleep(0.2)
         raise TimeoutError(f"timed out waiting for {what}")
-
-
-def _ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))

@@ -9,6 +9,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -92,3 +93,13 @@ def slurmctld_log(sb: Sandbox) -> str:
 
 def nodes_in_service(sb: Sandbox) -> set[str]:
     return set(sb.run("sinfo", "-h", "-N", "-o", "%N").split())
+
+
+async def max_activity_attempt(handle: Any) -> int:
+    """The highest attempt of any activity in a workflow's history: >= 2 means a retry happened."""
+    history = await handle.fetch_history()
+    return max(
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    )

@@ -36,7 +36,7 @@ from gpuheal.models import (
     Stage,
 )
 from gpuheal.sandbox import SLURM_SCRIPT, Sandbox
-from tests.integration.conftest import nodes_in_service
+from tests.integration.conftest import max_activity_attempt, nodes_in_service
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
@@ -202,13 +202,7 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     assert cordon.ended_at is not None and cordon.ended_at >= back_at  # the Kubernetes steps waited it out
     n = node(kube, target)
     assert not n.spec.unschedulable and not any(t.key == TAINT_KEY for t in (n.spec.taints or []))
-    history = await handle.fetch_history()
-    attempts = [
-        e.activity_task_started_event_attributes.attempt
-        for e in history.events
-        if e.HasField("activity_task_started_event_attributes")
-    ]
-    assert max(attempts) >= 2
+    assert await max_activity_attempt(handle) >= 2
 
 
 async def test_node_cordoned_by_someone_else_stays_cordoned(

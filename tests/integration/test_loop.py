@@ -18,7 +18,7 @@ from gpuheal import policy
 from gpuheal.config import Settings
 from gpuheal.models import ActionClass, ApprovalPolicy, HealthReport, RemediationSettings, Stage
 from gpuheal.sandbox import Sandbox
-from tests.integration.conftest import nodes_in_service, slurmctld_log
+from tests.integration.conftest import max_activity_attempt, nodes_in_service, slurmctld_log
 from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -209,13 +209,7 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     assert 'gpuheal_stage_duration_seconds_count{stage="verify_resume"} 1.0' in ours
     assert "temporal_" in sdk and "activity" in sdk
     # the verify activity really was retried on the new worker
-    history = await handle.fetch_history()
-    attempts = [
-        e.activity_task_started_event_attributes.attempt
-        for e in history.events
-        if e.HasField("activity_task_started_event_attributes")
-    ]
-    assert max(attempts) >= 2
+    assert await max_activity_attempt(handle) >= 2
 
 
 async def test_report_for_an_unknown_node_fails_fast_and_names_it(
