@@ -97,7 +97,9 @@ CONF
   echo "PartitionName=gpu Nodes=gpu[01-$(printf '%02d' "$total")] Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# Daemons remove their own pid files as they exit, so every read tolerates a file that just went.
+pid_of() { cat "$1" 2>/dev/null || true; }
+pid_alive() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
 
 ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 
@@ -111,8 +113,8 @@ start_node() {
 
 stop_pidfile() {
   local pidf=$1 pid
-  pid_alive "$pidf" || { rm -f "$pidf"; return 0; }
-  pid=$(cat "$pidf")
+  pid=$(pid_of "$pidf")
+  { [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; } || { rm -f "$pidf"; return 0; }
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
@@ -167,7 +169,7 @@ cmd_stop() {
   local f
   ctld_up && scancel --quiet --full --user=root 2>/dev/null || true
   # Signal every daemon first, then wait: stopping them one by one takes seconds each.
-  for f in "$DIR"/run/*.pid; do pid_alive "$f" && kill "$(cat "$f")" 2>/dev/null || true; done
+  for f in "$DIR"/run/*.pid; do pid_alive "$f" && kill "$(pid_of "$f")" 2>/dev/null || true; done
   for f in "$DIR"/run/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   kill_job_steps
   log "stopped ($DIR)"
