@@ -17,6 +17,9 @@
 | GPUHEAL_CHECKPOINT_GRACE_S | 30 | time jobs get to checkpoint before the requeue |
 | GPUHEAL_VERIFY_TIMEOUT_S | 1800 | how long a requeued job may take to make progress |
 | GPUHEAL_GPUS_PER_NODE | 8 | for the GPU-time-lost figure |
+| GPUHEAL_TEMPORAL_TLS_CA / _CERT / _KEY | (none) | PEM files for mTLS to Temporal |
+| GPUHEAL_TEMPORAL_API_KEY | (none) | API key for Temporal (Temporal Cloud) |
+| GPUHEAL_METRICS_HOST | 127.0.0.1 | where the worker serves metrics (0.0.0.0 in a pod) |
 | GPUHEAL_PROVIDER | sandbox | how nodes are replaced: sandbox, kubernetes, exec |
 | GPUHEAL_PROVIDER_HOOK | (none) | executable for GPUHEAL_PROVIDER=exec (cloud APIs) |
 | GPUHEAL_KUBECONFIG | (none) | kubeconfig: turns on the Kubernetes half |
@@ -44,6 +47,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 class Settings(BaseModel):
     temporal_address: str = "127.0.0.1:7233"
+    temporal_tls_ca: str | None = None
+    temporal_tls_cert: str | None = None
+    temporal_tls_key: str | None = None
+    temporal_api_key: SecretStr | None = None
+    metrics_host: str = "127.0.0.1"
     namespace: str = "default"
     task_queue: str = "gpuheal"
     ui_url: str = "http://127.0.0.1:8233"
@@ -68,6 +76,9 @@ class Settings(BaseModel):
         def get(name: str, default: str) -> str:
             return env.get(name, "") or default
 
+        def secret(name: str) -> SecretStr | None:  # SecretStr: never printed in logs or reprs
+            return SecretStr(env[name]) if env.get(name) else None
+
         required = [a.strip() for a in env.get("GPUHEAL_APPROVAL_REQUIRED", "").split(",") if a.strip()]
         approval = ApprovalPolicy(
             required_for=tuple(ActionClass(a) for a in required),
@@ -87,13 +98,18 @@ class Settings(BaseModel):
             )
         return cls(
             temporal_address=get("GPUHEAL_TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+            temporal_tls_ca=env.get("GPUHEAL_TEMPORAL_TLS_CA") or None,
+            temporal_tls_cert=env.get("GPUHEAL_TEMPORAL_TLS_CERT") or None,
+            temporal_tls_key=env.get("GPUHEAL_TEMPORAL_TLS_KEY") or None,
+            temporal_api_key=secret("GPUHEAL_TEMPORAL_API_KEY"),
+            metrics_host=get("GPUHEAL_METRICS_HOST", "127.0.0.1"),
             namespace=get("GPUHEAL_NAMESPACE", "default"),
             task_queue=get("GPUHEAL_TASK_QUEUE", "gpuheal"),
             ui_url=get("GPUHEAL_UI_URL", "http://127.0.0.1:8233"),
             cluster=get("GPUHEAL_CLUSTER", "sandbox"),
             slurm_conf=env.get("SLURM_CONF") or None,
             sandbox_dir=sandbox_dir,
-            webhook_token=SecretStr(env["GPUHEAL_WEBHOOK_TOKEN"]) if env.get("GPUHEAL_WEBHOOK_TOKEN") else None,
+            webhook_token=secret("GPUHEAL_WEBHOOK_TOKEN"),
             notify_url=env.get("GPUHEAL_NOTIFY_URL") or None,
             provider=get("GPUHEAL_PROVIDER", "sandbox"),
             provider_hook=env.get("GPUHEAL_PROVIDER_HOOK") or None,

@@ -19,7 +19,6 @@ from typing import Any
 from kubernetes.client import ApiClient, CoreV1Api
 from prometheus_client import start_http_server
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
@@ -30,6 +29,7 @@ from activities.providers import NodeProvider, SandboxProvider
 from activities.remediation import RemediationActivities
 from activities.slurm import SlurmClient
 from gpuheal.config import REPO, Settings
+from triggers.start import connect
 from workers import metrics
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -103,14 +103,10 @@ async def _refresh_open_incidents(client: Client) -> None:
 
 
 async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{sdk_metrics_port}")))
-    start_http_server(metrics_port, addr="127.0.0.1")
-    client = await Client.connect(
-        settings.temporal_address,
-        namespace=settings.namespace,
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
-    )
+    host = settings.metrics_host
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
+    start_http_server(metrics_port, addr=host)
+    client = await connect(settings, runtime)
     worker = make_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
