@@ -36,8 +36,9 @@ start() {
     >"$DIR/server.log" 2>&1 </dev/null &
   echo $! >"$PIDF"
   for _ in $(seq 150); do
-    healthy && { echo "temporal: ready on 127.0.0.1:$PORT, UI http://127.0.0.1:$UI_PORT" >&2; return 0; }
+    # Our process first: a server someone else left on the port must not pass for ours.
     kill -0 "$(cat "$PIDF")" 2>/dev/null || break
+    healthy && { echo "temporal: ready on 127.0.0.1:$PORT, UI http://127.0.0.1:$UI_PORT" >&2; return 0; }
     sleep 0.2
   done
   echo "temporal: did not become healthy; see $DIR/server.log" >&2
