@@ -148,7 +148,7 @@ def run_demo() -> int:
         Sandbox.stop_process(webhook)
         Sandbox.stop_process(worker)
     say(
-        f"demo took {time.monotonic() - t0:.0f} s. Temporal and Slurm keep running so you can "
+        f"demo took {time.monotonic() - t0:.0f} s. Temporal, Slurm and Kubernetes keep running so you can "
         f"browse {sb.ui_url}; `make stop` stops them. Logs: {sb.root}"
     )
     return rc
