@@ -67,14 +67,10 @@ class RemediationActivities:
         """Ask batch jobs still running on the node to checkpoint now (SIGUSR1 to the batch
         script). A second signal after a retry only asks for a checkpoint the job already has."""
         signalled = []
-        for job_id in req.job_ids:
-            job = await self._slurm.job(job_id)
-            if job is None or job.state != "RUNNING":
-                continue
-            if req.node not in await self._slurm.hostnames(job.nodes):
-                continue
-            await self._slurm.signal_batch(job_id, "USR1")
-            signalled.append(job_id)
+        for job in await self._slurm.jobs_on_node(req.node):  # one squeue for all of them
+            if job.job_id in req.job_ids and job.state == "RUNNING":
+                await self._slurm.signal_batch(job.job_id, "USR1")
+                signalled.append(job.job_id)
         return signalled
 
     @activity.defn

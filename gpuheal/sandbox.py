@@ -32,6 +32,10 @@ class SandboxError(RuntimeError):
     pass
 
 
+def _progress(job: dict[str, object] | None) -> JobProgress | None:
+    return parse_progress(str(job.get("comment") or "")) if job else None
+
+
 @dataclass
 class Sandbox:
     root: Path
@@ -205,8 +209,7 @@ class Sandbox:
         return next((j for j in data["jobs"] if j["job_id"] == job_id), None)
 
     def job_progress(self, job_id: int) -> JobProgress | None:
-        j = self.job(job_id)
-        return parse_progress(str(j.get("comment") or "")) if j else None
+        return _progress(self.job(job_id))
 
     def wait_for_step(self, job_id: int, step: int, timeout: float = 60, show: bool = False) -> str:
         """Wait until the job has passed `step`; returns the node it runs on."""
@@ -214,7 +217,7 @@ class Sandbox:
         shown = -1
         while time.monotonic() < deadline:
             j = self.job(job_id)
-            p = parse_progress(str(j.get("comment") or "")) if j else None
+            p = _progress(j)
             done = min(step, p.step if p else 0)
             if show and done != shown:
                 bar = "█" * (done * 20 // step) + "░" * (20 - done * 20 // step)
