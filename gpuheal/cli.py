@@ -68,11 +68,10 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     print(f"incident {incident}: stage {status.stage.value}, action {status.action}")
     if status.awaiting_approval:
         print(f"  awaiting approval: gpuheal approve {args.target} --operator NAME --reason TEXT")
-    failure_at = status.stages[0].started_at if status.stages else None
     if status.result is not None:
         print(render_timeline(status.stages, status.result.failure_observed_at))
         print(render_result(status.result, settings.incident_url(incident)))
-    elif failure_at is not None:
+    else:
         for line in status.done:
             print(f"  - {line}")
     return 0
@@ -182,16 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
         if args.command in SYNC_COMMANDS:
-            return SYNC_COMMANDS[args.command](settings, args)
-        rc = asyncio.run(COMMANDS[args.command](settings, args))
+            rc = SYNC_COMMANDS[args.command](settings, args)
+        else:
+            rc = asyncio.run(COMMANDS[args.command](settings, args))
     except ValidationError as err:
         print(f"gpuheal: invalid input: {err}", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"gpuheal: {err}", file=sys.stderr)
         return 2
-    # The SDK's native client threads can abort interpreter finalisation ("PyGILState_Release")
-    # after a short command; the command's work is done and flushed, so skip finalisation.
+    # The SDK's native threads can abort interpreter finalisation ("PyGILState_Release", SIGABRT)
+    # after any command that used a Temporal client, a gracefully stopped worker included; the
+    # command's work is done and flushed by now, so skip finalisation and keep its exit code.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
