@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench bench-detection k8s stop clean
+.PHONY: demo test setup lint bench bench-detection histories k8s stop clean
 
 $(STAMP): pyproject.toml
 	@bash infra/setup.sh
@@ -13,23 +13,29 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gpuheal demo
+	$(PY) -m infra.sandbox.demo
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+test: $(STAMP) lint
 	bash infra/k8s/build.sh
 	$(VENV)/bin/pytest
 
+# ruff (lint + format), mypy (strict), and the import contracts (pyproject.toml: the floors)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
-	$(PY) bench/mttr.py $(BENCH_ARGS)
+	$(PY) -m bench.mttr $(BENCH_ARGS)
 
 bench-detection: $(STAMP)
-	$(PY) bench/detection.py $(BENCH_ARGS)
+	$(PY) -m bench.detection $(BENCH_ARGS)
+
+# Record tests/histories anew from real runs (after a change meant to be incompatible).
+histories: $(STAMP)
+	bash infra/k8s/build.sh
+	$(PY) -m tests.histories.record
 
 k8s: $(STAMP)
 	bash infra/k8s/build.sh

@@ -17,12 +17,15 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.remediation import UNKNOWN_NODE
+from activities import interface as act
+from activities.interface import implements
+from clients.kube import call
+from gpuheal.errors import UNKNOWN_NODE
 from gpuheal.models import (
     CordonRequest,
     CordonResult,
@@ -39,33 +42,20 @@ CORDONED_BY_US = "gpuheal.io/cordoned-by-gpuheal"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
-def load_api(kubeconfig: str | None) -> client.ApiClient:
-    """A kubeconfig file (the sandbox's, a ServiceAccount's), or the in-cluster config."""
-    if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return api
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
 class KubernetesActivities:
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
 
-    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # The client is synchronous; keep the worker's event loop free.
-        return await asyncio.to_thread(fn, *args, _request_timeout=15, **kwargs)
-
-    @activity.defn
+    @implements(act.MAP_KUBE_NODE)
     async def map_kube_node(self, req: MapNodeRequest) -> KubeNodeRef:
         """The Kubernetes Node behind a Slurm node: by label when configured, else same name."""
         slurm = req.ref.node
         if req.node_label:
-            nodes = await self._call(self.core.list_node, label_selector=f"{req.node_label}={slurm}")
+            nodes = await call(self.core.list_node, label_selector=f"{req.node_label}={slurm}")
             names = [n.metadata.name for n in nodes.items]
         else:
             try:
-                names = [(await self._call(self.core.read_node, slurm)).metadata.name]
+                names = [(await call(self.core.read_node, slurm)).metadata.name]
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -79,10 +69,10 @@ class KubernetesActivities:
             )
         return KubeNodeRef(slurm_node=slurm, kube_node=names[0], incident_id=req.ref.incident_id)
 
-    @activity.defn
+    @implements(act.CORDON_AND_TAINT_NODE)
     async def cordon_and_taint_node(self, req: CordonRequest) -> CordonResult:
         name, incident = req.node.kube_node, req.node.incident_id
-        node = await self._call(self.core.read_node, name)
+        node = await call(self.core.read_node, name)
         annotations = node.metadata.annotations or {}
         if annotations.get(INCIDENT_ANNOTATION) == incident:
             return CordonResult(
@@ -92,7 +82,7 @@ class KubernetesActivities:
         effects = ["NoSchedule", *(["NoExecute"] if req.no_execute else [])]
         taints = [t for t in (node.spec.taints or []) if t.key != TAINT_KEY]
         taints += [client.V1Taint(key=TAINT_KEY, value=_label_safe(incident), effect=e) for e in effects]
-        await self._call(
+        await call(
             self.core.patch_node,
             name,
             {
@@ -104,7 +94,7 @@ class KubernetesActivities:
         )
         return CordonResult(node=name, cordoned_by_others=by_others, already_done=False)
 
-    @activity.defn
+    @implements(act.EVICT_PODS)
     async def evict_pods(self, req: EvictRequest) -> EvictResult:
         """Evict every pod on the node through the Eviction API (PodDisruptionBudgets apply).
         A 429 is retried until the deadline; then the pod is deleted (policy `delete`) or
@@ -115,7 +105,7 @@ class KubernetesActivities:
         kept: set[str] = set()
         retries = 0
         while True:
-            pods = await self._call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={name}")
+            pods = await call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={name}")
             blocked = []
             for pod in pods.items:
                 key = f"{pod.metadata.namespace}/{pod.metadata.name}"
@@ -129,7 +119,7 @@ class KubernetesActivities:
                     metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
                 )
                 try:
-                    await self._call(
+                    await call(
                         self.core.create_namespaced_pod_eviction, pod.metadata.name, pod.metadata.namespace, body
                     )
                     evicted.add(key)
@@ -149,7 +139,7 @@ class KubernetesActivities:
                 if req.delete_when_blocked:
                     for key in blocked:
                         ns, pod_name = key.split("/", 1)
-                        await self._call(self.core.delete_namespaced_pod, pod_name, ns)
+                        await call(self.core.delete_namespaced_pod, pod_name, ns)
                         deleted.append(key)
                     blocked = []
                 return EvictResult(
@@ -163,10 +153,10 @@ class KubernetesActivities:
             activity.heartbeat({"blocked_by_pdb": blocked, "retries": retries})
             await asyncio.sleep(min(req.poll_interval_s * 2 ** min(retries, 4), 10))
 
-    @activity.defn
+    @implements(act.UNCORDON_NODE)
     async def uncordon_node(self, ref: KubeNodeRef) -> str:
         """Undo our cordon and taint after a passed health check; never someone else's cordon."""
-        node = await self._call(self.core.read_node, ref.kube_node)
+        node = await call(self.core.read_node, ref.kube_node)
         annotations = node.metadata.annotations or {}
         ours = annotations.get(INCIDENT_ANNOTATION) == ref.incident_id
         taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != TAINT_KEY]
@@ -175,12 +165,12 @@ class KubernetesActivities:
             "metadata": {"annotations": {INCIDENT_ANNOTATION: None, CORDONED_BY_US: None}},
             "spec": {"taints": taints or None, **({"unschedulable": False} if we_cordoned else {})},
         }
-        await self._call(self.core.patch_node, ref.kube_node, patch)
+        await call(self.core.patch_node, ref.kube_node, patch)
         if we_cordoned:
             return f"{ref.kube_node} uncordoned"
         return f"{ref.kube_node} left cordoned: it was cordoned before this incident"
 
-    @activity.defn
+    @implements(act.POST_NODE_EVENT)
     async def post_node_event(self, ev: KubeEvent) -> None:
         """A Kubernetes Event on the node, so `kubectl describe node` tells the incident's story.
         The name is derived from the workflow run and reason: a retry finds it and stops."""
@@ -199,7 +189,7 @@ class KubernetesActivities:
             source=client.V1EventSource(component="gpuheal"),
         )
         try:
-            await self._call(self.core.create_namespaced_event, "default", body)
+            await call(self.core.create_namespaced_event, "default", body)
         except ApiException as err:
             if err.status != 409:
                 raise

@@ -8,45 +8,58 @@ a non-retryable ApplicationError whose message names what was wrong.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.notify import Notifier
-from activities.providers import NodeProvider
-from activities.slurm import NodeOutOfService, SlurmClient, UnknownNode
+from activities import interface as act
+from activities.interface import implements
+from clients.notify import Notifier
+from clients.slurm import NodeOutOfService, SlurmClient, UnknownNode
 from gpuheal import policy
+from gpuheal.errors import NOT_RESUMED, UNKNOWN_NODE
 from gpuheal.models import (
+    REQUEUE_STATES,
     CheckpointRequest,
+    CheckpointResult,
+    DrainRequest,
     DrainResult,
     HealthCheckResult,
+    JobList,
     JobSnapshot,
     NodeInfo,
     NodeRef,
     Notification,
     RemediationResult,
     RepairRequest,
+    RepairResult,
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
     ResumedJob,
     VerifyRequest,
+    VerifyResult,
 )
-from workers import metrics
+from providers.base import NodeProvider
 
-# Non-retryable error types; the workflow's retry policies name them too.
-UNKNOWN_NODE = "UnknownNode"
-NOT_RESUMED = "TrainingNotResumed"
+IncidentObserver = Callable[[RemediationResult], None]
 
 
 class RemediationActivities:
-    def __init__(self, slurm: SlurmClient, provider: NodeProvider, notifier: Notifier) -> None:
+    """Slurm, provider and notification activities. The clients are built by the worker and
+    injected; `on_closed` is how a closed incident reaches the worker's metrics."""
+
+    def __init__(
+        self, slurm: SlurmClient, provider: NodeProvider, notifier: Notifier, on_closed: IncidentObserver
+    ) -> None:
         self._slurm = slurm
         self._provider = provider
         self._notifier = notifier
+        self._on_closed = on_closed
 
-    @activity.defn
+    @implements(act.LOOK_UP_SLURM_NODE)
     async def look_up_slurm_node(self, ref: NodeRef) -> NodeInfo:
         """Fail fast on a node Slurm does not know, before anything is touched."""
         try:
@@ -54,16 +67,16 @@ class RemediationActivities:
         except (UnknownNode, NodeOutOfService) as err:
             raise ApplicationError(f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True) from err
 
-    @activity.defn
+    @implements(act.NOTIFY_OPERATORS)
     async def notify_operators(self, note: Notification) -> None:
         await self._notifier.send(note)
 
-    @activity.defn
-    async def list_jobs_on_node(self, ref: NodeRef) -> list[JobSnapshot]:
-        return await self._slurm.jobs_on_node(ref.node)
+    @implements(act.LIST_JOBS_ON_NODE)
+    async def list_jobs_on_node(self, ref: NodeRef) -> JobList:
+        return JobList(jobs=tuple(await self._slurm.jobs_on_node(ref.node)))
 
-    @activity.defn
-    async def request_checkpoint(self, req: CheckpointRequest) -> list[int]:
+    @implements(act.REQUEST_CHECKPOINT)
+    async def request_checkpoint(self, req: CheckpointRequest) -> CheckpointResult:
         """Ask batch jobs still running on the node to checkpoint now (SIGUSR1 to the batch
         script). A second signal after a retry only asks for a checkpoint the job already has."""
         signalled = []
@@ -71,18 +84,19 @@ class RemediationActivities:
             if job.job_id in req.job_ids and job.state == "RUNNING":
                 await self._slurm.signal_batch(job.job_id, "USR1")
                 signalled.append(job.job_id)
-        return signalled
+        return CheckpointResult(signalled=tuple(signalled))
 
-    @activity.defn
-    async def drain_slurm_node(self, ref: NodeRef, reason: str) -> DrainResult:
+    @implements(act.DRAIN_SLURM_NODE)
+    async def drain_slurm_node(self, req: DrainRequest) -> DrainResult:
+        ref = req.node
         node = await self._slurm.node(ref.node)
         if node.drained:
             ours = policy.is_our_drain(node.reason, ref.incident_id)
             return DrainResult(node=ref.node, drained_by_us=ours, already_drained=True, previous_reason=node.reason)
-        await self._slurm.update_node(ref.node, state="drain", reason=reason)
+        await self._slurm.update_node(ref.node, state="drain", reason=req.reason)
         return DrainResult(node=ref.node, drained_by_us=True, already_drained=False)
 
-    @activity.defn
+    @implements(act.REQUEUE_SLURM_JOB)
     async def requeue_slurm_job(self, req: RequeueRequest) -> RequeueResult:
         before = req.job
         base = dict(
@@ -127,13 +141,7 @@ class RemediationActivities:
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
         for _ in range(120):
             job = await self._slurm.job(job_id)
-            if job is None or job.state not in {
-                "REQUEUED",
-                "COMPLETING",
-                "PENDING",
-                "REQUEUE_HOLD",
-                "REQUEUE_FED",
-            }:
+            if job is None or job.state not in REQUEUE_STATES:
                 return  # running again already (or gone): nothing left to adjust
             if job.state == "PENDING":
                 await self._slurm.update_job(job_id, **fields)
@@ -142,19 +150,19 @@ class RemediationActivities:
             await asyncio.sleep(0.25)
         raise RuntimeError(f"job {job_id} did not become PENDING after its requeue")
 
-    @activity.defn
-    async def repair_node(self, req: RepairRequest) -> str:
+    @implements(act.REPAIR_NODE)
+    async def repair_node(self, req: RepairRequest) -> RepairResult:
         return await self._provider.repair(req.node.node, req.action)
 
-    @activity.defn
+    @implements(act.REPLACE_NODE)
     async def replace_node(self, ref: NodeRef) -> ReplacementResult:
         return await self._provider.replace(ref.node, ref.incident_id)
 
-    @activity.defn
+    @implements(act.CHECK_NODE_HEALTH)
     async def check_node_health(self, ref: NodeRef) -> HealthCheckResult:
         return await self._provider.check_health(ref.node)
 
-    @activity.defn
+    @implements(act.RESUME_SLURM_NODE)
     async def resume_slurm_node(self, ref: NodeRef) -> str:
         node = await self._slurm.node(ref.node)
         if not node.drained:
@@ -165,12 +173,12 @@ class RemediationActivities:
         await self._slurm.update_node(ref.node, state="resume")
         return f"{ref.node} resumed"
 
-    @activity.defn
+    @implements(act.DECOMMISSION_NODE)
     async def decommission_node(self, ref: NodeRef) -> str:
         return await self._provider.decommission(ref.node, policy.drain_reason(ref.incident_id, "replaced"))
 
-    @activity.defn
-    async def wait_for_training_progress(self, req: VerifyRequest) -> list[ResumedJob]:
+    @implements(act.WAIT_FOR_TRAINING_PROGRESS)
+    async def wait_for_training_progress(self, req: VerifyRequest) -> VerifyResult:
         """Poll until every requeued job runs on a healthy node and has trained past the
         checkpoint it had before the failure. Heartbeats carry what is still awaited."""
         pending = {j.job_id: j for j in req.jobs if j.requeued}
@@ -185,7 +193,7 @@ class RemediationActivities:
                     resumed[job.job_id] = done
             waiting = sorted(set(pending) - set(resumed))
             if not waiting:
-                return [resumed[j] for j in sorted(resumed)]
+                return VerifyResult(resumed=tuple(resumed[j] for j in sorted(resumed)))
             activity.heartbeat({"waiting_for_jobs": waiting})
             await asyncio.sleep(req.poll_interval_s)
 
@@ -213,6 +221,6 @@ class RemediationActivities:
             observed_at=datetime.now(UTC),
         )
 
-    @activity.defn
+    @implements(act.RECORD_INCIDENT_METRICS)
     async def record_incident_metrics(self, result: RemediationResult) -> None:
-        metrics.observe_incident(result)
+        self._on_closed(result)

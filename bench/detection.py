@@ -23,10 +23,12 @@ from datetime import UTC, datetime
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from clients.temporal import connect
 from gpuheal import policy
-from gpuheal.config import REPO
-from gpuheal.monitoring import Monitoring
-from gpuheal.sandbox import BIN, Sandbox
+from gpuheal.settings import Settings
+from infra.sandbox import REPO, RUN
+from infra.sandbox.monitoring import Monitoring
+from infra.sandbox.stack import BIN, Sandbox
 
 LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
 AGENT_PORT = 49410
@@ -83,16 +85,9 @@ async def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--production-runs", type=int, default=3)
     args = ap.parse_args()
-    sb = Sandbox(
-        REPO / ".run" / "detect",
-        temporal_port=47233,
-        slurm_port=46817,
-        webhook_port=48088,
-        metrics_port=49464,
-        cluster="detect",
-    )
+    sb = Sandbox.named("detect", RUN / "detect", cluster="detect")
     sb.start_temporal()
-    client = await Client.connect(sb.temporal_address)
+    client = await connect(Settings.from_env(sb.env()))
     webhook = sb.start_webhook()
     rows = []
     try:

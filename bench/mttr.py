@@ -24,13 +24,14 @@ import time
 from datetime import UTC, datetime
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from clients.temporal import connect
 from gpuheal import policy
-from gpuheal.config import REPO
-from gpuheal.demo import follow
 from gpuheal.models import RemediationResult
-from gpuheal.sandbox import SLURM_SCRIPT, Sandbox
+from gpuheal.settings import Settings
+from infra.sandbox import REPO, RUN, SLURM_SCRIPT
+from infra.sandbox.demo import follow
+from infra.sandbox.stack import Sandbox
 from workflows.remediation import GpuRemediationWorkflow
 
 RESULTS = REPO / "bench" / "results" / "mttr.md"
@@ -71,11 +72,11 @@ def baseline_run(sb: Sandbox, slurmd_timeout: int) -> float:
             j = sb.job(job)
             p = sb.job_progress(job)
             waited = time.monotonic() - t0
-            if j and p and int(str(j["restart_cnt"])) >= 1 and p.restart >= 1 and p.step > before.checkpoint_step:
+            if j and p and j.restart_count >= 1 and p.restart >= 1 and p.step > before.checkpoint_step:
                 print(f"\r  baseline: job back past its checkpoint after {waited:.0f} s" + " " * 20, flush=True)
                 return waited
             if waited - last >= 5:
-                state = f"{j['job_state']} ({j['state_reason']})" if j else "gone"
+                state = f"{j.state} ({j.state_reason})" if j else "gone"
                 print(f"\r  baseline: {waited:4.0f} s, job {state}" + " " * 10, end="", flush=True)
                 last = waited
             if waited > slurmd_timeout + 900:
@@ -92,17 +93,10 @@ async def main() -> int:
     ap.add_argument("--slurmd-timeout", type=int, default=300)
     args = ap.parse_args()
 
-    sb = Sandbox(
-        REPO / ".run" / "bench",
-        temporal_port=37233,
-        slurm_port=36817,
-        webhook_port=38088,
-        metrics_port=39464,
-        extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"},
-    )
+    sb = Sandbox.named("bench", RUN / "bench", extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"})
     sb.start_slurm(clean=True)
     sb.start_temporal()
-    client = await Client.connect(sb.temporal_address, data_converter=pydantic_data_converter)
+    client = await connect(Settings.from_env(sb.env()))
     worker, webhook = sb.start_worker(), sb.start_webhook()
     results: list[RemediationResult] = []
     try:

@@ -8,6 +8,7 @@ there, with the reason, before any workflow starts.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -20,6 +21,24 @@ NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_PATTERN)]
 ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
 OperatorName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")]
+_NODE_RE = re.compile(NODE_NAME_PATTERN)
+
+
+def check_node_name(node: str) -> str:
+    """For names that did not come through a model (a provider's answer, a hook's output)."""
+    if not _NODE_RE.match(node):
+        raise ValueError(f"invalid node name {node!r}")
+    return node
+
+
+# Literals and sets that several layers speak: defined here, once.
+Verdict = Literal["approve", "abort"]
+Outcome = Literal["resolved", "ignored", "aborted"]
+Severity = Literal["info", "warning", "critical"]
+# Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
+LIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
+# States a requeued job passes through before it is PENDING again (only then does it take updates).
+REQUEUE_STATES = frozenset({"REQUEUED", "COMPLETING", "PENDING", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
 def _aware(value: datetime) -> datetime:
@@ -65,7 +84,7 @@ class HealthReport(Frozen):
     """One observation that a GPU (or its node) is unhealthy."""
 
     node: NodeName
-    cluster: ClusterName = "sandbox"
+    cluster: ClusterName
     xid: int | None = Field(default=None, ge=1, le=999)
     # A non-XID signal, such as "gpu_lost", "ecc_dbe_volatile", "row_remap_failure",
     # "nvlink_down" or "health_check_failed" (see policy.SIGNAL_ACTIONS).
@@ -92,7 +111,7 @@ class ApprovalPolicy(Frozen):
 
     required_for: tuple[ActionClass, ...] = ()
     timeout_s: float = Field(default=900.0, gt=0)
-    default_on_timeout: Literal["approve", "abort"] = "abort"
+    default_on_timeout: Verdict = "abort"
 
 
 class KubernetesPolicy(Frozen):
@@ -114,6 +133,9 @@ class RemediationSettings(Frozen):
     kubernetes: KubernetesPolicy | None = None
     checkpoint_grace_s: float = Field(default=30.0, ge=0)
     verify_timeout_s: float = Field(default=1800.0, gt=0)
+    # How long a provider may take to repair or replace a node (a cloud VM can take minutes);
+    # the repair and replace activities' timeouts are derived from it, so the two always agree.
+    provider_timeout_s: float = Field(default=900.0, gt=0)
     gpus_per_node: int = Field(default=8, ge=1)
 
 
@@ -130,7 +152,7 @@ class Decision(Frozen):
 
 
 class RecordedDecision(Frozen):
-    verdict: Literal["approve", "abort"]
+    verdict: Verdict
     operator: str
     reason: str
     at: datetime
@@ -167,6 +189,7 @@ class JobSnapshot(Frozen):
     job_id: int
     name: str
     state: str
+    state_reason: str = ""  # why a pending job waits (Slurm's Reason=, e.g. BeginTime, Resources)
     nodes: str
     node_count: int = 1
     requeueable: bool
@@ -176,6 +199,11 @@ class JobSnapshot(Frozen):
     progress: JobProgress | None = None
 
 
+class DrainRequest(Frozen):
+    node: NodeRef
+    reason: str = Field(min_length=1, max_length=200)
+
+
 class DrainResult(Frozen):
     node: str
     drained_by_us: bool
@@ -183,9 +211,17 @@ class DrainResult(Frozen):
     previous_reason: str = ""
 
 
+class JobList(Frozen):
+    jobs: tuple[JobSnapshot, ...] = ()
+
+
 class CheckpointRequest(Frozen):
     node: str
     job_ids: tuple[int, ...]
+
+
+class CheckpointResult(Frozen):
+    signalled: tuple[int, ...] = ()
 
 
 class RequeueRequest(Frozen):
@@ -209,6 +245,14 @@ class RequeueResult(Frozen):
 class RepairRequest(Frozen):
     node: NodeRef
     action: ActionClass
+
+
+class RepairResult(Frozen):
+    action: ActionClass
+    # False: the provider cannot do this repair (no such operation on the platform); the
+    # workflow then replaces the node instead.
+    repaired: bool
+    detail: str
 
 
 class ReplacementResult(Frozen):
@@ -238,10 +282,14 @@ class ResumedJob(Frozen):
     observed_at: datetime
 
 
+class VerifyResult(Frozen):
+    resumed: tuple[ResumedJob, ...] = ()
+
+
 class Notification(Frozen):
     incident_id: str
     event: str
-    severity: Literal["info", "warning", "critical"]
+    severity: Severity
     message: str
     node: str
     cluster: str
@@ -263,9 +311,6 @@ class StageRecord(BaseModel):
 class UnrequeuedJob(Frozen):
     job_id: int
     reason: str
-
-
-Outcome = Literal["resolved", "ignored", "aborted"]
 
 
 class RemediationResult(BaseModel):

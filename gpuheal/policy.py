@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpuheal.models import (
+    LIVE_JOB_STATES,
     ActionClass,
     ApprovalPolicy,
     HealthReport,
@@ -166,7 +167,7 @@ def is_our_drain(reason: str, incident_id: str) -> bool:
 def unrequeueable_reason(requeueable: bool, state: str) -> str | None:
     if not requeueable:
         return "submitted with --no-requeue: Slurm may not restart it; resubmit it by hand"
-    if state not in {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"}:
+    if state not in LIVE_JOB_STATES:
         return f"job is {state}, nothing to requeue"
     return None
 

@@ -1,6 +1,13 @@
 """Custom search attributes that make incidents findable in the Temporal UI and CLI, e.g.
 ``temporal workflow list --query 'NodeName="gpu01" AND Stage="approval"'``.
-The dev server registers them at start (infra/temporal/dev-server.sh)."""
+
+This is the one list: the dev server registers them at start from
+``python -m gpuheal.search_attributes`` (infra/temporal/dev-server.sh), and the tests'
+time-skipping server from ``ALL``. On a production namespace, register them once with
+``temporal operator search-attribute create`` and the same names and types.
+"""
+
+from typing import Any
 
 from temporalio.common import SearchAttributeKey
 
@@ -11,3 +18,20 @@ STAGE = SearchAttributeKey.for_keyword("Stage")
 ACTION = SearchAttributeKey.for_keyword("Action")
 
 ALL = (NODE, CLUSTER, XID, STAGE, ACTION)
+
+
+def type_name(key: SearchAttributeKey[Any]) -> str:
+    """The type as the temporal CLI spells it (Keyword, Int, ...)."""
+    return key.indexed_value_type.name.capitalize()
+
+
+def cli_flags() -> list[str]:
+    """`temporal server start-dev` flags that register every attribute."""
+    flags = []
+    for key in ALL:
+        flags += ["--search-attribute", f"{key.name}={type_name(key)}"]
+    return flags
+
+
+if __name__ == "__main__":
+    print(" ".join(cli_flags()))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal.config import REPO
+from infra.sandbox import REPO
 
 BIN = Path(sys.executable).parent
 

@@ -2,19 +2,26 @@
 
 These test the workflow's own logic (stages, approval, timeouts) in isolation, the way the
 Temporal samples do; the real activities run against the real Slurm sandbox in tests/integration.
-They record every call so a test can assert what the workflow asked for.
+Each stand-in declares the interface reference it implements (activities.interface), so the
+names and types come from the one declaration the workflow uses. They record every call so a
+test can assert what the workflow asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
-from temporalio import activity
-
+from activities import interface as act
+from activities.interface import implements
 from gpuheal.models import (
     CheckpointRequest,
+    CheckpointResult,
+    DrainRequest,
     DrainResult,
     HealthCheckResult,
+    JobList,
     JobProgress,
     JobSnapshot,
     NodeInfo,
@@ -22,19 +29,22 @@ from gpuheal.models import (
     Notification,
     RemediationResult,
     RepairRequest,
+    RepairResult,
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
     ResumedJob,
     VerifyRequest,
+    VerifyResult,
 )
 
 
 class FakeCluster:
-    def __init__(self, healthy_after_repair: bool = True) -> None:
+    def __init__(self, healthy_after_repair: bool = True, can_repair: bool = True) -> None:
         self.calls: list[str] = []
         self.notes: list[Notification] = []
         self.healthy_after_repair = healthy_after_repair
+        self.can_repair = can_repair
         self.job = JobSnapshot(
             job_id=7,
             name="train",
@@ -45,35 +55,35 @@ class FakeCluster:
             progress=JobProgress(step=42, checkpoint_step=40, checkpoint_at=0.0, restart=0),
         )
 
-    def activities(self) -> list[object]:
+    def activities(self) -> list[Callable[..., Any]]:
         c = self
 
-        @activity.defn(name="look_up_slurm_node")
+        @implements(act.LOOK_UP_SLURM_NODE)
         async def look_up(ref: NodeRef) -> NodeInfo:
             c.calls.append("look_up")
             return NodeInfo(name=ref.node, state="allocated")
 
-        @activity.defn(name="notify_operators")
+        @implements(act.NOTIFY_OPERATORS)
         async def notify(note: Notification) -> None:
             c.calls.append(f"notify:{note.event}")
             c.notes.append(note)
 
-        @activity.defn(name="list_jobs_on_node")
-        async def list_jobs(ref: NodeRef) -> list[JobSnapshot]:
+        @implements(act.LIST_JOBS_ON_NODE)
+        async def list_jobs(ref: NodeRef) -> JobList:
             c.calls.append("list_jobs")
-            return [c.job]
+            return JobList(jobs=(c.job,))
 
-        @activity.defn(name="request_checkpoint")
-        async def checkpoint(req: CheckpointRequest) -> list[int]:
+        @implements(act.REQUEST_CHECKPOINT)
+        async def checkpoint(req: CheckpointRequest) -> CheckpointResult:
             c.calls.append("checkpoint")
-            return list(req.job_ids)
+            return CheckpointResult(signalled=req.job_ids)
 
-        @activity.defn(name="drain_slurm_node")
-        async def drain(ref: NodeRef, reason: str) -> DrainResult:
+        @implements(act.DRAIN_SLURM_NODE)
+        async def drain(req: DrainRequest) -> DrainResult:
             c.calls.append("drain")
-            return DrainResult(node=ref.node, drained_by_us=True, already_drained=False)
+            return DrainResult(node=req.node.node, drained_by_us=True, already_drained=False)
 
-        @activity.defn(name="requeue_slurm_job")
+        @implements(act.REQUEUE_SLURM_JOB)
         async def requeue(req: RequeueRequest) -> RequeueResult:
             c.calls.append(f"requeue:{req.job.job_id}")
             return RequeueResult(
@@ -84,47 +94,49 @@ class FakeCluster:
                 checkpoint_at=0.0,
             )
 
-        @activity.defn(name="repair_node")
-        async def repair(req: RepairRequest) -> str:
+        @implements(act.REPAIR_NODE)
+        async def repair(req: RepairRequest) -> RepairResult:
             c.calls.append(f"repair:{req.action.value}")
-            return "repaired"
+            return RepairResult(action=req.action, repaired=c.can_repair, detail="fake repair")
 
-        @activity.defn(name="replace_node")
+        @implements(act.REPLACE_NODE)
         async def replace(ref: NodeRef) -> ReplacementResult:
             c.calls.append("replace")
             return ReplacementResult(failed_node=ref.node, new_node="gpu09")
 
-        @activity.defn(name="check_node_health")
+        @implements(act.CHECK_NODE_HEALTH)
         async def health(ref: NodeRef) -> HealthCheckResult:
             c.calls.append("health")
             return HealthCheckResult(node=ref.node, healthy=c.healthy_after_repair, detail="fake")
 
-        @activity.defn(name="resume_slurm_node")
+        @implements(act.RESUME_SLURM_NODE)
         async def resume(ref: NodeRef) -> str:
             c.calls.append("resume")
             return "resumed"
 
-        @activity.defn(name="decommission_node")
+        @implements(act.DECOMMISSION_NODE)
         async def decommission(ref: NodeRef) -> str:
             c.calls.append("decommission")
             return "gone"
 
-        @activity.defn(name="wait_for_training_progress")
-        async def verify(req: VerifyRequest) -> list[ResumedJob]:
+        @implements(act.WAIT_FOR_TRAINING_PROGRESS)
+        async def verify(req: VerifyRequest) -> VerifyResult:
             c.calls.append("verify")
-            return [
-                ResumedJob(
-                    job_id=j.job_id,
-                    node="gpu02",
-                    step=41,
-                    checkpoint_step=40,
-                    restart_count=1,
-                    observed_at=datetime.now(UTC),
+            return VerifyResult(
+                resumed=tuple(
+                    ResumedJob(
+                        job_id=j.job_id,
+                        node="gpu02",
+                        step=41,
+                        checkpoint_step=40,
+                        restart_count=1,
+                        observed_at=datetime.now(UTC),
+                    )
+                    for j in req.jobs
                 )
-                for j in req.jobs
-            ]
+            )
 
-        @activity.defn(name="record_incident_metrics")
+        @implements(act.RECORD_INCIDENT_METRICS)
         async def record(result: RemediationResult) -> None:
             c.calls.append("metrics")
 

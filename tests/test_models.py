@@ -14,17 +14,17 @@ NOW = datetime.now(UTC)
 @pytest.mark.parametrize("node", ["gpu01; rm -rf /", "-gpu", "", "a" * 64, "gpu 01", "$(reboot)"])
 def test_node_names_that_could_reach_a_command_line_are_refused(node: str) -> None:
     with pytest.raises(ValidationError, match="node"):
-        HealthReport(node=node, xid=79, observed_at=NOW)
+        HealthReport(node=node, cluster="c1", xid=79, observed_at=NOW)
 
 
 def test_report_needs_xid_or_signal() -> None:
     with pytest.raises(ValidationError, match="needs an XID or a signal"):
-        HealthReport(node="gpu01", observed_at=NOW)
+        HealthReport(node="gpu01", cluster="c1", observed_at=NOW)
 
 
 def test_report_needs_aware_timestamp() -> None:
     with pytest.raises(ValidationError, match="time zone"):
-        HealthReport(node="gpu01", xid=79, observed_at=datetime(2026, 1, 1))
+        HealthReport(node="gpu01", cluster="c1", xid=79, observed_at=datetime(2026, 1, 1))
 
 
 def test_report_rejects_unknown_fields() -> None:

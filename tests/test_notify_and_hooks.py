@@ -1,7 +1,10 @@
-"""The webhook notifier and the exec provider hook, against a real HTTP server and a real script."""
+"""The webhook notifier, the exec provider hook and the subprocess helper, against a real HTTP
+server and real scripts."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +12,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from activities.kube_providers import ExecHookProvider
-from activities.notify import WebhookNotifier
+from clients import proc
+from clients.notify import WebhookNotifier
 from gpuheal.models import ActionClass, Notification
+from providers.base import NoSpareCapacity
+from providers.exec_hook import ExecHookProvider
 
 NOTE = Notification(
     incident_id="gpuheal-c-gpu01",
@@ -60,9 +65,10 @@ esac
 
 
 async def test_exec_hook_provider(hook: Path) -> None:
-    p = ExecHookProvider(str(hook))
+    p = ExecHookProvider(str(hook), timeout_s=30)
     assert (await p.replace("gpu01", "gpuheal-c-gpu01")).new_node == "gpu42"
-    assert await p.repair("gpu01", ActionClass.REBOOT_NODE) == "power-cycled gpu01"
+    repaired = await p.repair("gpu01", ActionClass.REBOOT_NODE)
+    assert repaired.repaired and repaired.detail == "power-cycled gpu01"
     assert await p.decommission("gpu01", "replaced") == "RMA filed"
     health = await p.check_health("gpu01")
     assert not health.healthy and health.detail == "GPU 3 missing"
@@ -77,4 +83,36 @@ async def test_exec_hook_failure_is_an_error(tmp_path: Path) -> None:
     bad.write_text("#!/bin/sh\necho 'cloud API said no' >&2\nexit 1\n")
     bad.chmod(0o755)
     with pytest.raises(RuntimeError, match="cloud API said no"):
-        await ExecHookProvider(str(bad)).replace("gpu01", "i")
+        await ExecHookProvider(str(bad), timeout_s=30).replace("gpu01", "i")
+
+
+async def test_exec_hook_says_no_capacity_with_exit_75(tmp_path: Path) -> None:
+    full = tmp_path / "full.sh"
+    full.write_text('#!/bin/sh\necho \'{"no_capacity": "pool h100 has no spare"}\'\nexit 75\n')
+    full.chmod(0o755)
+    with pytest.raises(NoSpareCapacity, match="pool h100 has no spare"):
+        await ExecHookProvider(str(full), timeout_s=30).replace("gpu01", "i")
+
+
+async def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    """A hung hook and what it started are gone when the timeout fires (no orphan keeps running)."""
+    pids = tmp_path / "pids"
+    script = tmp_path / "hang.sh"
+    script.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pids}\necho $$ >> {pids}\nwait\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(proc.CommandTimedOut, match="timed out after 1 s"):
+        await proc.run([str(script)], timeout_s=1)
+    assert time.monotonic() - started < 5
+    await asyncio.sleep(0.2)
+    survivors = [pid for pid in map(int, pids.read_text().split()) if running(pid)]
+    assert survivors == []  # neither the script nor its child survived
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan stays a zombie until its new parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -12,7 +12,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def report(xid: int | None = None, signal: str | None = None, gpu: int | None = 0) -> HealthReport:
-    return HealthReport(node="gpu01", xid=xid, signal=signal, gpu=gpu, observed_at=T0)
+    return HealthReport(node="gpu01", cluster="c1", xid=xid, signal=signal, gpu=gpu, observed_at=T0)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,9 @@ def test_most_severe_report_wins() -> None:
 
 
 def test_repeated_resets_on_one_gpu_escalate_to_replace() -> None:
-    reports = [HealthReport(node="gpu01", xid=48, gpu=2, observed_at=T0 + timedelta(minutes=i)) for i in range(3)]
+    reports = [
+        HealthReport(node="gpu01", cluster="c1", xid=48, gpu=2, observed_at=T0 + timedelta(minutes=i)) for i in range(3)
+    ]
     assert policy.triage_all(reports[:2]).action == A.RESET_GPU
     verdict = policy.triage_all(reports)
     assert verdict.action == A.REPLACE_NODE

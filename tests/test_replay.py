@@ -2,8 +2,8 @@
 
 A change that would break running incidents (a reordered activity, a new timer) fails here.
 The histories in tests/histories were recorded from real runs against the dev server and the
-Slurm sandbox (`temporal workflow show -w ID -o json > tests/histories/NAME.json`); record a new
-one when a change is meant to be incompatible, and use workflow.patched() for running ones.
+Slurm (and Kubernetes) sandbox by `make histories` (tests/histories/record.py); record them anew
+when a change is meant to be incompatible, and use workflow.patched() for running ones.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from clients.temporal import DATA_CONVERTER
 from workflows.remediation import GpuRemediationWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -27,5 +27,5 @@ def test_histories_are_present() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_replay(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[GpuRemediationWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[GpuRemediationWorkflow], data_converter=DATA_CONVERTER)
     await replayer.replay_workflow(history)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuheal.models import Stage, StageRecord
-from gpuheal.timeline import render_timeline
+from gpuheal.render import render_timeline
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 

@@ -8,8 +8,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from gpuheal.config import Settings
 from gpuheal.models import HealthReport
+from gpuheal.settings import Settings
 from triggers.webhook import make_app
 
 TOKEN = "s3cret-token"
@@ -26,7 +26,7 @@ async def client_for(started: list[HealthReport], **kw: Any) -> TestClient[Any, 
         started.append(report)
         return f"gpuheal-{report.cluster}-{report.node}"
 
-    app = make_app(Settings(webhook_token=SecretStr(TOKEN)), start, **kw)
+    app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start, **kw)
     client = TestClient(TestServer(app))
     await client.start_server()
     return client
@@ -37,7 +37,7 @@ def test_refuses_to_run_without_a_token() -> None:
         return ""
 
     with pytest.raises(ValueError, match="GPUHEAL_WEBHOOK_TOKEN"):
-        make_app(Settings(), start)
+        make_app(Settings(cluster="c1"), start)
 
 
 async def test_good_alert_starts_and_resolved_alert_does_not() -> None:
@@ -46,7 +46,7 @@ async def test_good_alert_starts_and_resolved_alert_does_not() -> None:
     try:
         resp = await client.post("/alertmanager", json=body(), headers=AUTH)
         assert resp.status == 200
-        assert (await resp.json())["started_or_joined"][0]["workflow_id"] == "gpuheal-sandbox-gpu01"
+        assert (await resp.json())["started_or_joined"][0]["workflow_id"] == "gpuheal-c1-gpu01"
         resp = await client.post("/alertmanager", json=body(status="resolved", node="gpu02", xid="79"), headers=AUTH)
         assert resp.status == 200 and (await resp.json())["resolved_ignored"] == 1
         assert [r.node for r in started] == ["gpu01"]

@@ -12,11 +12,11 @@ import pytest
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from gpuheal.config import Settings
+from clients.temporal import DATA_CONVERTER
+from gpuheal import search_attributes as sa
 from gpuheal.models import (
     ActionClass,
     ApprovalPolicy,
@@ -26,30 +26,26 @@ from gpuheal.models import (
     RemediationSettings,
     Stage,
 )
+from gpuheal.settings import Settings
 from tests.conftest import require_binary
 from tests.fakes import FakeCluster
 from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
-KEYWORD = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
 
 
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(require_binary("temporal-test-server")),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
     )
     await env.client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(
             namespace="default",
             search_attributes={
-                "NodeName": KEYWORD,
-                "Cluster": KEYWORD,
-                "Stage": KEYWORD,
-                "Action": KEYWORD,
-                "Xid": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+                k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL
             },
         )
     )
@@ -214,3 +210,14 @@ async def test_reset_then_resume_after_health_check(env: WorkflowEnvironment) ->
         result = await (await start_or_join(env.client, s, report(95))).result()
     assert fake.calls.index("health") < fake.calls.index("resume")
     assert "health check passed" in result.node_state and result.replacement_node is None
+
+
+async def test_a_provider_that_cannot_repair_replaces_instead(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(can_repair=False), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(48))).result()
+    assert fake.calls.index("repair:reset_gpu") < fake.calls.index("replace") < fake.calls.index("decommission")
+    assert "health" not in fake.calls and "resume" not in fake.calls
+    assert result.action == ActionClass.REPLACE_NODE and result.replacement_node == "gpu09"
+    repair = next(st for st in result.stages if st.stage == Stage.REPAIR)
+    assert repair.outcome == "gpu09 joined in place of gpu01"

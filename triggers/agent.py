@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuheal import policy
 from gpuheal.models import ActionClass, HealthReport
+from triggers.alertmanager import firing_payload
 from triggers.kmsg import follow, normalise_pci, parse_xid_line
 from triggers.nvml import GpuReading, Nvml, NvmlUnavailable
 
@@ -84,7 +85,7 @@ class Finding:
 class WebhookReporter:
     """Posts findings to gpuheal's webhook in Alertmanager's format (one endpoint, one parser)."""
 
-    def __init__(self, url: str, token: str, cluster: str, quiet_s: float = 300) -> None:
+    def __init__(self, url: str, token: str, cluster: str | None, quiet_s: float = 300) -> None:
         self.url, self.token, self.cluster, self.quiet_s = url, token, cluster, quiet_s
         self._sent: dict[tuple[str, int | None, str | None], float] = {}
 
@@ -92,24 +93,16 @@ class WebhookReporter:
         key = (f.gpu, f.xid, f.signal)
         if time.monotonic() - self._sent.get(key, -1e9) < self.quiet_s:
             return False  # the running workflow already has it
-        labels = {"alertname": "GpuHealthAgent", "node": node, "cluster": self.cluster, "gpu": f.gpu}
-        if f.xid is not None:
-            labels["xid"] = str(f.xid)
-        if f.signal is not None:
-            labels["gpuheal_signal"] = f.signal
-        body = {
-            "version": "4",
-            "status": "firing",
-            "receiver": "gpuheal-agent",
-            "alerts": [
-                {
-                    "status": "firing",
-                    "labels": labels,
-                    "annotations": {"summary": f.text[:400]},
-                    "startsAt": datetime.now(UTC).isoformat(),
-                }
-            ],
-        }
+        body = firing_payload(
+            node,
+            xid=f.xid,
+            signal=f.signal,
+            gpu=f.gpu,
+            cluster=self.cluster,
+            summary=f.text,
+            alertname="GpuHealthAgent",
+            receiver="gpuheal-agent",
+        )
         req = urllib.request.Request(
             self.url,
             data=json.dumps(body).encode(),
@@ -148,7 +141,7 @@ def findings_from(reading: GpuReading, previous: GpuReading | None) -> list[Find
 
 
 def actionable_xid(xid: int) -> bool:
-    probe = HealthReport(node="probe", xid=xid, observed_at=datetime.now(UTC))
+    probe = HealthReport(node="probe", cluster="probe", xid=xid, observed_at=datetime.now(UTC))
     return policy.triage(probe).action != ActionClass.IGNORE
 
 

@@ -8,8 +8,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpuheal.config import Settings
 from gpuheal.models import NodeName
+from gpuheal.settings import Settings
 from triggers.agent import Agent, AgentMetrics, WebhookReporter
 from triggers.nvml import Nvml
 

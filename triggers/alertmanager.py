@@ -9,7 +9,8 @@ non-XID signal: gpuheal_signal; cluster: cluster.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -26,6 +27,8 @@ class Alert(BaseModel):
     labels: dict[str, str]
     annotations: dict[str, str] = {}
     startsAt: datetime
+    endsAt: str = "0001-01-01T00:00:00Z"
+    generatorURL: str = ""
     fingerprint: str = ""
 
 
@@ -33,6 +36,13 @@ class AlertmanagerPayload(BaseModel):
     model_config = ConfigDict(extra="allow")
     version: str = Field(pattern=r"^4$")
     status: str
+    receiver: str = ""
+    groupKey: str = ""
+    groupLabels: dict[str, str] = {}
+    commonLabels: dict[str, str] = {}
+    commonAnnotations: dict[str, str] = {}
+    externalURL: str = ""
+    truncatedAlerts: int = 0
     alerts: list[Alert] = Field(min_length=1, max_length=1000)
 
 
@@ -95,6 +105,43 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
         if key not in reports or report.observed_at < reports[key].observed_at:
             reports[key] = report
     return Parsed(reports=list(reports.values()), rejected=rejected, resolved=resolved)
+
+
+def firing_payload(
+    node: str,
+    *,
+    xid: int | None = None,
+    signal: str | None = None,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    summary: str = "",
+    alertname: str = "GpuXidCritical",
+    receiver: str = "gpuheal",
+    starts_at: datetime | None = None,
+) -> dict[str, Any]:
+    """One firing alert as Alertmanager's webhook sends it (the agent's direct reports, the
+    sandbox's injected failures): built from the models above, so it always parses."""
+    labels = {"alertname": alertname, "node": node, "severity": "critical"}
+    for name, value in (("xid", xid), ("gpuheal_signal", signal), ("gpu", gpu), ("cluster", cluster)):
+        if value is not None:
+            labels[name] = str(value)
+    alert = Alert(
+        status="firing",
+        labels=labels,
+        annotations={"summary": summary[:400]} if summary else {},
+        startsAt=starts_at or datetime.now(UTC),
+        fingerprint="-".join(str(v) for v in (node, xid, signal, gpu) if v is not None),
+    )
+    payload = AlertmanagerPayload(
+        version="4",
+        status="firing",
+        receiver=receiver,
+        groupKey=f"{{}}:{{node={node!r}}}",
+        groupLabels={"node": node},
+        commonLabels=labels,
+        alerts=[alert],
+    )
+    return payload.model_dump(mode="json")
 
 
 def describe_error(err: Exception) -> str:

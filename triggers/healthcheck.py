@@ -8,7 +8,7 @@ its findings go to stdout for slurmd's log.
 
 from __future__ import annotations
 
-from gpuheal.config import Settings
+from gpuheal.settings import Settings
 from triggers.agent import Finding, findings_from
 from triggers.agent_main import build_reporter
 from triggers.nvml import Nvml, NvmlUnavailable

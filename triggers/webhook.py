@@ -18,8 +18,8 @@ from aiohttp import web
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from gpuheal.config import Settings
 from gpuheal.models import HealthReport
+from gpuheal.settings import Settings
 from triggers.alertmanager import AlertmanagerPayload, describe_error, to_reports
 from triggers.start import start_or_join
 
@@ -52,6 +52,7 @@ def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, bu
     if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
         raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
     expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
+    cluster = settings.require_cluster()  # alerts without a cluster label belong to this one
     bucket = TokenBucket(rate_per_s, burst)
 
     async def alertmanager(request: web.Request) -> web.Response:
@@ -74,7 +75,7 @@ def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, bu
             return _error(400, f"body is not JSON: {err}")
         except ValidationError as err:
             return _error(400, f"not an Alertmanager v4 payload: {describe_error(err)}")
-        parsed = to_reports(payload, settings.cluster)
+        parsed = to_reports(payload, cluster)
         if not parsed.reports and parsed.rejected:
             return web.json_response(
                 {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},

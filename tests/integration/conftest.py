@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from gpuheal.config import Settings
+from clients.temporal import connect
 from gpuheal.models import RemediationSettings
-from gpuheal.sandbox import Sandbox
+from gpuheal.settings import Settings
+from infra.sandbox.stack import Sandbox
 from tests.conftest import require_binary
 from triggers.webhook import serve
 from workers.main import make_worker
@@ -36,13 +36,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     for tool in ("slurmctld", "slurmd", "munged", "sbatch"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             pytest.fail(f"{tool} is missing: run `make setup` (installs Debian's Slurm and munge)")
-    sb = Sandbox(
-        tmp_path_factory.mktemp("run"),
-        temporal_port=27233,
-        slurm_port=26817,
-        webhook_port=28088,
-        metrics_port=29464,
-    )
+    sb = Sandbox.named("tests", tmp_path_factory.mktemp("run"))
     sb.start_temporal()
     yield sb
     sb.stop_slurm()
@@ -58,7 +52,7 @@ def slurm(stack: Sandbox) -> Sandbox:
 
 @pytest.fixture(scope="session")
 async def client(stack: Sandbox) -> Client:
-    return await Client.connect(stack.temporal_address, data_converter=pydantic_data_converter)
+    return await connect(Settings.from_env(stack.env()))
 
 
 @pytest.fixture
@@ -102,4 +96,23 @@ async def max_activity_attempt(handle: Any) -> int:
         e.activity_task_started_event_attributes.attempt
         for e in history.events
         if e.HasField("activity_task_started_event_attributes")
+    )
+
+
+async def activity_attempts(handle: Any, activity_type: str) -> int:
+    """The highest attempt of one activity type in a workflow's history."""
+    history = await handle.fetch_history()
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    return max(
+        (
+            e.activity_task_started_event_attributes.attempt
+            for e in history.events
+            if e.HasField("activity_task_started_event_attributes")
+            and scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id) == activity_type
+        ),
+        default=0,
     )

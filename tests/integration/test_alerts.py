@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from gpuheal import policy
-from gpuheal.config import Settings
-from gpuheal.monitoring import Monitoring
-from gpuheal.sandbox import Sandbox
+from gpuheal.settings import Settings
+from infra.sandbox.monitoring import Monitoring
+from infra.sandbox.stack import Sandbox
 
 pytestmark = pytest.mark.integration
 GPUHEAL = os.path.join(os.path.dirname(sys.executable), "gpuheal")

@@ -15,9 +15,9 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from gpuheal import policy
-from gpuheal.config import Settings
 from gpuheal.models import ActionClass, ApprovalPolicy, HealthReport, RemediationSettings, Stage
-from gpuheal.sandbox import Sandbox
+from gpuheal.settings import Settings
+from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import max_activity_attempt, nodes_in_service, slurmctld_log
 from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
@@ -37,10 +37,7 @@ def report(settings: Settings, node: str, xid: int = 79, gpu: int = 0) -> Health
 
 
 def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str, object]:
-    payload = sb.alertmanager_payload(node, xid)
-    for a in payload["alerts"]:  # type: ignore[attr-defined]
-        a["labels"]["cluster"] = settings.cluster
-    return payload
+    return sb.alertmanager_payload(node, xid, cluster=settings.cluster)
 
 
 async def count_incidents(client: Client, settings: Settings) -> int:
@@ -65,7 +62,7 @@ async def test_whole_loop_from_alert_to_resumed_training(
     assert resumed.step > resumed.checkpoint_step >= 10
     # What Slurm itself says: the job runs elsewhere, restarted once, past its checkpoint.
     j = sb.job(job)
-    assert j is not None and j["job_state"] == "RUNNING" and j["restart_cnt"] == 1
+    assert j is not None and j.state == "RUNNING" and j.restart_count == 1
     progress = sb.job_progress(job)
     assert progress is not None and progress.step > resumed.checkpoint_step
     # The failed node left the cluster; a spare joined.
@@ -153,12 +150,11 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.outcome == "aborted"
     assert "state=resume" in result.node_state
-    info = json.loads(slurm.run("sinfo", "--json"))
-    state = {n["name"]: n for n in info["nodes"]}[node]
-    assert "DRAIN" in state["state_flags"] and state["reason"].startswith(result.incident_id)
+    state = slurm.nodes()[node]
+    assert state.drained and state.reason.startswith(result.incident_id)
     assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started
     j = slurm.job(job)
-    assert j is not None and j["job_state"] == "RUNNING" and j["restart_cnt"] == 0  # untouched
+    assert j is not None and j.state == "RUNNING" and j.restart_count == 0  # untouched
 
 
 async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
@@ -201,7 +197,7 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     assert log.count(f"node {node} state set to DRAINING") == 1
     assert log.count(f"Requeuing JobId={job}") == 1
     j = slurm.job(job)
-    assert j is not None and j["restart_cnt"] == 1
+    assert j is not None and j.restart_count == 1
     spares = {"gpu04", "gpu05", "gpu06"} & nodes_in_service(slurm)
     assert spares == {result.replacement_node}  # one spare, not two
     assert 'gpuheal_mttr_seconds_count{action="replace_node"} 1.0' in ours

@@ -15,10 +15,9 @@ import yaml
 from kubernetes import client, config, utils
 from kubernetes.client.exceptions import ApiException
 
-from activities.kube_providers import kwok_node, node_ready
-from gpuheal.config import REPO
-
-K8S = REPO / "infra" / "k8s"
+from clients.kube import node_ready
+from infra.sandbox import K8S
+from providers.sandbox import kwok_node
 
 
 def binaries_built() -> bool:

@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
-from gpuheal.config import REPO
-
-MONITORING = REPO / "infra" / "monitoring"
+from infra.sandbox import MONITORING
 
 
 class MonitoringError(RuntimeError):

@@ -10,13 +10,12 @@ validated before they get here (gpuheal.models.NodeName).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import re
 from typing import Any
 
-from gpuheal.models import NODE_NAME_PATTERN, JobSnapshot, NodeInfo
+from clients import proc
+from gpuheal.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
 from gpuheal.progress import parse_progress
 
 
@@ -32,15 +31,6 @@ class NodeOutOfService(LookupError):
     """The node is defined but not in service (State=FUTURE: a spare, or already replaced)."""
 
 
-_NODE_RE = re.compile(NODE_NAME_PATTERN)
-
-
-def check_node_name(node: str) -> str:
-    if not _NODE_RE.match(node):
-        raise ValueError(f"invalid node name {node!r}")
-    return node
-
-
 class SlurmClient:
     def __init__(self, slurm_conf: str | None = None, timeout_s: float = 20.0) -> None:
         self._env = dict(os.environ)
@@ -49,24 +39,13 @@ class SlurmClient:
         self._timeout = timeout_s
 
     async def run(self, *argv: str, check: bool = True) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            env=self._env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self._timeout)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SlurmError(f"{argv[0]} timed out after {self._timeout:.0f} s") from None
-        rc = proc.returncode or 0
-        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace").strip()
-        if check and rc != 0:
-            raise SlurmError(f"{' '.join(argv[:3])} failed (exit {rc}): {stderr}")
-        return rc, stdout, stderr
+            done = await proc.run(list(argv), timeout_s=self._timeout, env=self._env, check=False)
+        except proc.CommandTimedOut as err:
+            raise SlurmError(str(err)) from err
+        if check and done.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])} failed (exit {done.returncode}): {done.stderr}")
+        return done.returncode, done.stdout, done.stderr
 
     async def _json(self, *argv: str) -> dict[str, Any]:
         _, out, _ = await self.run(*argv)
@@ -77,16 +56,7 @@ class SlurmClient:
 
     async def nodes(self) -> dict[str, NodeInfo]:
         """Nodes in service (sinfo hides FUTURE nodes)."""
-        data = await self._json("sinfo", "--json")
-        return {
-            n["name"]: NodeInfo(
-                name=n["name"],
-                state=str(n.get("state", "")).lower(),
-                flags=tuple(n.get("state_flags") or ()),
-                reason=n.get("reason") or "",
-            )
-            for n in data.get("nodes", [])
-        }
+        return parse_sinfo(await self._json("sinfo", "--json"))
 
     async def node(self, node: str) -> NodeInfo:
         """One node in service; raises UnknownNode / NodeOutOfService with a message naming it."""
@@ -118,15 +88,12 @@ class SlurmClient:
         return out.split()
 
     async def jobs(self) -> list[JobSnapshot]:
-        data = await self._json("squeue", "--json")
-        return [_job_snapshot(j) for j in data.get("jobs", [])]
+        return parse_squeue(await self._json("squeue", "--json"))
 
     async def jobs_on_node(self, node: str) -> list[JobSnapshot]:
         found = []
         for job in await self.jobs():
-            if job.state in {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"} and node in (
-                await self.hostnames(job.nodes)
-            ):
+            if job.state in LIVE_JOB_STATES and node in (await self.hostnames(job.nodes)):
                 found.append(job)
         return found
 
@@ -146,11 +113,30 @@ class SlurmClient:
         await self.run("scancel", f"--signal={signal}", "--batch", str(job_id))
 
 
+def parse_sinfo(data: dict[str, Any]) -> dict[str, NodeInfo]:
+    """`sinfo --json` into the project's node model (the one reader of Slurm's node JSON)."""
+    return {
+        n["name"]: NodeInfo(
+            name=n["name"],
+            state=str(n.get("state", "")).lower(),
+            flags=tuple(n.get("state_flags") or ()),
+            reason=n.get("reason") or "",
+        )
+        for n in data.get("nodes", [])
+    }
+
+
+def parse_squeue(data: dict[str, Any]) -> list[JobSnapshot]:
+    """`squeue --json` into the project's job model (the one reader of Slurm's job JSON)."""
+    return [_job_snapshot(j) for j in data.get("jobs", [])]
+
+
 def _job_snapshot(j: dict[str, Any]) -> JobSnapshot:
     return JobSnapshot(
         job_id=int(j["job_id"]),
         name=str(j.get("name", "")),
         state=str(j.get("job_state", "")),
+        state_reason=str(j.get("state_reason") or ""),
         nodes=str(j.get("nodes", "")),
         node_count=int(j.get("node_count") or 1),
         requeueable=bool(j.get("requeue", False)),

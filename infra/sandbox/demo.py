@@ -13,16 +13,17 @@ import time
 from datetime import datetime
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
+from clients.temporal import connect
 from gpuheal import policy
-from gpuheal.config import REPO
-from gpuheal.kube_sandbox import KubeSandbox, binaries_built
 from gpuheal.models import RemediationResult, RemediationStatus
-from gpuheal.sandbox import Sandbox
-from gpuheal.timeline import render_result, render_timeline
+from gpuheal.render import render_result, render_timeline
+from gpuheal.settings import Settings
+from infra.sandbox import RUN
+from infra.sandbox.kube import KubeSandbox, binaries_built
+from infra.sandbox.stack import Sandbox
 from workflows.remediation import GpuRemediationWorkflow
 
 XID = 79
@@ -86,7 +87,7 @@ def print_node_events(ks: KubeSandbox, node: str) -> None:
 
 
 async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
-    client = await Client.connect(sb.temporal_address, data_converter=pydantic_data_converter)
+    client = await connect(Settings.from_env(sb.env()))
     job = sb.submit_training(name="llm-pretrain")
     say(f"submitted training job {job} (checkpoints every 10 steps, traps SIGUSR1 to checkpoint now)")
     node = sb.wait_for_step(job, 14, show=True)
@@ -132,7 +133,7 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
 
 
 def run_demo() -> int:
-    sb = Sandbox(REPO / ".run", extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"})
+    sb = Sandbox.named("demo", RUN, extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"})
     t0 = time.monotonic()
     say("starting the Slurm sandbox (slurmctld + 3 slurmd + 3 spares, loopback)")
     sb.start_slurm(clean=True)
@@ -152,3 +153,7 @@ def run_demo() -> int:
         f"browse {sb.ui_url}; `make stop` stops them. Logs: {sb.root}"
     )
     return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_demo())

@@ -1,14 +1,23 @@
 """Settings, from the environment (12-factor, as a Kubernetes Deployment would set them).
 
+No default points into the source tree or at the sandbox: a worker started on a real cluster
+without GPUHEAL_PROVIDER refuses to start (it would otherwise run a sandbox script there), and
+commands that name incidents need GPUHEAL_CLUSTER.
+
 | variable | default | meaning |
 |---|---|---|
 | GPUHEAL_TEMPORAL_ADDRESS | 127.0.0.1:7233 | Temporal frontend |
 | GPUHEAL_NAMESPACE | default | Temporal namespace |
 | GPUHEAL_TASK_QUEUE | gpuheal | task queue of the worker |
 | GPUHEAL_UI_URL | http://127.0.0.1:8233 | Temporal Web UI, for links |
-| GPUHEAL_CLUSTER | sandbox | cluster name in reports and workflow ids |
+| GPUHEAL_CLUSTER | (required) | cluster name in reports and workflow ids (Slurm's ClusterName) |
 | SLURM_CONF | (Slurm's default) | slurm.conf the worker's Slurm commands use |
-| GPUHEAL_SLURM_DIR | .run/slurm | the sandbox's directory (sandbox provider) |
+| GPUHEAL_PROVIDER | (required by the worker) | how nodes are repaired/replaced: sandbox, kubernetes, exec |
+| GPUHEAL_PROVIDER_HOOK | (none) | executable for GPUHEAL_PROVIDER=exec (cloud APIs) |
+| GPUHEAL_REPAIR_HOOK | (none) | executable for GPU resets and reboots where the provider has none |
+| GPUHEAL_PROVIDER_TIMEOUT_S | 900 | how long a provider may take to repair or replace a node |
+| GPUHEAL_SLURM_DIR | (none) | sandbox provider only: the sandbox's directory |
+| GPUHEAL_SANDBOX_SCRIPT | (none) | sandbox provider only: infra/slurm/sandbox.sh |
 | GPUHEAL_WEBHOOK_TOKEN | (none: webhook refuses to start) | bearer token the webhook demands |
 | GPUHEAL_NOTIFY_URL | (none) | webhook that receives notifications |
 | GPUHEAL_APPROVAL_REQUIRED | (none) | comma list of action classes that wait for a human |
@@ -20,8 +29,6 @@
 | GPUHEAL_TEMPORAL_TLS_CA / _CERT / _KEY | (none) | PEM files for mTLS to Temporal |
 | GPUHEAL_TEMPORAL_API_KEY | (none) | API key for Temporal (Temporal Cloud) |
 | GPUHEAL_METRICS_HOST | 127.0.0.1 | where the worker serves metrics (0.0.0.0 in a pod) |
-| GPUHEAL_PROVIDER | sandbox | how nodes are replaced: sandbox, kubernetes, exec |
-| GPUHEAL_PROVIDER_HOOK | (none) | executable for GPUHEAL_PROVIDER=exec (cloud APIs) |
 | GPUHEAL_KUBECONFIG | (none) | kubeconfig: turns on the Kubernetes half |
 | GPUHEAL_SANDBOX_KUBECONFIG | (GPUHEAL_KUBECONFIG) | the sandbox provider's identity: it plays the cloud's node group |
 | GPUHEAL_K8S_IN_CLUSTER | (unset) | 1: use the pod's ServiceAccount instead of a kubeconfig |
@@ -36,13 +43,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, SecretStr
 
+from gpuheal.errors import SettingsError
 from gpuheal.models import ActionClass, ApprovalPolicy, KubernetesPolicy, RemediationSettings
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Settings(BaseModel):
@@ -55,13 +60,15 @@ class Settings(BaseModel):
     namespace: str = "default"
     task_queue: str = "gpuheal"
     ui_url: str = "http://127.0.0.1:8233"
-    cluster: str = "sandbox"
+    cluster: str | None = None
     slurm_conf: str | None = None
-    sandbox_dir: Path = REPO / ".run" / "slurm"
+    provider: str | None = None  # a name registered in providers/ (checked when the worker builds it)
+    provider_hook: str | None = None
+    repair_hook: str | None = None
+    sandbox_dir: Path | None = None
+    sandbox_script: Path | None = None
     webhook_token: SecretStr | None = None
     notify_url: str | None = None
-    provider: Literal["sandbox", "kubernetes", "exec"] = "sandbox"
-    provider_hook: str | None = None
     kubeconfig: str | None = None
     sandbox_kubeconfig: str | None = None
     k8s_in_cluster: bool = False
@@ -71,13 +78,27 @@ class Settings(BaseModel):
     def kubernetes_enabled(self) -> bool:
         return self.kubeconfig is not None or self.k8s_in_cluster
 
+    def require_cluster(self) -> str:
+        """The cluster name, or a clear refusal: incidents are named after it."""
+        if not self.cluster:
+            raise SettingsError(
+                "GPUHEAL_CLUSTER is not set: set it to this cluster's name (Slurm's ClusterName), or pass --cluster"
+            )
+        return self.cluster
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         def get(name: str, default: str) -> str:
             return env.get(name, "") or default
 
+        def opt(name: str) -> str | None:
+            return env.get(name) or None
+
         def secret(name: str) -> SecretStr | None:  # SecretStr: never printed in logs or reprs
             return SecretStr(env[name]) if env.get(name) else None
+
+        def path(name: str) -> Path | None:
+            return Path(env[name]).resolve() if env.get(name) else None
 
         required = [a.strip() for a in env.get("GPUHEAL_APPROVAL_REQUIRED", "").split(",") if a.strip()]
         approval = ApprovalPolicy(
@@ -85,41 +106,43 @@ class Settings(BaseModel):
             timeout_s=float(get("GPUHEAL_APPROVAL_TIMEOUT_S", "900")),
             default_on_timeout=get("GPUHEAL_APPROVAL_DEFAULT", "abort"),
         )
-        sandbox_dir = Path(get("GPUHEAL_SLURM_DIR", str(REPO / ".run" / "slurm"))).resolve()
-        kubeconfig = env.get("GPUHEAL_KUBECONFIG") or None
+        kubeconfig = opt("GPUHEAL_KUBECONFIG")
         in_cluster = env.get("GPUHEAL_K8S_IN_CLUSTER") == "1"
         kubernetes = None
         if kubeconfig or in_cluster:
             kubernetes = KubernetesPolicy(
-                node_label=env.get("GPUHEAL_K8S_NODE_LABEL") or None,
+                node_label=opt("GPUHEAL_K8S_NODE_LABEL"),
                 no_execute=env.get("GPUHEAL_K8S_NO_EXECUTE") == "1",
                 drain_deadline_s=float(get("GPUHEAL_K8S_DRAIN_DEADLINE_S", "300")),
                 on_pdb_timeout=get("GPUHEAL_K8S_ON_PDB_TIMEOUT", "hold"),
             )
         return cls(
             temporal_address=get("GPUHEAL_TEMPORAL_ADDRESS", "127.0.0.1:7233"),
-            temporal_tls_ca=env.get("GPUHEAL_TEMPORAL_TLS_CA") or None,
-            temporal_tls_cert=env.get("GPUHEAL_TEMPORAL_TLS_CERT") or None,
-            temporal_tls_key=env.get("GPUHEAL_TEMPORAL_TLS_KEY") or None,
+            temporal_tls_ca=opt("GPUHEAL_TEMPORAL_TLS_CA"),
+            temporal_tls_cert=opt("GPUHEAL_TEMPORAL_TLS_CERT"),
+            temporal_tls_key=opt("GPUHEAL_TEMPORAL_TLS_KEY"),
             temporal_api_key=secret("GPUHEAL_TEMPORAL_API_KEY"),
             metrics_host=get("GPUHEAL_METRICS_HOST", "127.0.0.1"),
             namespace=get("GPUHEAL_NAMESPACE", "default"),
             task_queue=get("GPUHEAL_TASK_QUEUE", "gpuheal"),
             ui_url=get("GPUHEAL_UI_URL", "http://127.0.0.1:8233"),
-            cluster=get("GPUHEAL_CLUSTER", "sandbox"),
-            slurm_conf=env.get("SLURM_CONF") or None,
-            sandbox_dir=sandbox_dir,
+            cluster=opt("GPUHEAL_CLUSTER"),
+            slurm_conf=opt("SLURM_CONF"),
+            provider=opt("GPUHEAL_PROVIDER"),
+            provider_hook=opt("GPUHEAL_PROVIDER_HOOK"),
+            repair_hook=opt("GPUHEAL_REPAIR_HOOK"),
+            sandbox_dir=path("GPUHEAL_SLURM_DIR"),
+            sandbox_script=path("GPUHEAL_SANDBOX_SCRIPT"),
             webhook_token=secret("GPUHEAL_WEBHOOK_TOKEN"),
-            notify_url=env.get("GPUHEAL_NOTIFY_URL") or None,
-            provider=get("GPUHEAL_PROVIDER", "sandbox"),
-            provider_hook=env.get("GPUHEAL_PROVIDER_HOOK") or None,
+            notify_url=opt("GPUHEAL_NOTIFY_URL"),
             kubeconfig=kubeconfig,
-            sandbox_kubeconfig=env.get("GPUHEAL_SANDBOX_KUBECONFIG") or None,
+            sandbox_kubeconfig=opt("GPUHEAL_SANDBOX_KUBECONFIG"),
             k8s_in_cluster=in_cluster,
             remediation=RemediationSettings(
                 approval=approval,
                 checkpoint_grace_s=float(get("GPUHEAL_CHECKPOINT_GRACE_S", "30")),
                 verify_timeout_s=float(get("GPUHEAL_VERIFY_TIMEOUT_S", "1800")),
+                provider_timeout_s=float(get("GPUHEAL_PROVIDER_TIMEOUT_S", "900")),
                 gpus_per_node=int(get("GPUHEAL_GPUS_PER_NODE", "8")),
                 kubernetes=kubernetes,
             ),

@@ -1,7 +1,8 @@
-"""The local sandbox: Temporal dev server, Slurm cluster, worker and webhook as real processes.
+"""The local stack: Temporal dev server, Slurm cluster, worker and webhook as real processes.
 
-Used by the demo, the benchmark and the integration tests, so all three run the same stack the
-same way. Each Sandbox has its own run directory and ports, so a test run and a demo can coexist.
+Used by the demo, the benchmarks and the integration tests, so all of them run the same stack the
+same way: `Sandbox.named("tests", root)` and friends. Each use has its own run directory and
+ports (PORTS), so a test run, a benchmark and a demo can coexist.
 """
 
 from __future__ import annotations
@@ -15,16 +16,14 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from gpuheal.config import REPO
-from gpuheal.models import JobProgress
-from gpuheal.progress import parse_progress
+from clients.slurm import parse_sinfo, parse_squeue
+from gpuheal.models import JobProgress, JobSnapshot, NodeInfo
+from infra.sandbox import SLURM_SCRIPT, TEMPORAL_SCRIPT, TRAIN_JOB
+from triggers.alertmanager import firing_payload
 
-SLURM_SCRIPT = REPO / "infra" / "slurm" / "sandbox.sh"
-TEMPORAL_SCRIPT = REPO / "infra" / "temporal" / "dev-server.sh"
-TRAIN_JOB = REPO / "infra" / "slurm" / "jobs" / "train.py"
 BIN = Path(sys.executable).parent
 
 
@@ -32,8 +31,21 @@ class SandboxError(RuntimeError):
     pass
 
 
-def _progress(job: dict[str, object] | None) -> JobProgress | None:
-    return parse_progress(str(job.get("comment") or "")) if job else None
+@dataclass(frozen=True)
+class Ports:
+    temporal: int
+    slurm: int
+    webhook: int
+    metrics: int
+
+
+# One set of ports per use, so they can run side by side (the UI is on temporal + 1000).
+PORTS = {
+    "demo": Ports(temporal=7233, slurm=16817, webhook=8088, metrics=9464),
+    "tests": Ports(temporal=27233, slurm=26817, webhook=28088, metrics=29464),
+    "bench": Ports(temporal=37233, slurm=36817, webhook=38088, metrics=39464),
+    "detect": Ports(temporal=47233, slurm=48817, webhook=48088, metrics=49464),
+}
 
 
 @dataclass
@@ -46,6 +58,19 @@ class Sandbox:
     cluster: str = "sandbox"
     task_queue: str = "gpuheal"
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def named(cls, use: str, root: Path, **kw: object) -> Sandbox:
+        """The sandbox for one use (demo, tests, bench, detect), on that use's ports."""
+        p = PORTS[use]
+        return cls(
+            root,
+            temporal_port=p.temporal,
+            slurm_port=p.slurm,
+            webhook_port=p.webhook,
+            metrics_port=p.metrics,
+            **kw,  # type: ignore[arg-type]
+        )
 
     def __post_init__(self) -> None:
         self.root = self.root.resolve()
@@ -95,8 +120,11 @@ class Sandbox:
             "GPUHEAL_TEMPORAL_ADDRESS": self.temporal_address,
             "GPUHEAL_UI_URL": self.ui_url,
             "GPUHEAL_TASK_QUEUE": self.task_queue,
+            "GPUHEAL_PROVIDER": "sandbox",
+            "GPUHEAL_SANDBOX_SCRIPT": str(SLURM_SCRIPT),
             "GPUHEAL_WEBHOOK_TOKEN": self.webhook_token,
             "TEMPORAL_BIN": str(BIN / "temporal"),
+            "GPUHEAL_PYTHON": sys.executable,
             **self.extra_env,
         }
 
@@ -204,12 +232,17 @@ class Sandbox:
         argv.append(f"--wrap=exec {sys.executable} {TRAIN_JOB}")
         return int(self.run(*argv).strip().split(";")[0])
 
-    def job(self, job_id: int) -> dict[str, object] | None:
-        data = json.loads(self.run("squeue", "--json"))
-        return next((j for j in data["jobs"] if j["job_id"] == job_id), None)
+    def job(self, job_id: int) -> JobSnapshot | None:
+        """What Slurm says of the job, read by the product's own parser."""
+        return next((j for j in parse_squeue(json.loads(self.run("squeue", "--json"))) if j.job_id == job_id), None)
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """Nodes in service, as the product's parser reads `sinfo --json`."""
+        return parse_sinfo(json.loads(self.run("sinfo", "--json")))
 
     def job_progress(self, job_id: int) -> JobProgress | None:
-        return _progress(self.job(job_id))
+        job = self.job(job_id)
+        return job.progress if job else None
 
     def wait_for_step(self, job_id: int, step: int, timeout: float = 60, show: bool = False) -> str:
         """Wait until the job has passed `step`; returns the node it runs on."""
@@ -217,16 +250,16 @@ class Sandbox:
         shown = -1
         while time.monotonic() < deadline:
             j = self.job(job_id)
-            p = _progress(j)
+            p = j.progress if j else None
             done = min(step, p.step if p else 0)
             if show and done != shown:
                 bar = "█" * (done * 20 // step) + "░" * (20 - done * 20 // step)
                 print(f"\r  training job {job_id}: step {done:>3}/{step} {bar}", end="", flush=True)
                 shown = done
-            if j and p and p.step >= step and j["job_state"] == "RUNNING":
+            if j and p and p.step >= step and j.state == "RUNNING":
                 if show:
                     print()
-                return str(j["nodes"])
+                return j.nodes
             time.sleep(0.3)
         raise SandboxError(f"job {job_id} did not reach step {step} within {timeout:.0f} s")
 
@@ -235,38 +268,10 @@ class Sandbox:
         self.fault_dir.mkdir(parents=True, exist_ok=True)
         (self.fault_dir / node).touch()
 
-    def alertmanager_payload(self, node: str, xid: int, gpu: int = 0) -> dict[str, object]:
-        now = datetime.now(UTC).isoformat()
-        labels = {
-            "alertname": "GpuXidCritical",
-            "node": node,
-            "xid": str(xid),
-            "gpu": str(gpu),
-            "cluster": self.cluster,
-            "severity": "critical",
-        }
-        return {
-            "version": "4",
-            "status": "firing",
-            "receiver": "gpuheal",
-            "groupKey": f"{{}}:{node}",
-            "groupLabels": {"node": node},
-            "commonLabels": labels,
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager.invalid",
-            "truncatedAlerts": 0,
-            "alerts": [
-                {
-                    "status": "firing",
-                    "labels": labels,
-                    "startsAt": now,
-                    "endsAt": "0001-01-01T00:00:00Z",
-                    "fingerprint": f"{node}-{xid}-{gpu}",
-                    "annotations": {"summary": f"XID {xid} on {node} GPU {gpu}"},
-                    "generatorURL": "http://prometheus.invalid/graph",
-                }
-            ],
-        }
+    def alertmanager_payload(self, node: str, xid: int, gpu: int = 0, cluster: str | None = None) -> dict[str, Any]:
+        return firing_payload(
+            node, xid=xid, gpu=str(gpu), cluster=cluster or self.cluster, summary=f"XID {xid} on {node} GPU {gpu}"
+        )
 
     def post_alert(self, payload: dict[str, object] | bytes, token: str | None = None) -> tuple[int, dict[str, object]]:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()

@@ -1,0 +1,110 @@
+"""`gpuheal`: report failures, steer incidents, run the worker, the webhook and the node agent.
+
+The top floor: it imports whatever it runs, and only when it runs it, so `gpuheal report --help`
+answers without loading pydantic, the Temporal SDK or a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuheal", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("report", help="report a GPU failure: starts or joins the node's remediation")
+    r.add_argument("--node", required=True)
+    r.add_argument("--xid", type=int)
+    r.add_argument("--signal", help="non-XID health signal, e.g. gpu_lost")
+    r.add_argument("--gpu", type=int)
+    r.add_argument("--cluster", help="cluster name (default: GPUHEAL_CLUSTER)")
+    r.add_argument("--summary", default="")
+
+    for verb in ("approve", "abort"):
+        d = sub.add_parser(verb, help=f"{verb} an incident that awaits approval")
+        d.add_argument("target", help="node name or incident id (gpuheal-CLUSTER-NODE)")
+        d.add_argument("--operator", required=True)
+        d.add_argument("--reason", required=True)
+
+    s = sub.add_parser("status", help="an incident's stage, timeline and result")
+    s.add_argument("target", help="node name or incident id")
+
+    w = sub.add_parser("worker", help="run the Temporal worker (needs GPUHEAL_CLUSTER and GPUHEAL_PROVIDER)")
+    w.add_argument("--metrics-port", type=int, default=9464)
+    w.add_argument("--sdk-metrics-port", type=int, default=9465)
+
+    h = sub.add_parser("webhook", help="serve the Alertmanager webhook")
+    h.add_argument("--host", default="127.0.0.1")
+    h.add_argument("--port", type=int, default=8088)
+
+    a = sub.add_parser("agent", help="node health agent: NVML + kernel-log XIDs -> metrics, reports")
+    a.add_argument("--node", required=True, help="this node's Slurm name")
+    a.add_argument("--metrics-port", type=int, default=9410)
+    a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to follow ('none' to disable)")
+    a.add_argument("--poll-s", type=float, default=10.0, help="NVML health polling interval")
+    a.add_argument("--report-to", help="gpuheal webhook URL for direct reports (token from env)")
+
+    c = sub.add_parser("healthcheck", help="one-shot GPU check for Slurm's HealthCheckProgram")
+    c.add_argument("--node", required=True)
+    c.add_argument("--expect-gpus", type=int, default=0, help="GPUs this node must have")
+    c.add_argument("--report-to", help="gpuheal webhook URL (token from GPUHEAL_WEBHOOK_TOKEN)")
+    return p
+
+
+# command -> (module, function); a module is imported only when its command runs, so that the
+# short commands (cli.incident) never load what the long-running ones (cli.serve) need.
+COMMANDS = {
+    "report": ("cli.incident", "report_failure"),
+    "approve": ("cli.incident", "decide"),
+    "abort": ("cli.incident", "decide"),
+    "status": ("cli.incident", "show_status"),
+    "worker": ("cli.serve", "worker"),
+    "webhook": ("cli.serve", "webhook"),
+    "agent": ("cli.serve", "agent"),
+    "healthcheck": ("cli.serve", "healthcheck"),
+}
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse, run, and map the errors a user can cause to one line and an exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import asyncio
+    import importlib
+    import inspect
+
+    from pydantic import ValidationError
+
+    from gpuheal.settings import Settings
+
+    try:
+        settings = Settings.from_env()
+        module, name = COMMANDS[args.command]
+        command = getattr(importlib.import_module(module), name)
+        result = command(settings, args)
+        return int(asyncio.run(result) if inspect.iscoroutine(result) else result)
+    except ValidationError as err:
+        print(f"gpuheal: invalid input: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # SettingsError included: it names the variable to set
+        print(f"gpuheal: {err}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    rc = run(argv)
+    # The SDK's native threads can abort interpreter finalisation ("PyGILState_Release", SIGABRT)
+    # after any command that used a Temporal client, a gracefully stopped worker included; the
+    # command's work is done and flushed by now, so skip finalisation and keep its exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Record the replay histories in tests/histories from real runs (`make histories`).
+
+Each scenario runs on the real stack (Temporal dev server, Slurm sandbox, and the Kubernetes
+sandbox for the *_kubernetes one) with an in-process worker, and its history is saved as JSON.
+Record anew when a change is meant to be incompatible with running incidents (and say so in the
+change); tests/test_replay.py then replays every saved history through the current code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle
+
+from clients.temporal import connect
+from gpuheal.models import (
+    ActionClass,
+    ApprovalPolicy,
+    Decision,
+    HealthReport,
+    KubernetesPolicy,
+    RemediationResult,
+    RemediationSettings,
+)
+from gpuheal.settings import Settings
+from infra.sandbox import RUN
+from infra.sandbox.kube import KubeSandbox
+from infra.sandbox.stack import Sandbox
+from triggers.start import start_or_join
+from workers.main import make_worker
+from workflows.remediation import GpuRemediationWorkflow
+
+HERE = Path(__file__).parent
+Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
+
+
+async def decide_when_asked(handle: Handle, verdict: str) -> None:
+    for _ in range(300):
+        if (await handle.query(GpuRemediationWorkflow.status)).awaiting_approval:
+            update = GpuRemediationWorkflow.approve if verdict == "approve" else GpuRemediationWorkflow.abort
+            await handle.execute_update(update, Decision(operator="recorder", reason=f"{verdict} for the record"))
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("never asked for approval")
+
+
+async def scenario(
+    sb: Sandbox,
+    client: Client,
+    name: str,
+    xid: int,
+    remediation: RemediationSettings,
+    steer: Callable[[Handle], Awaitable[None]] | None = None,
+    kube: KubeSandbox | None = None,
+) -> None:
+    sb.start_slurm(clean=True)
+    settings = Settings.from_env(sb.env()).model_copy(
+        update={"cluster": f"rec{uuid.uuid4().hex[:6]}", "task_queue": f"rec-{uuid.uuid4().hex[:6]}"}
+    )
+    if kube is not None:
+        kube.reset_nodes(["gpu01", "gpu02", "gpu03"])
+        settings = settings.model_copy(
+            update={"kubeconfig": str(kube.worker_kubeconfig), "sandbox_kubeconfig": str(kube.admin_kubeconfig)}
+        )
+    settings = settings.model_copy(update={"remediation": remediation})
+    job = sb.submit_training(name)
+    node = sb.wait_for_step(job, 3)
+    sb.inject_gpu_fault(node)
+    report = HealthReport(
+        node=node, cluster=settings.cluster or "", xid=xid, gpu=0, source="recorder", observed_at=datetime.now(UTC)
+    )
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report)
+        if steer is not None:
+            await steer(handle)
+        result = await asyncio.wait_for(handle.result(), 300)
+        history = await handle.fetch_history()
+    (HERE / f"{name}.json").write_text(history.to_json())
+    print(f"recorded {name}: {result.outcome}, {len(history.events)} events", flush=True)
+
+
+async def main() -> int:
+    sb = Sandbox.named("bench", RUN / "record")
+    sb.start_temporal()
+    client = await connect(Settings.from_env(sb.env()))
+    quick = RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120)
+    approval = RemediationSettings(
+        approval=ApprovalPolicy(required_for=(ActionClass.RESET_GPU,), timeout_s=600),
+        checkpoint_grace_s=1,
+        verify_timeout_s=120,
+    )
+    try:
+        await scenario(sb, client, "xid79_replace_node", 79, quick)
+        await scenario(sb, client, "xid95_approved_reset", 95, approval, lambda h: decide_when_asked(h, "approve"))
+        await scenario(sb, client, "xid48_abort_during_approval", 48, approval, lambda h: decide_when_asked(h, "abort"))
+        kube = KubeSandbox(sb.root / "k8s", port=36443)
+        kube.start()
+        try:
+            k8s = quick.model_copy(update={"kubernetes": KubernetesPolicy(drain_deadline_s=60)})
+            await scenario(sb, client, "xid79_replace_node_kubernetes", 79, k8s, kube=kube)
+        finally:
+            kube.stop()
+    finally:
+        sb.stop_slurm()
+        sb.stop_temporal()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

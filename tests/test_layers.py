@@ -1,0 +1,59 @@
+"""The house's rules that a user feels: the activity boundary is the one the workflow calls, and
+the workflow, the webhook and the CLI's short commands start without loading heavy clients.
+(The import direction itself is checked by `lint-imports` in `make test`.)"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from activities import interface as act
+from activities.kubernetes import KubernetesActivities
+from activities.remediation import RemediationActivities
+from tests.fakes import FakeCluster
+
+
+def implementations(cls: type) -> dict[str, object]:
+    found = {}
+    for _, fn in inspect.getmembers(cls, inspect.isfunction):
+        defn = getattr(fn, "__temporal_activity_definition", None)
+        if defn is not None:
+            found[defn.name] = fn
+    return found
+
+
+@pytest.mark.parametrize(
+    ("cls", "refs"), [(RemediationActivities, act.REMEDIATION), (KubernetesActivities, act.KUBERNETES)]
+)
+def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:
+    impls = implementations(cls)
+    assert set(impls) == {r.name for r in refs}
+    for ref in refs:
+        hints = typing.get_type_hints(impls[ref.name])
+        (param,) = [p for p in inspect.signature(impls[ref.name]).parameters if p != "self"]  # one input model
+        assert hints[param] is ref.input, ref.name
+        assert hints["return"] is ref.output or (ref.output is type(None) and hints["return"] is type(None)), ref.name
+
+
+def test_the_fakes_implement_the_same_interface() -> None:
+    names = {fn.__temporal_activity_definition.name for fn in FakeCluster().activities()}  # type: ignore[attr-defined]
+    assert names == {r.name for r in act.REMEDIATION}
+
+
+@pytest.mark.parametrize(
+    ("module", "heavy"),
+    [
+        ("workflows.remediation", {"kubernetes", "prometheus_client", "aiohttp"}),
+        ("cli.main", {"kubernetes", "prometheus_client", "aiohttp", "temporalio", "pydantic"}),
+        ("cli.incident", {"kubernetes", "prometheus_client", "aiohttp"}),
+        ("triggers.webhook", {"kubernetes", "prometheus_client"}),
+    ],
+)
+def test_light_modules_load_no_heavy_client(module: str, heavy: set[str]) -> None:
+    code = f"import sys, {module}; print(' '.join(sorted(m for m in {sorted(heavy)!r} if m in sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
