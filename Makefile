@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench bench-detection histories k8s stop clean
+.PHONY: demo test setup lint bench bench-slurm bench-detection histories k8s stop clean
 
 $(STAMP): pyproject.toml
 	@bash infra/setup.sh
@@ -12,11 +12,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# make demo [SLURM=22.05|24.11|26.05] [BACKEND=cli|rest] [K8S=0]
+SLURM ?= 26.05
+BACKEND ?= cli
+K8S ?= 1
 demo: $(STAMP)
-	$(PY) -m infra.sandbox.demo
+	$(PY) -m infra.sandbox.demo --slurm $(SLURM) --backend $(BACKEND) $(if $(filter 0,$(K8S)),--no-k8s,)
 
 test: $(STAMP) lint
 	bash infra/k8s/build.sh
+	bash infra/slurm/roots.sh build 24.11 >/dev/null
+	bash infra/slurm/roots.sh build 26.05 >/dev/null
 	$(VENV)/bin/pytest
 
 # ruff (lint + format), mypy (strict), and the import contracts (pyproject.toml: the floors)
@@ -28,6 +34,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.mttr $(BENCH_ARGS)
+
+bench-slurm: $(STAMP)
+	$(PY) -m bench.slurm $(BENCH_ARGS)
 
 bench-detection: $(STAMP)
 	$(PY) -m bench.detection $(BENCH_ARGS)
@@ -43,6 +52,8 @@ k8s: $(STAMP)
 stop:
 	-@GPUHEAL_K8S_DIR=.run/k8s infra/k8s/cluster.sh stop
 	-@GPUHEAL_SLURM_DIR=.run/slurm infra/slurm/sandbox.sh stop
+	-@for v in 24.11 26.05; do [ -d .run/slurm-$$v ] && GPUHEAL_SLURM_DIR=.run/slurm-$$v \
+	  GPUHEAL_SLURM_ROOT=$$(infra/slurm/roots.sh path $$v) infra/slurm/sandbox.sh stop; done; true
 	-@GPUHEAL_TEMPORAL_DIR=.run/temporal infra/temporal/dev-server.sh stop
 
 clean: stop

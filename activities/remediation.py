@@ -17,7 +17,8 @@ from temporalio.exceptions import ApplicationError
 from activities import interface as act
 from activities.interface import implements
 from clients.notify import Notifier
-from clients.slurm import NodeOutOfService, SlurmClient, UnknownNode
+from clients.slurm import JobUpdate, NodeOutOfService, RequeueUnavailable, SlurmBackend, UnknownNode
+from clients.slurm.hostlist import expand
 from gpuheal import policy
 from gpuheal.errors import NOT_RESUMED, UNKNOWN_NODE
 from gpuheal.models import (
@@ -52,7 +53,7 @@ class RemediationActivities:
     injected; `on_closed` is how a closed incident reaches the worker's metrics."""
 
     def __init__(
-        self, slurm: SlurmClient, provider: NodeProvider, notifier: Notifier, on_closed: IncidentObserver
+        self, slurm: SlurmBackend, provider: NodeProvider, notifier: Notifier, on_closed: IncidentObserver
     ) -> None:
         self._slurm = slurm
         self._provider = provider
@@ -93,7 +94,7 @@ class RemediationActivities:
         if node.drained:
             ours = policy.is_our_drain(node.reason, ref.incident_id)
             return DrainResult(node=ref.node, drained_by_us=ours, already_drained=True, previous_reason=node.reason)
-        await self._slurm.update_node(ref.node, state="drain", reason=req.reason)
+        await self._slurm.update_node(ref.node, "drain", req.reason)
         return DrainResult(node=ref.node, drained_by_us=True, already_drained=False)
 
     @implements(act.REQUEUE_SLURM_JOB)
@@ -109,12 +110,15 @@ class RemediationActivities:
             return RequeueResult(**base, requeued=False, reason="job no longer known to Slurm")
         if current.restart_count <= before.restart_count:
             why = policy.unrequeueable_reason(current.requeueable, current.state)
-            pinned = req.failed_node in await self._slurm.hostnames(current.required_nodes)
+            pinned = req.failed_node in expand(current.required_nodes)
             if why is None and pinned and req.exclude_failed_node:
                 why = f"pinned to {req.failed_node} with --nodelist: it cannot restart elsewhere"
             if why:
                 return RequeueResult(**base, requeued=False, reason=why)
-            await self._slurm.requeue(current.job_id)
+            try:
+                await self._slurm.requeue(current.job_id, req.failed_node)
+            except RequeueUnavailable as err:
+                return RequeueResult(**base, requeued=False, reason=str(err))
             already = False
         else:
             already = True  # a previous attempt requeued it; only finish the job's set-up below
@@ -122,11 +126,11 @@ class RemediationActivities:
         progress = current.progress
         if progress is None or progress.restart != before.restart_count:
             progress = before.progress
-        fields = {"starttime": "now"}  # skip the ~2 min begin-time delay a requeue imposes
+        # Run at once (a requeue imposes a ~2 min begin-time delay), and not on the failed node.
+        excluded = None
         if req.exclude_failed_node:
-            excluded = set(await self._slurm.hostnames(current.excluded_nodes))
-            fields["excnodelist"] = ",".join(sorted(excluded | {req.failed_node}))
-        await self._when_pending(current.job_id, fields)
+            excluded = tuple(sorted(set(expand(current.excluded_nodes)) | {req.failed_node}))
+        await self._when_pending(current.job_id, JobUpdate(start_now=True, excluded_nodes=excluded))
         return RequeueResult(
             **base,
             requeued=True,
@@ -136,15 +140,15 @@ class RemediationActivities:
             checkpoint_at=progress.checkpoint_at if progress else None,
         )
 
-    async def _when_pending(self, job_id: int, fields: dict[str, str]) -> None:
+    async def _when_pending(self, job_id: int, update: JobUpdate) -> None:
         """A requeued job passes through REQUEUED/COMPLETING before it is PENDING, and only a
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
         for _ in range(120):
             job = await self._slurm.job(job_id)
             if job is None or job.state not in REQUEUE_STATES:
                 return  # running again already (or gone): nothing left to adjust
-            if job.state == "PENDING":
-                await self._slurm.update_job(job_id, **fields)
+            if job.state == "PENDING" and "COMPLETING" not in job.state_flags:
+                await self._slurm.update_job(job_id, update)
                 return
             activity.heartbeat(f"job {job_id} is {job.state}")
             await asyncio.sleep(0.25)
@@ -170,7 +174,7 @@ class RemediationActivities:
         if not policy.is_our_drain(node.reason, ref.incident_id):
             # Someone else drained it (or re-drained it since): never undo their drain.
             return f"{ref.node} left drained: its drain is not ours ({node.reason!r})"
-        await self._slurm.update_node(ref.node, state="resume")
+        await self._slurm.update_node(ref.node, "resume")
         return f"{ref.node} resumed"
 
     @implements(act.DECOMMISSION_NODE)
@@ -184,7 +188,7 @@ class RemediationActivities:
         pending = {j.job_id: j for j in req.jobs if j.requeued}
         resumed: dict[int, ResumedJob] = {}
         while True:
-            for job in await self._slurm.jobs():
+            for job in await self._slurm.jobs(set(pending) - set(resumed)):  # one query for them all
                 want = pending.get(job.job_id)
                 if want is None or job.job_id in resumed:
                     continue
@@ -203,7 +207,7 @@ class RemediationActivities:
             return None
         if p.restart != job.restart_count:
             return None  # the comment is still the failed run's
-        nodes = await self._slurm.hostnames(job.nodes)
+        nodes = expand(job.nodes)
         if avoid_node is not None and avoid_node in nodes:
             raise ApplicationError(
                 f"job {job.job_id} restarted on the failed node {avoid_node}",

@@ -31,7 +31,7 @@ from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import BIN, Sandbox
 
 LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
-AGENT_PORT = 49410
+AGENT_PORT = 24410
 
 
 def start_agent(sb: Sandbox, node: str, kmsg: str, direct: bool) -> subprocess.Popen[bytes]:
@@ -102,8 +102,8 @@ async def main() -> int:
                 sb.webhook_url,
                 sb.root / "webhook.token",
                 agents={"agent": AGENT_PORT},
-                prometheus_port=49090,
-                alertmanager_port=49093,
+                prometheus_port=24090,
+                alertmanager_port=24093,
                 interval=interval,
                 group_wait=wait,
                 group_interval=wait,

@@ -189,6 +189,9 @@ class JobSnapshot(Frozen):
     job_id: int
     name: str
     state: str
+    # Flags beside the state (Slurm 23.11+ lists them with it): a requeued job is PENDING with
+    # COMPLETING until its old run has ended, and takes no update before that.
+    state_flags: tuple[str, ...] = ()
     state_reason: str = ""  # why a pending job waits (Slurm's Reason=, e.g. BeginTime, Resources)
     nodes: str
     node_count: int = 1
@@ -196,6 +199,8 @@ class JobSnapshot(Frozen):
     restart_count: int
     excluded_nodes: str = ""
     required_nodes: str = ""
+    user: str = ""  # the job's owner (Slurm user name)
+    mail_user: str = ""  # --mail-user, where Slurm reports it
     progress: JobProgress | None = None
 
 

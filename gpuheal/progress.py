@@ -26,8 +26,10 @@ import os
 import re
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
-from gpuheal.models import JobProgress
+if TYPE_CHECKING:
+    from gpuheal.models import JobProgress
 
 _FIELD = re.compile(r"(\w+)=([0-9.]+)")
 PREFIX = "gpuheal"
@@ -39,6 +41,10 @@ def format_progress(step: int, checkpoint_step: int, checkpoint_at: float, resta
 
 def parse_progress(comment: str | None) -> JobProgress | None:
     """Parse a job comment; None when the job does not follow the contract."""
+    # Imported here: a training job imports this module for report_progress() in its own
+    # environment (often without pydantic); only the reader needs the model.
+    from gpuheal.models import JobProgress
+
     if not comment or not comment.startswith(PREFIX + " "):
         return None
     fields = dict(_FIELD.findall(comment))

@@ -11,13 +11,21 @@ commands that name incidents need GPUHEAL_CLUSTER.
 | GPUHEAL_TASK_QUEUE | gpuheal | task queue of the worker |
 | GPUHEAL_UI_URL | http://127.0.0.1:8233 | Temporal Web UI, for links |
 | GPUHEAL_CLUSTER | (required) | cluster name in reports and workflow ids (Slurm's ClusterName) |
-| SLURM_CONF | (Slurm's default) | slurm.conf the worker's Slurm commands use |
+| GPUHEAL_SLURM_BACKEND | cli | how the worker talks to Slurm: cli (Slurm's commands) or rest (slurmrestd) |
+| SLURM_CONF | (Slurm's default) | cli: slurm.conf the worker's Slurm commands use |
+| GPUHEAL_SLURM_CLI_WRAPPER | (none) | cli: a command that runs Slurm's commands elsewhere (e.g. `ssh login01`) |
+| GPUHEAL_SLURM_REST_URL | (none) | rest: slurmrestd's address, e.g. http://slurmrestd:6820 |
+| GPUHEAL_SLURM_REST_USER | (none) | rest: the Slurm user the token belongs to |
+| GPUHEAL_SLURM_REST_TOKEN_FILE | (none) | rest: file holding the JWT (re-read when refused; never logged) |
+| GPUHEAL_SLURM_REST_TOKEN | (none) | rest: the JWT itself (prefer the file) |
+| GPUHEAL_SLURM_REST_API | (newest served) | rest: pin the API version, e.g. v0.0.42 |
 | GPUHEAL_PROVIDER | (required by the worker) | how nodes are repaired/replaced: sandbox, kubernetes, exec |
 | GPUHEAL_PROVIDER_HOOK | (none) | executable for GPUHEAL_PROVIDER=exec (cloud APIs) |
 | GPUHEAL_REPAIR_HOOK | (none) | executable for GPU resets and reboots where the provider has none |
 | GPUHEAL_PROVIDER_TIMEOUT_S | 900 | how long a provider may take to repair or replace a node |
 | GPUHEAL_SLURM_DIR | (none) | sandbox provider only: the sandbox's directory |
 | GPUHEAL_SANDBOX_SCRIPT | (none) | sandbox provider only: infra/slurm/sandbox.sh |
+| GPUHEAL_SLURM_ROOT | (none) | sandbox provider only: the Debian root of a newer Slurm (infra/slurm/roots.sh) |
 | GPUHEAL_WEBHOOK_TOKEN | (none: webhook refuses to start) | bearer token the webhook demands |
 | GPUHEAL_NOTIFY_URL | (none) | webhook that receives notifications |
 | GPUHEAL_APPROVAL_REQUIRED | (none) | comma list of action classes that wait for a human |
@@ -43,11 +51,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, SecretStr
 
 from gpuheal.errors import SettingsError
 from gpuheal.models import ActionClass, ApprovalPolicy, KubernetesPolicy, RemediationSettings
+
+
+class SlurmSettings(BaseModel):
+    """How the worker reaches Slurm (clients/slurm)."""
+
+    backend: Literal["cli", "rest"] = "cli"
+    cli_wrapper: str | None = None
+    rest_url: str | None = None
+    rest_user: str | None = None
+    rest_token: SecretStr | None = None
+    rest_token_file: Path | None = None
+    rest_api: str | None = None
 
 
 class Settings(BaseModel):
@@ -62,11 +83,13 @@ class Settings(BaseModel):
     ui_url: str = "http://127.0.0.1:8233"
     cluster: str | None = None
     slurm_conf: str | None = None
+    slurm: SlurmSettings = SlurmSettings()
     provider: str | None = None  # a name registered in providers/ (checked when the worker builds it)
     provider_hook: str | None = None
     repair_hook: str | None = None
     sandbox_dir: Path | None = None
     sandbox_script: Path | None = None
+    sandbox_root: Path | None = None
     webhook_token: SecretStr | None = None
     notify_url: str | None = None
     kubeconfig: str | None = None
@@ -128,11 +151,21 @@ class Settings(BaseModel):
             ui_url=get("GPUHEAL_UI_URL", "http://127.0.0.1:8233"),
             cluster=opt("GPUHEAL_CLUSTER"),
             slurm_conf=opt("SLURM_CONF"),
+            slurm=SlurmSettings(
+                backend=get("GPUHEAL_SLURM_BACKEND", "cli"),
+                cli_wrapper=opt("GPUHEAL_SLURM_CLI_WRAPPER"),
+                rest_url=opt("GPUHEAL_SLURM_REST_URL"),
+                rest_user=opt("GPUHEAL_SLURM_REST_USER"),
+                rest_token=secret("GPUHEAL_SLURM_REST_TOKEN"),
+                rest_token_file=path("GPUHEAL_SLURM_REST_TOKEN_FILE"),
+                rest_api=opt("GPUHEAL_SLURM_REST_API"),
+            ),
             provider=opt("GPUHEAL_PROVIDER"),
             provider_hook=opt("GPUHEAL_PROVIDER_HOOK"),
             repair_hook=opt("GPUHEAL_REPAIR_HOOK"),
             sandbox_dir=path("GPUHEAL_SLURM_DIR"),
             sandbox_script=path("GPUHEAL_SANDBOX_SCRIPT"),
+            sandbox_root=path("GPUHEAL_SLURM_ROOT"),
             webhook_token=secret("GPUHEAL_WEBHOOK_TOKEN"),
             notify_url=opt("GPUHEAL_NOTIFY_URL"),
             kubeconfig=kubeconfig,

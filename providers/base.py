@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from clients.slurm import SlurmClient
+from clients.slurm import SlurmBackend
 from gpuheal.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.settings import Settings
 
@@ -46,7 +46,7 @@ class ProviderContext:
     """What a provider may use, built once by the worker."""
 
     settings: Settings
-    slurm: SlurmClient
+    slurm: SlurmBackend
     kube: ApiClient | None = None  # the worker's Kubernetes identity, when Kubernetes is on
 
 

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from clients import kube, proc
-from clients.slurm import SlurmClient
+from clients.slurm import SlurmBackend
 from gpuheal.errors import SettingsError
 from gpuheal.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
 from providers.base import ProviderContext, unsupported_repair
@@ -29,7 +29,7 @@ MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 class KubernetesProvider:
     def __init__(
         self,
-        slurm: SlurmClient,
+        slurm: SlurmBackend,
         api: client.ApiClient,
         pool_label: str = kube.POOL_LABEL,
         timeout_s: float = 900,

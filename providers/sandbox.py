@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clients import kube, proc
-from clients.slurm import SlurmClient, SlurmError
+from clients.slurm import SlurmBackend, SlurmError
 from gpuheal.errors import SettingsError
 from gpuheal.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
 from providers.base import NoSpareCapacity, ProviderContext
@@ -41,10 +41,13 @@ def kwok_node(name: str, pool: str) -> client.V1Node:
 class SandboxProvider:
     """Spare-node replacement and simulated GPU reset/reboot on the Slurm sandbox."""
 
-    def __init__(self, slurm: SlurmClient, sandbox_dir: Path, script: Path, timeout_s: float = 120) -> None:
+    def __init__(
+        self, slurm: SlurmBackend, sandbox_dir: Path, script: Path, root: Path | None = None, timeout_s: float = 120
+    ) -> None:
         self._slurm = slurm
         self._dir = sandbox_dir
         self._script = script
+        self._root = root
         self._timeout = timeout_s
         self._record = sandbox_dir / "provider" / "replacements.json"
         self.fault_dir = sandbox_dir / "faults"
@@ -52,8 +55,9 @@ class SandboxProvider:
     # --- sandbox process control ---------------------------------------------------------
 
     async def _sandbox(self, verb: str, node: str) -> None:
+        where = [f"GPUHEAL_SLURM_DIR={self._dir}", f"GPUHEAL_SLURM_ROOT={self._root or ''}"]
         await proc.run(
-            ["env", f"GPUHEAL_SLURM_DIR={self._dir}", str(self._script), verb, check_node_name(node)],
+            ["env", *where, str(self._script), verb, check_node_name(node)],
             timeout_s=self._timeout,
             what=f"sandbox.sh {verb} {node}",
         )
@@ -124,8 +128,8 @@ class SandboxProvider:
             return f"{node} already out of the cluster"
         # A node with jobs cannot go straight to FUTURE; DOWN ends what still runs there
         # (only jobs that could not be requeued, and those are in the incident's result).
-        await self._slurm.update_node(node, state="down", reason=reason)
-        await self._slurm.update_node(node, state="future")
+        await self._slurm.update_node(node, "down", reason)
+        await self._slurm.update_node(node, "future")
         return f"{node} left the cluster (State=FUTURE)"
 
     async def check_health(self, node: str) -> HealthCheckResult:
@@ -143,9 +147,9 @@ class KubeSandboxProvider(SandboxProvider):
     """The sandbox provider with Kubernetes on: it also plays the node group (kwok Nodes)."""
 
     def __init__(
-        self, slurm: SlurmClient, sandbox_dir: Path, script: Path, core: client.CoreV1Api, timeout_s: float = 120
+        self, slurm: SlurmBackend, sandbox_dir: Path, script: Path, root: Path | None, core: client.CoreV1Api
     ) -> None:
-        super().__init__(slurm, sandbox_dir, script, timeout_s)
+        super().__init__(slurm, sandbox_dir, script, root)
         self._core = core
 
     async def replace(self, node: str, incident_id: str) -> ReplacementResult:
@@ -180,7 +184,7 @@ def build(ctx: ProviderContext) -> SandboxProvider:
             "GPUHEAL_SANDBOX_SCRIPT (infra/slurm/sandbox.sh): it drives the local sandbox only"
         )
     if ctx.kube is None:
-        return SandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script)
+        return SandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script, s.sandbox_root)
     # The sandbox's node group is the platform, not the worker: it may create Nodes.
     platform = kube.load_api(s.sandbox_kubeconfig) if s.sandbox_kubeconfig else ctx.kube
-    return KubeSandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script, client.CoreV1Api(platform))
+    return KubeSandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script, s.sandbox_root, client.CoreV1Api(platform))

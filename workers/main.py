@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 from activities.remediation import RemediationActivities
 from clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
-from clients.slurm import SlurmClient
+from clients.slurm import build_slurm
 from clients.temporal import connect
 from gpuheal.settings import Settings
 from providers import build_provider
@@ -40,7 +40,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     """Every activity this worker serves; the Kubernetes ones when a cluster is configured.
     Raises SettingsError (naming the variable) when the provider cannot be built."""
     settings.require_cluster()
-    slurm = SlurmClient(settings.slurm_conf)
+    slurm = build_slurm(settings)
     kube_api = None
     if settings.kubernetes_enabled:
         from clients.kube import load_api
@@ -107,14 +107,14 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         loop.add_signal_handler(sig, stop.set)
     refresher = asyncio.create_task(_refresh_open_incidents(client))
     log.info(
-        "worker for cluster %r on task queue %r at %s; provider %s; metrics :%d (gpuheal) :%d (SDK); SLURM_CONF %s",
+        "worker for cluster %r on task queue %r at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,
         settings.task_queue,
         settings.temporal_address,
         settings.provider,
+        settings.slurm.rest_url if settings.slurm.backend == "rest" else f"CLI, SLURM_CONF {settings.slurm_conf}",
         metrics_port,
         sdk_metrics_port,
-        settings.slurm_conf or "(Slurm's default)",
     )
     async with worker:
         await stop.wait()

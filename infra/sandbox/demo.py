@@ -8,6 +8,7 @@ timeline and MTTR. Exits 0 only when the job has resumed past its checkpoint on 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from datetime import datetime
@@ -21,7 +22,7 @@ from gpuheal import policy
 from gpuheal.models import RemediationResult, RemediationStatus
 from gpuheal.render import render_result, render_timeline
 from gpuheal.settings import Settings
-from infra.sandbox import RUN
+from infra.sandbox import NEWEST_SLURM, RUN, SLURM_VERSIONS
 from infra.sandbox.kube import KubeSandbox, binaries_built
 from infra.sandbox.stack import Sandbox
 from workflows.remediation import GpuRemediationWorkflow
@@ -121,7 +122,7 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
         print()
     resumed = [r for r in result.jobs_resumed if r.job_id == job]
     ok = bool(resumed) and node not in resumed[0].node.split(",") and resumed[0].step > resumed[0].checkpoint_step
-    sb.run("scancel", str(job), check=False)
+    sb.slurm("scancel", str(job), check=False)
     if ok:
         say(
             f"PASS: job {job} resumed on {resumed[0].node} past its checkpoint "
@@ -132,14 +133,17 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     return 1
 
 
-def run_demo() -> int:
+def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes: bool = True) -> int:
     sb = Sandbox.named("demo", RUN, extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"})
+    sb.use_slurm(slurm_version, backend)
     t0 = time.monotonic()
-    say("starting the Slurm sandbox (slurmctld + 3 slurmd + 3 spares, loopback)")
+    say(f"starting the Slurm {slurm_version} sandbox (slurmctld + 3 slurmd + 3 spares, loopback; worker via {backend})")
     sb.start_slurm(clean=True)
     say(f"starting Temporal dev server on {sb.temporal_address}; Web UI {sb.ui_url}")
     sb.start_temporal()
-    ks = start_kubernetes(sb)
+    ks = start_kubernetes(sb) if kubernetes else None
+    if not kubernetes:
+        say("Kubernetes: off (K8S=0)")
     say("starting the gpuheal worker and the Alertmanager webhook")
     worker = sb.start_worker()
     webhook = sb.start_webhook()
@@ -148,12 +152,22 @@ def run_demo() -> int:
     finally:
         Sandbox.stop_process(webhook)
         Sandbox.stop_process(worker)
+    parts = "Temporal, Slurm" + (" and Kubernetes" if ks is not None else "")
     say(
-        f"demo took {time.monotonic() - t0:.0f} s. Temporal, Slurm and Kubernetes keep running so you can "
-        f"browse {sb.ui_url}; `make stop` stops them. Logs: {sb.root}"
+        f"demo took {time.monotonic() - t0:.0f} s. {parts} keep running so you can browse {sb.ui_url}; "
+        f"`make stop` stops them. Logs: {sb.root}"
     )
     return rc
 
 
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="make demo", description=__doc__)
+    ap.add_argument("--slurm", default=NEWEST_SLURM, choices=SLURM_VERSIONS, help="Slurm release (default: newest)")
+    ap.add_argument("--backend", default="cli", choices=["cli", "rest"], help="how the worker talks to Slurm")
+    ap.add_argument("--no-k8s", action="store_true", help="run without the Kubernetes sandbox")
+    args = ap.parse_args()
+    return run_demo(args.slurm, args.backend, kubernetes=not args.no_k8s)
+
+
 if __name__ == "__main__":
-    raise SystemExit(run_demo())
+    raise SystemExit(main())

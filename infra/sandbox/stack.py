@@ -7,6 +7,7 @@ ports (PORTS), so a test run, a benchmark and a demo can coexist.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.slurm import parse_sinfo, parse_squeue
+from clients.slurm.parsers import parse_jobs, parse_nodes
 from gpuheal.models import JobProgress, JobSnapshot, NodeInfo
-from infra.sandbox import SLURM_SCRIPT, TEMPORAL_SCRIPT, TRAIN_JOB
+from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TEMPORAL_SCRIPT, TRAIN_JOB
 from triggers.alertmanager import firing_payload
 
 BIN = Path(sys.executable).parent
@@ -29,6 +30,12 @@ BIN = Path(sys.executable).parent
 
 class SandboxError(RuntimeError):
     pass
+
+
+@functools.cache
+def _root_path(version: str) -> Path:
+    out = subprocess.run([str(SLURM_ROOTS_SCRIPT), "path", version], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
 
 
 @dataclass(frozen=True)
@@ -39,12 +46,14 @@ class Ports:
     metrics: int
 
 
-# One set of ports per use, so they can run side by side (the UI is on temporal + 1000).
+# One set of ports per use, so they can run side by side (the UI is on temporal + 1000; Slurm
+# takes slurm + 0..106, newer releases 200 and 400 lower). All below Linux's ephemeral range
+# (32768+), where a client socket could hold a port a daemon is about to bind.
 PORTS = {
     "demo": Ports(temporal=7233, slurm=16817, webhook=8088, metrics=9464),
     "tests": Ports(temporal=27233, slurm=26817, webhook=28088, metrics=29464),
-    "bench": Ports(temporal=37233, slurm=36817, webhook=38088, metrics=39464),
-    "detect": Ports(temporal=47233, slurm=48817, webhook=48088, metrics=49464),
+    "bench": Ports(temporal=21233, slurm=21817, webhook=22088, metrics=22464),
+    "detect": Ports(temporal=23233, slurm=23817, webhook=24088, metrics=24464),
 }
 
 
@@ -52,12 +61,16 @@ PORTS = {
 class Sandbox:
     root: Path
     temporal_port: int = 7233
-    slurm_port: int = 16817
+    slurm_base_port: int = 16817
     webhook_port: int = 8088
     metrics_port: int = 9464
     cluster: str = "sandbox"
     task_queue: str = "gpuheal"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Which Slurm the sandbox runs (HOST_SLURM or a root of infra/slurm/roots.sh), and how the
+    # worker talks to it: "cli" (Slurm's commands) or "rest" (slurmrestd with a JWT, roots only).
+    slurm_version: str = HOST_SLURM
+    slurm_backend: str = "cli"
 
     @classmethod
     def named(cls, use: str, root: Path, **kw: object) -> Sandbox:
@@ -66,7 +79,7 @@ class Sandbox:
         return cls(
             root,
             temporal_port=p.temporal,
-            slurm_port=p.slurm,
+            slurm_base_port=p.slurm,
             webhook_port=p.webhook,
             metrics_port=p.metrics,
             **kw,  # type: ignore[arg-type]
@@ -83,9 +96,26 @@ class Sandbox:
 
     # --- paths and environment -----------------------------------------------------------
 
+    def use_slurm(self, version: str, backend: str = "cli") -> None:
+        """Switch the sandbox to another Slurm (each version has its own directory and ports)."""
+        if backend == "rest" and version == HOST_SLURM:
+            raise SandboxError("the REST backend needs Slurm 24.11+ (22.05's slurmrestd cannot update nodes)")
+        self.slurm_version, self.slurm_backend = version, backend
+
+    @property
+    def slurm_root(self) -> Path | None:
+        """The Debian root this version runs in (None: the host's Slurm)."""
+        return None if self.slurm_version == HOST_SLURM else _root_path(self.slurm_version)
+
+    @property
+    def slurm_port(self) -> int:
+        """slurmctld's port: the base for the host's Slurm, 200 lower per newer release."""
+        index = SLURM_VERSIONS.index(self.slurm_version)
+        return self.slurm_base_port - 200 * index
+
     @property
     def slurm_dir(self) -> Path:
-        return self.root / "slurm"
+        return self.root / ("slurm" if self.slurm_version == HOST_SLURM else f"slurm-{self.slurm_version}")
 
     @property
     def slurm_conf(self) -> Path:
@@ -107,10 +137,27 @@ class Sandbox:
     def webhook_url(self) -> str:
         return f"http://127.0.0.1:{self.webhook_port}/alertmanager"
 
+    def slurm_env(self) -> dict[str, str]:
+        """What the worker needs to reach this sandbox's Slurm, by CLI or by REST."""
+        env = {"SLURM_CONF": str(self.slurm_conf), "GPUHEAL_SLURM_BACKEND": self.slurm_backend}
+        root = self.slurm_root
+        if root is not None:
+            env["GPUHEAL_SLURM_ROOT"] = str(root)
+            env["GPUHEAL_SLURM_CLI_WRAPPER"] = (
+                f"chroot {root} /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "
+                f"SLURM_CONF={self.slurm_conf}"
+            )
+        if self.slurm_backend == "rest":
+            env["GPUHEAL_SLURM_REST_URL"] = f"http://127.0.0.1:{self.slurm_port + 3}"
+            env["GPUHEAL_SLURM_REST_USER"] = "root"
+            env["GPUHEAL_SLURM_REST_TOKEN_FILE"] = str(self.slurm_dir / "rest.token")
+        return env
+
     def env(self) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("GPUHEAL_SLURM_")}
         return {
-            **os.environ,
-            "SLURM_CONF": str(self.slurm_conf),
+            **base,
+            **self.slurm_env(),
             "GPUHEAL_SLURM_DIR": str(self.slurm_dir),
             "GPUHEAL_SLURM_PORT": str(self.slurm_port),
             "GPUHEAL_SLURM_CLUSTER": self.cluster,
@@ -137,8 +184,17 @@ class Sandbox:
     # --- services ------------------------------------------------------------------------
 
     def start_slurm(self, clean: bool = True) -> None:
-        self.run(SLURM_SCRIPT, "start", *(["--clean"] if clean else []))
+        if self.slurm_version != HOST_SLURM:
+            self.run(SLURM_ROOTS_SCRIPT, "build", self.slurm_version, timeout=900)  # once, then reused
+        self.run(SLURM_SCRIPT, "start", *(["--clean"] if clean else []), timeout=180)
         self.fault_dir.mkdir(parents=True, exist_ok=True)
+        if self.slurm_backend == "rest":
+            self.run(SLURM_SCRIPT, "start-rest")
+            self.run(SLURM_SCRIPT, "token")
+
+    def slurm(self, *argv: str, check: bool = True) -> str:
+        """A Slurm command of this sandbox's version (inside its root when it has one)."""
+        return self.run(SLURM_SCRIPT, "run", *argv, check=check)
 
     def start_temporal(self) -> None:
         self.run(TEMPORAL_SCRIPT, "start")
@@ -212,12 +268,12 @@ class Sandbox:
         ckpt_every: int = 10,
         nodelist: str | None = None,
     ) -> int:
-        jobs = self.root / "jobs"
-        jobs.mkdir(exist_ok=True)
+        jobs = self.slurm_dir / "jobs"  # inside the sandbox's directory: seen from its root too
+        jobs.mkdir(parents=True, exist_ok=True)
         ckpt = jobs / f"{name}-{time.time_ns()}.ckpt.json"
         env = (
             f"ALL,TRAIN_CKPT={ckpt},TRAIN_STEP_S={step_s},TRAIN_CKPT_EVERY={ckpt_every},"
-            f"GPUHEAL_FAULT_DIR={self.fault_dir}"
+            f"GPUHEAL_FAULT_DIR={self.fault_dir},PYTHONPATH={REPO}"
         )
         argv = [
             "sbatch",
@@ -229,16 +285,17 @@ class Sandbox:
         ]
         if nodelist:
             argv.append(f"--nodelist={nodelist}")
-        argv.append(f"--wrap=exec {sys.executable} {TRAIN_JOB}")
-        return int(self.run(*argv).strip().split(";")[0])
+        python = sys.executable if self.slurm_root is None else "python3"  # the root's own python3
+        argv.append(f"--wrap=exec {python} {TRAIN_JOB}")
+        return int(self.slurm(*argv).strip().split(";")[0])
 
     def job(self, job_id: int) -> JobSnapshot | None:
         """What Slurm says of the job, read by the product's own parser."""
-        return next((j for j in parse_squeue(json.loads(self.run("squeue", "--json"))) if j.job_id == job_id), None)
+        return next((j for j in parse_jobs(json.loads(self.slurm("squeue", "--json"))) if j.job_id == job_id), None)
 
     def nodes(self) -> dict[str, NodeInfo]:
         """Nodes in service, as the product's parser reads `sinfo --json`."""
-        return parse_sinfo(json.loads(self.run("sinfo", "--json")))
+        return parse_nodes(json.loads(self.slurm("sinfo", "--json")))
 
     def job_progress(self, job_id: int) -> JobProgress | None:
         job = self.job(job_id)

@@ -98,7 +98,7 @@ async def main() -> int:
         await scenario(sb, client, "xid79_replace_node", 79, quick)
         await scenario(sb, client, "xid95_approved_reset", 95, approval, lambda h: decide_when_asked(h, "approve"))
         await scenario(sb, client, "xid48_abort_during_approval", 48, approval, lambda h: decide_when_asked(h, "abort"))
-        kube = KubeSandbox(sb.root / "k8s", port=36443)
+        kube = KubeSandbox(sb.root / "k8s", port=20443)
         kube.start()
         try:
             k8s = quick.model_copy(update={"kubernetes": KubernetesPolicy(drain_deadline_s=60)})

@@ -18,10 +18,17 @@ from temporalio.client import Client
 from clients.temporal import connect
 from gpuheal.models import RemediationSettings
 from gpuheal.settings import Settings
+from infra.sandbox import HOST_SLURM
 from infra.sandbox.stack import Sandbox
 from tests.conftest import require_binary
 from triggers.webhook import serve
 from workers.main import make_worker
+
+# The Slurm releases and backends the remediation loop is proven against; test ids carry them
+# (`[cli-22.05]`, `[rest-26.05]`, ...). 22.05's slurmrestd cannot update nodes: no rest-22.05.
+SLURM_MATRIX = [("cli", "22.05"), ("cli", "24.11"), ("cli", "26.05"), ("rest", "24.11"), ("rest", "26.05")]
+SLURM_IDS = [f"{backend}-{version}" for backend, version in SLURM_MATRIX]
+across_slurm = pytest.mark.parametrize("slurm", SLURM_MATRIX, ids=SLURM_IDS, indirect=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,13 +46,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     sb = Sandbox.named("tests", tmp_path_factory.mktemp("run"))
     sb.start_temporal()
     yield sb
-    sb.stop_slurm()
+    for backend, version in {("cli", v) for _, v in SLURM_MATRIX}:
+        sb.use_slurm(version, backend)
+        sb.stop_slurm()
     sb.stop_temporal()
 
 
 @pytest.fixture
-def slurm(stack: Sandbox) -> Sandbox:
-    """A fresh Slurm cluster for each test: gpu01-03 idle, gpu04-06 spare."""
+def slurm(stack: Sandbox, request: pytest.FixtureRequest) -> Sandbox:
+    """A fresh Slurm cluster for each test: gpu01-03 idle, gpu04-06 spare. The host's 22.05 over
+    the CLI, or what `across_slurm` parametrizes."""
+    backend, version = getattr(request, "param", ("cli", HOST_SLURM))
+    stack.use_slurm(version, backend)
     stack.start_slurm(clean=True)
     return stack
 
@@ -86,7 +98,7 @@ def slurmctld_log(sb: Sandbox) -> str:
 
 
 def nodes_in_service(sb: Sandbox) -> set[str]:
-    return set(sb.run("sinfo", "-h", "-N", "-o", "%N").split())
+    return set(sb.slurm("sinfo", "-h", "-N", "-o", "%N").split())
 
 
 async def max_activity_attempt(handle: Any) -> int:

@@ -136,7 +136,7 @@ async def test_slurm_health_check_hook_reports_instead_of_draining(
     assert "health_check_failed" in out.stdout and "(reported)" in out.stdout
     handle = await incident_started(client, policy.workflow_id(settings.cluster, "gpu02"), 10)
     assert handle.id.endswith("gpu02")
-    assert "DRAIN" not in webhook.run("sinfo", "-h", "-n", "gpu02", "-o", "%T").upper()
+    assert "DRAIN" not in webhook.slurm("sinfo", "-h", "-n", "gpu02", "-o", "%T").upper()
 
 
 async def test_fifty_firing_alerts_for_one_node_start_one_workflow(

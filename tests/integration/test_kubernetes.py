@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
-from clients.slurm import SlurmClient
+from clients.slurm.cli import SlurmCli
 from gpuheal.models import (
     CordonRequest,
     EvictRequest,
@@ -280,7 +280,7 @@ async def test_kubernetes_native_replacement_waits_for_the_node_group(
 ) -> None:
     """KubernetesProvider deletes the Node and waits for the node group's new one to be Ready and
     in Slurm. The cloud's node group is played here by the test, with the worker's RBAC."""
-    provider = KubernetesProvider(SlurmClient(str(slurm.slurm_conf)), kube.api(kube.worker_kubeconfig), timeout_s=90)
+    provider = KubernetesProvider(SlurmCli(str(slurm.slurm_conf)), kube.api(kube.worker_kubeconfig), timeout_s=90)
 
     def node_group() -> None:
         core: Any = kube.core()

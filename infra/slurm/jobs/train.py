@@ -1,5 +1,7 @@
-"""A small checkpointing training job for the sandbox (CPU only, numpy).
+"""A small checkpointing training job for the sandbox (CPU only, Python's standard library).
 
+It runs on the sandbox's slurmd, so with a newer Slurm inside that Slurm's Debian root and its
+python3: no third-party package, and only gpuheal.progress from the repository (PYTHONPATH).
 It fits a linear model by SGD, one step every STEP_S seconds, checkpoints every CKPT_EVERY steps
 and on SIGUSR1, resumes from its checkpoint when Slurm restarts it, and publishes its progress in
 its job comment (gpuheal.progress). The sandbox's fault injection marks a node's "GPU" as failed
@@ -11,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 from gpuheal.progress import report_progress
 
@@ -35,21 +36,31 @@ def on_usr1(signum: int, frame: object) -> None:
     checkpoint_now = True
 
 
-def save(step: int, w: np.ndarray) -> float:
+def save(step: int, w: list[float]) -> float:
     tmp = CKPT.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": step, "w": w.tolist()}))
+    tmp.write_text(json.dumps({"step": step, "w": w}))
     tmp.replace(CKPT)  # atomic: a crash never leaves half a checkpoint
     return time.time()
 
 
+def sgd_step(w: list[float], true_w: list[float], rng: random.Random, batch: int = 32) -> list[float]:
+    """One step of least squares on a random batch: w -= lr * X^T (X w - X w*) / n."""
+    grad = [0.0] * len(w)
+    for _ in range(batch):
+        x = [rng.gauss(0, 1) for _ in w]
+        err = sum(xi * (wi - ti) for xi, wi, ti in zip(x, w, true_w, strict=True))
+        grad = [g + xi * err / batch for g, xi in zip(grad, x, strict=True)]
+    return [wi - 0.05 * g for wi, g in zip(w, grad, strict=True)]
+
+
 def main() -> None:
     signal.signal(signal.SIGUSR1, on_usr1)
-    rng = np.random.default_rng(0)
-    true_w = np.arange(8, dtype=float)
-    step, w = 0, np.zeros(8)
+    rng = random.Random(0)
+    true_w = [float(i) for i in range(8)]
+    step, w = 0, [0.0] * 8
     if CKPT.exists():
         state = json.loads(CKPT.read_text())
-        step, w = state["step"], np.array(state["w"])
+        step, w = state["step"], list(state["w"])
         print(f"resumed from checkpoint at step {step} on {NODE}", flush=True)
     ckpt_step, ckpt_at = step, time.time()
     report_progress(step, ckpt_step, ckpt_at)
@@ -63,15 +74,13 @@ def main() -> None:
         if (FAULTS / NODE).exists():
             time.sleep(0.1)  # the GPU is gone: no step can complete
             continue
-        x = rng.normal(size=(32, 8))
-        grad = x.T @ (x @ w - x @ true_w) / len(x)
-        w -= 0.05 * grad
+        w = sgd_step(w, true_w, rng)
         step += 1
         time.sleep(STEP_S)
         if step % CKPT_EVERY == 0:
             ckpt_step, ckpt_at = step, save(step, w)
         report_progress(step, ckpt_step, ckpt_at)
-    print(f"done at step {step}, loss {float(np.sum((w - true_w) ** 2)):.4f}", flush=True)
+    print(f"done at step {step}, loss {sum((a - b) ** 2 for a, b in zip(w, true_w, strict=True)):.4f}", flush=True)
 
 
 if __name__ == "__main__":
