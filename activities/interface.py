@@ -1,6 +1,6 @@
 """The activity boundary: every activity's name, its one input model and its output, in one place.
 
-The workflow calls activities through these references (``workflow.execute_activity`` by name,
+The workflows call activities through these references (``workflow.execute_activity`` by name,
 typed by ``Activity[I, O]``), so it never imports the implementations and with them the Slurm,
 Kubernetes and HTTP clients. The implementations (activities/remediation.py,
 activities/kubernetes.py) and the tests' stand-ins (tests/fakes.py) declare themselves with
@@ -16,9 +16,24 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 
+from gpuheal.jobs import (
+    HoldRequest,
+    JobHistory,
+    JobHistoryRequest,
+    OwnerNotice,
+    RecoveryHandoff,
+    RecoveryJoin,
+    VerifyJobRequest,
+    VerifyOutcome,
+)
 from gpuheal.models import (
+    BorrowedNode,
+    BorrowRequest,
+    BorrowResult,
     CheckpointRequest,
     CheckpointResult,
+    CheckpointSent,
+    CheckpointWait,
     CordonRequest,
     CordonResult,
     DrainRequest,
@@ -30,6 +45,7 @@ from gpuheal.models import (
     KubeEvent,
     KubeNodeRef,
     MapNodeRequest,
+    NodeEmptyWait,
     NodeInfo,
     NodeRef,
     Notification,
@@ -39,8 +55,6 @@ from gpuheal.models import (
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
-    VerifyRequest,
-    VerifyResult,
 )
 
 I = TypeVar("I")  # noqa: E741  (input, output: the usual names for an activity's two types)
@@ -64,20 +78,31 @@ def implements(ref: Activity[Any, Any]) -> Callable[[F], F]:
     return register
 
 
-# --- Slurm, providers, notifications (activities/remediation.py) -----------------------------
+# --- Slurm nodes, providers, notifications (activities/remediation.py) -----------------------
 LOOK_UP_SLURM_NODE = Activity("look_up_slurm_node", NodeRef, NodeInfo)
 NOTIFY_OPERATORS = Activity("notify_operators", Notification, type(None))
 LIST_JOBS_ON_NODE = Activity("list_jobs_on_node", NodeRef, JobList)
-REQUEST_CHECKPOINT = Activity("request_checkpoint", CheckpointRequest, CheckpointResult)
 DRAIN_SLURM_NODE = Activity("drain_slurm_node", DrainRequest, DrainResult)
-REQUEUE_SLURM_JOB = Activity("requeue_slurm_job", RequeueRequest, RequeueResult)
 REPAIR_NODE = Activity("repair_node", RepairRequest, RepairResult)
 REPLACE_NODE = Activity("replace_node", NodeRef, ReplacementResult)
 CHECK_NODE_HEALTH = Activity("check_node_health", NodeRef, HealthCheckResult)
 RESUME_SLURM_NODE = Activity("resume_slurm_node", NodeRef, str)
 DECOMMISSION_NODE = Activity("decommission_node", NodeRef, str)
-WAIT_FOR_TRAINING_PROGRESS = Activity("wait_for_training_progress", VerifyRequest, VerifyResult)
 RECORD_INCIDENT_METRICS = Activity("record_incident_metrics", RemediationResult, type(None))
+ADOPT_BORROWED_NODE = Activity("adopt_borrowed_node", BorrowedNode, str)
+RELEASE_BORROWED_NODE = Activity("release_borrowed_node", BorrowedNode, str)
+
+# --- jobs: checkpoint, requeue, verify, owners, recoveries (activities/jobs.py) -------------
+REQUEST_CHECKPOINT = Activity("request_checkpoint", CheckpointRequest, CheckpointSent)
+WAIT_FOR_CHECKPOINTS = Activity("wait_for_checkpoints", CheckpointWait, CheckpointResult)
+FIND_JOBS = Activity("find_jobs", JobList, JobList)
+WAIT_FOR_NODE_EMPTY = Activity("wait_for_node_empty", NodeEmptyWait, JobList)
+REQUEUE_SLURM_JOB = Activity("requeue_slurm_job", RequeueRequest, RequeueResult)
+HOLD_SLURM_JOB = Activity("hold_slurm_job", HoldRequest, str)
+WAIT_FOR_JOB_RESUME = Activity("wait_for_job_resume", VerifyJobRequest, VerifyOutcome)
+NOTIFY_JOB_OWNER = Activity("notify_job_owner", OwnerNotice, str)
+START_JOB_RECOVERY = Activity("start_job_recovery", RecoveryJoin, RecoveryHandoff)
+JOB_RECOVERY_HISTORY = Activity("job_recovery_history", JobHistoryRequest, JobHistory)
 
 # --- Kubernetes (activities/kubernetes.py) ----------------------------------------------------
 MAP_KUBE_NODE = Activity("map_kube_node", MapNodeRequest, KubeNodeRef)
@@ -85,21 +110,42 @@ CORDON_AND_TAINT_NODE = Activity("cordon_and_taint_node", CordonRequest, CordonR
 EVICT_PODS = Activity("evict_pods", EvictRequest, EvictResult)
 UNCORDON_NODE = Activity("uncordon_node", KubeNodeRef, str)
 POST_NODE_EVENT = Activity("post_node_event", KubeEvent, type(None))
+BORROW_INFERENCE_NODE = Activity("borrow_inference_node", BorrowRequest, BorrowResult)
+GIVE_BACK_NODE = Activity("give_back_node", BorrowedNode, str)
 
 REMEDIATION = (
     LOOK_UP_SLURM_NODE,
     NOTIFY_OPERATORS,
     LIST_JOBS_ON_NODE,
-    REQUEST_CHECKPOINT,
     DRAIN_SLURM_NODE,
-    REQUEUE_SLURM_JOB,
     REPAIR_NODE,
     REPLACE_NODE,
     CHECK_NODE_HEALTH,
     RESUME_SLURM_NODE,
     DECOMMISSION_NODE,
-    WAIT_FOR_TRAINING_PROGRESS,
     RECORD_INCIDENT_METRICS,
+    ADOPT_BORROWED_NODE,
+    RELEASE_BORROWED_NODE,
 )
-KUBERNETES = (MAP_KUBE_NODE, CORDON_AND_TAINT_NODE, EVICT_PODS, UNCORDON_NODE, POST_NODE_EVENT)
-ALL = REMEDIATION + KUBERNETES
+JOBS = (
+    REQUEST_CHECKPOINT,
+    WAIT_FOR_CHECKPOINTS,
+    FIND_JOBS,
+    WAIT_FOR_NODE_EMPTY,
+    REQUEUE_SLURM_JOB,
+    HOLD_SLURM_JOB,
+    WAIT_FOR_JOB_RESUME,
+    NOTIFY_JOB_OWNER,
+    START_JOB_RECOVERY,
+    JOB_RECOVERY_HISTORY,
+)
+KUBERNETES = (
+    MAP_KUBE_NODE,
+    CORDON_AND_TAINT_NODE,
+    EVICT_PODS,
+    UNCORDON_NODE,
+    POST_NODE_EVENT,
+    BORROW_INFERENCE_NODE,
+    GIVE_BACK_NODE,
+)
+ALL = REMEDIATION + JOBS + KUBERNETES

@@ -24,9 +24,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities import interface as act
 from activities.interface import implements
-from clients.kube import call
+from clients.kube import POOL_LABEL, call, node_ready
 from gpuheal.errors import UNKNOWN_NODE
 from gpuheal.models import (
+    BorrowedNode,
+    BorrowPolicy,
+    BorrowRequest,
+    BorrowResult,
     CordonRequest,
     CordonResult,
     EvictRequest,
@@ -40,11 +44,15 @@ TAINT_KEY = "gpuheal.io/gpu-failure"
 INCIDENT_ANNOTATION = "gpuheal.io/incident"
 CORDONED_BY_US = "gpuheal.io/cordoned-by-gpuheal"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+BORROWED_BY = "gpuheal.io/borrowed-by"  # label (selectable): the incident, on a borrowed node
+BORROWED_FROM = "gpuheal.io/borrowed-from"  # annotation: the pool it goes back to
 
 
 class KubernetesActivities:
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.policy = client.PolicyV1Api(api)
 
     @implements(act.MAP_KUBE_NODE)
     async def map_kube_node(self, req: MapNodeRequest) -> KubeNodeRef:
@@ -99,8 +107,12 @@ class KubernetesActivities:
         """Evict every pod on the node through the Eviction API (PodDisruptionBudgets apply).
         A 429 is retried until the deadline; then the pod is deleted (policy `delete`) or
         reported as blocked for the workflow to hold."""
-        name = req.node.kube_node
-        deadline = time.monotonic() + req.deadline_s
+        return await self._evict_node(req.node.kube_node, req.deadline_s, req.delete_when_blocked, req.poll_interval_s)
+
+    async def _evict_node(
+        self, name: str, deadline_s: float, delete_when_blocked: bool = False, poll_interval_s: float = 1.0
+    ) -> EvictResult:
+        deadline = time.monotonic() + deadline_s
         evicted: set[str] = set()
         kept: set[str] = set()
         retries = 0
@@ -136,7 +148,7 @@ class KubernetesActivities:
                 )
             if time.monotonic() >= deadline:
                 deleted: list[str] = []
-                if req.delete_when_blocked:
+                if delete_when_blocked:
                     for key in blocked:
                         ns, pod_name = key.split("/", 1)
                         await call(self.core.delete_namespaced_pod, pod_name, ns)
@@ -151,7 +163,124 @@ class KubernetesActivities:
                 )
             retries += 1
             activity.heartbeat({"blocked_by_pdb": blocked, "retries": retries})
-            await asyncio.sleep(min(req.poll_interval_s * 2 ** min(retries, 4), 10))
+            await asyncio.sleep(min(poll_interval_s * 2 ** min(retries, 4), 10))
+
+    # --- borrowing from inference ------------------------------------------------------------
+
+    @implements(act.BORROW_INFERENCE_NODE)
+    async def borrow_inference_node(self, req: BorrowRequest) -> BorrowResult:
+        """A Ready node of the inference pool whose pods can go without any Deployment there
+        dropping below its PodDisruptionBudget or the configured floor: cordoned, its pods evicted
+        through the Eviction API, relabelled into the failed node's pool. Read before acting: a
+        node this incident already borrowed is returned as is."""
+        mine = await call(self.core.list_node, label_selector=f"{BORROWED_BY}")
+        for n in mine.items:
+            if (n.metadata.labels or {}).get(BORROWED_BY) == _label_safe(req.incident_id):
+                pool = (n.metadata.annotations or {}).get(BORROWED_FROM, req.policy.pool)
+                return BorrowResult(node=n.metadata.name, from_pool=pool, already_done=True)
+        failed = await call(self.core.read_node, req.failed.kube_node)
+        training_pool = (failed.metadata.labels or {}).get(POOL_LABEL, "default")
+        choice, why = await self._borrowable(req.policy)
+        if choice is None:
+            return BorrowResult(node=None, why=why)
+        await call(
+            self.core.patch_node,
+            choice,
+            {
+                "metadata": {
+                    "labels": {BORROWED_BY: _label_safe(req.incident_id)},
+                    "annotations": {BORROWED_FROM: req.policy.pool, INCIDENT_ANNOTATION: req.incident_id},
+                },
+                "spec": {"unschedulable": True},
+            },
+        )
+        evicted = await self._evict_node(choice, req.deadline_s)
+        if evicted.blocked:  # a PDB changed its mind meanwhile: give it back untouched
+            await self._return_node(choice, req.policy.pool)
+            return BorrowResult(node=None, why=f"evictions blocked on {choice}: {list(evicted.blocked)}")
+        await call(
+            self.core.patch_node,
+            choice,
+            {"metadata": {"labels": {POOL_LABEL: training_pool}}, "spec": {"unschedulable": False}},
+        )
+        return BorrowResult(node=choice, evicted=evicted.evicted, from_pool=req.policy.pool)
+
+    async def _borrowable(self, policy: BorrowPolicy) -> tuple[str | None, str]:
+        """The inference node with the fewest pods whose owners can spare them, or why none."""
+        nodes = await call(self.core.list_node, label_selector=f"{POOL_LABEL}={policy.pool}")
+        ready = [n for n in nodes.items if node_ready(n) and not n.spec.unschedulable]
+        if not ready:
+            return None, f"no Ready node in pool {policy.pool}"
+        reasons = []
+        best: tuple[int, str] | None = None
+        for n in ready:
+            name = n.metadata.name
+            pods = await self._workload_pods(name)
+            refusal = await self._refusal(pods, policy)
+            if refusal:
+                reasons.append(f"{name}: {refusal}")
+            elif best is None or len(pods) < best[0]:
+                best = (len(pods), name)
+        if best is None:
+            return None, "; ".join(reasons)
+        return best[1], ""
+
+    async def _workload_pods(self, node: str) -> list[Any]:
+        pods = await call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+        return [p for p in pods.items if not _stays(p) and p.metadata.deletion_timestamp is None]
+
+    async def _refusal(self, pods: list[Any], policy: BorrowPolicy) -> str:
+        """Why these pods cannot go now (a Deployment would drop below its floor or its PDB)."""
+        by_owner: dict[tuple[str, str], int] = {}
+        for pod in pods:
+            owner = await self._deployment_of(pod)
+            if owner is not None:
+                by_owner[owner] = by_owner.get(owner, 0) + 1
+        for (ns, name), count in by_owner.items():
+            dep = await call(self.apps.read_namespaced_deployment, name, ns)
+            ready = dep.status.ready_replicas or 0
+            if ready - count < policy.floor:
+                return f"Deployment {ns}/{name} would have {ready - count} ready, under its floor {policy.floor}"
+        for pod in pods:
+            for pdb in (await call(self.policy.list_namespaced_pod_disruption_budget, pod.metadata.namespace)).items:
+                selector = pdb.spec.selector.match_labels or {}
+                labels = pod.metadata.labels or {}
+                if selector and all(labels.get(k) == v for k, v in selector.items()):
+                    if (pdb.status.disruptions_allowed or 0) < 1:
+                        return f"PodDisruptionBudget {pdb.metadata.name} allows no disruption now"
+        return ""
+
+    async def _deployment_of(self, pod: Any) -> tuple[str, str] | None:
+        for ref in pod.metadata.owner_references or []:
+            if ref.kind == "ReplicaSet":
+                rs = await call(self.apps.read_namespaced_replica_set, ref.name, pod.metadata.namespace)
+                for up in rs.metadata.owner_references or []:
+                    if up.kind == "Deployment":
+                        return pod.metadata.namespace, up.name
+        return None
+
+    @implements(act.GIVE_BACK_NODE)
+    async def give_back_node(self, node: BorrowedNode) -> str:
+        """Back to its inference pool (relabelled, uncordoned): its Deployments schedule there
+        again. Only a node this incident borrowed."""
+        n = await call(self.core.read_node, node.node)
+        if (n.metadata.labels or {}).get(BORROWED_BY) != _label_safe(node.incident_id):
+            return f"{node.node} is not borrowed by this incident (already given back?)"
+        await self._return_node(node.node, node.from_pool)
+        return f"{node.node} back in inference pool {node.from_pool}"
+
+    async def _return_node(self, name: str, pool: str) -> None:
+        await call(
+            self.core.patch_node,
+            name,
+            {
+                "metadata": {
+                    "labels": {POOL_LABEL: pool, BORROWED_BY: None},
+                    "annotations": {BORROWED_FROM: None, INCIDENT_ANNOTATION: None},
+                },
+                "spec": {"unschedulable": False},
+            },
+        )
 
     @implements(act.UNCORDON_NODE)
     async def uncordon_node(self, ref: KubeNodeRef) -> str:

@@ -1,4 +1,4 @@
-"""`gpuheal report | approve | abort | status`: the short commands that talk to incidents.
+"""`gpuheal report | approve | abort | status | give-back`: the short commands that talk to incidents.
 
 They load the Temporal client and the models, never a Kubernetes, Prometheus or HTTP client
 (checked by the import contract "Light imports" in pyproject.toml).
@@ -71,4 +71,18 @@ async def show_status(settings: Settings, args: argparse.Namespace) -> int:
     else:
         for line in status.done:
             print(f"  - {line}")
+    return 0
+
+
+async def give_back(settings: Settings, args: argparse.Namespace) -> int:
+    """The incident that borrowed a node from inference gives it back now (its jobs move off)."""
+    decision = Decision(operator=args.operator, reason=args.reason)
+    handle = (await connect(settings)).get_workflow_handle_for(
+        GpuRemediationWorkflow.run, incident_id(settings, args.target)
+    )
+    try:
+        print(await handle.execute_update(GpuRemediationWorkflow.give_back, decision))
+    except WorkflowUpdateFailedError as err:
+        print(f"refused: {err.cause}", file=sys.stderr)
+        return 1
     return 0

@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--operator", required=True)
         d.add_argument("--reason", required=True)
 
+    g = sub.add_parser("give-back", help="give a node borrowed from inference back now (its jobs move off)")
+    g.add_argument("target", help="the incident's node name or id (the failed node, not the borrowed one)")
+    g.add_argument("--operator", required=True)
+    g.add_argument("--reason", required=True)
+
     s = sub.add_parser("status", help="an incident's stage, timeline and result")
     s.add_argument("target", help="node name or incident id")
 
@@ -62,6 +67,7 @@ COMMANDS = {
     "approve": ("cli.incident", "decide"),
     "abort": ("cli.incident", "decide"),
     "status": ("cli.incident", "show_status"),
+    "give-back": ("cli.incident", "give_back"),
     "worker": ("cli.serve", "worker"),
     "webhook": ("cli.serve", "webhook"),
     "agent": ("cli.serve", "agent"),

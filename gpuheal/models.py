@@ -33,7 +33,10 @@ def check_node_name(node: str) -> str:
 
 # Literals and sets that several layers speak: defined here, once.
 Verdict = Literal["approve", "abort"]
-Outcome = Literal["resolved", "ignored", "aborted"]
+# How an incident ends: resolved (capacity back, its jobs accounted for), ignored (nothing to
+# do), aborted (by an operator), no_capacity (the node is drained and out, no replacement came
+# within the bound; its jobs wait in Slurm without it).
+Outcome = Literal["resolved", "ignored", "aborted", "no_capacity"]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
 LIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
@@ -74,7 +77,10 @@ class Stage(StrEnum):
     REQUEUE = "requeue"
     EVICT = "evict_pods"
     REPAIR = "repair_or_replace"
+    AWAITING_CAPACITY = "awaiting_capacity"
+    BORROW = "borrow_node"
     VERIFY = "verify_resume"
+    GIVE_BACK = "give_back_borrowed"
     RETURN = "return_to_service"
     CLOSE = "close"
     DONE = "done"
@@ -126,13 +132,37 @@ class KubernetesPolicy(Frozen):
     on_pdb_timeout: Literal["delete", "hold"] = "hold"
 
 
+class BorrowPolicy(Frozen):
+    """When no spare exists: borrow a GPU node from an inference pool in Kubernetes, never taking
+    a Deployment there below its PodDisruptionBudget or below `floor` ready replicas."""
+
+    pool: str = Field(pattern=r"^[A-Za-z0-9._-]{1,63}$")  # the inference pool's gpuheal.io/pool value
+    floor: int = Field(default=1, ge=0)
+
+
+class JobRecoverySettings(Frozen):
+    gather_s: float = Field(default=2.0, ge=0)  # incidents on a job's other nodes join within this
+    verify_timeout_s: float = Field(default=1800.0, gt=0)
+    retry_budget: int = Field(default=3, ge=1)  # requeues by gpuheal ...
+    retry_window_s: float = Field(default=24 * 3600.0, gt=0)  # ... within this window; then hold
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
 class RemediationSettings(Frozen):
     """Knobs carried in the workflow input, so each incident's history records its own policy."""
 
     approval: ApprovalPolicy = ApprovalPolicy()
     kubernetes: KubernetesPolicy | None = None
+    borrow: BorrowPolicy | None = None
+    # After the checkpoint signal: wait until each job confirms a checkpoint, at most this long;
+    # a job that publishes no progress is waited for only checkpoint_unconfirmed_wait_s.
     checkpoint_grace_s: float = Field(default=30.0, ge=0)
+    checkpoint_unconfirmed_wait_s: float = Field(default=5.0, ge=0)
     verify_timeout_s: float = Field(default=1800.0, gt=0)
+    # No spare: retry the replacement every capacity_retry_s, for at most capacity_wait_s.
+    capacity_wait_s: float = Field(default=1800.0, gt=0)
+    capacity_retry_s: float = Field(default=60.0, gt=0)
+    jobs: JobRecoverySettings = JobRecoverySettings()
     # How long a provider may take to repair or replace a node (a cloud VM can take minutes);
     # the repair and replace activities' timeouts are derived from it, so the two always agree.
     provider_timeout_s: float = Field(default=900.0, gt=0)
@@ -183,6 +213,8 @@ class JobProgress(Frozen):
     checkpoint_step: int
     checkpoint_at: float | None = None
     restart: int = 0
+    signal: str | None = None  # the signal that makes it checkpoint now (its opt-in), e.g. USR1
+    notify: str | None = None  # where its owner wants to hear (beside the Slurm user)
 
 
 class JobSnapshot(Frozen):
@@ -201,6 +233,8 @@ class JobSnapshot(Frozen):
     required_nodes: str = ""
     user: str = ""  # the job's owner (Slurm user name)
     mail_user: str = ""  # --mail-user, where Slurm reports it
+    submit_time: int = 0  # unix time (with the id and restart count: one failure of one job)
+    submit_line: str = ""  # the sbatch command line, where Slurm reports it (26.05+): --signal
     progress: JobProgress | None = None
 
 
@@ -220,19 +254,51 @@ class JobList(Frozen):
     jobs: tuple[JobSnapshot, ...] = ()
 
 
+class CheckpointAsk(Frozen):
+    """One job asked to checkpoint now, with the signal it asked for."""
+
+    job_id: int
+    signal: str = Field(pattern=r"^[A-Z0-9]{2,8}$")  # e.g. USR1
+    batch_only: bool = True  # the batch script (B: in --signal, and the progress contract), else its steps
+    signalled_at: float = 0.0  # unix time just before the signal went
+
+
 class CheckpointRequest(Frozen):
     node: str
-    job_ids: tuple[int, ...]
+    asks: tuple[CheckpointAsk, ...]
+
+
+class CheckpointSent(Frozen):
+    asks: tuple[CheckpointAsk, ...] = ()  # those signalled (still running), with the time
+
+
+class CheckpointOutcome(Frozen):
+    job_id: int
+    signal: str | None  # None: not signalled (it did not say it handles a signal)
+    confirmed: bool
+    step: int | None = None
+    after_s: float = 0.0
+    detail: str
+
+
+class CheckpointWait(Frozen):
+    asks: tuple[CheckpointAsk, ...]
+    deadline_at: float  # unix time: the grace ends here, confirmed or not
+    unconfirmed_wait_s: float  # a job that publishes no progress is not waited for longer
+    poll_interval_s: float = 0.2
 
 
 class CheckpointResult(Frozen):
-    signalled: tuple[int, ...] = ()
+    outcomes: tuple[CheckpointOutcome, ...] = ()
 
 
 class RequeueRequest(Frozen):
     job: JobSnapshot
     failed_node: NodeName
+    also_failed: tuple[NodeName, ...] = ()  # the job's other failed nodes (a multi-node job)
     exclude_failed_node: bool = True
+    # Nodes gpuheal excluded for this job after earlier failures: let back in where healthy again.
+    release_nodes: tuple[NodeName, ...] = ()
 
 
 class RequeueResult(Frozen):
@@ -240,6 +306,7 @@ class RequeueResult(Frozen):
     requeued: bool
     already_requeued: bool = False
     reason: str = ""
+    ended_state: str = ""  # it had ended (COMPLETED, FAILED, ...) before it could be requeued
     restart_count_before: int = 0
     step_at_failure: int | None = None
     checkpoint_step: int | None = None
@@ -262,20 +329,15 @@ class RepairResult(Frozen):
 
 class ReplacementResult(Frozen):
     failed_node: str
-    new_node: str
+    new_node: str | None  # None: no capacity now (no_capacity says why)
     already_done: bool = False
+    no_capacity: str = ""
 
 
 class HealthCheckResult(Frozen):
     node: str
     healthy: bool
     detail: str
-
-
-class VerifyRequest(Frozen):
-    jobs: tuple[RequeueResult, ...]
-    avoid_node: str | None
-    poll_interval_s: float = 0.5
 
 
 class ResumedJob(Frozen):
@@ -285,10 +347,8 @@ class ResumedJob(Frozen):
     checkpoint_step: int
     restart_count: int
     observed_at: datetime
-
-
-class VerifyResult(Frozen):
-    resumed: tuple[ResumedJob, ...] = ()
+    # False: the job publishes no progress, so RUNNING again (elsewhere) is all that was checked
+    progress_checked: bool = True
 
 
 class Notification(Frozen):
@@ -318,6 +378,31 @@ class UnrequeuedJob(Frozen):
     reason: str
 
 
+class JobFate(StrEnum):
+    REQUEUED = "requeued"  # requeued; `resumed` says whether it trained past its checkpoint again
+    NOT_REQUEUED = "not_requeued"  # Slurm may not requeue it (--no-requeue, pinned...): detail says why
+    ENDED = "ended"  # it ended during the incident (its state; whether gpuheal caused it)
+    HELD = "held"  # its retry budget is spent: held in Slurm, owner told, suspects listed
+    UNKNOWN = "unknown"  # its recovery did not answer within the bound (recovery_id says where to look)
+    UNTOUCHED = "untouched"  # left running where it was: the incident ended before any requeue
+
+
+class JobAccount(Frozen):
+    """One job that was on the node when the incident began, and what became of it."""
+
+    job_id: int
+    name: str
+    user: str
+    fate: JobFate
+    detail: str
+    slurm_state: str = ""
+    caused_by_gpuheal: bool = False
+    checkpoint: CheckpointOutcome | None = None
+    recovery_id: str | None = None
+    joined: bool = False  # another incident started the job's recovery; this one joined it
+    resumed: ResumedJob | None = None
+
+
 class RemediationResult(BaseModel):
     incident_id: str
     cluster: str
@@ -332,9 +417,11 @@ class RemediationResult(BaseModel):
     reports: list[HealthReport]
     decision: RecordedDecision | None = None
     drain: DrainResult | None = None
+    jobs: list[JobAccount] = []  # every job on the node when the incident began
     jobs_requeued: list[RequeueResult] = []
     jobs_not_requeued: list[UnrequeuedJob] = []
     jobs_resumed: list[ResumedJob] = []
+    borrowed_node: str | None = None  # a node borrowed from inference meanwhile (and given back)
     replacement_node: str | None = None
     mttr_s: float | None = None
     steps_lost: int = 0
@@ -398,3 +485,31 @@ class KubeEvent(Frozen):
     reason: str = Field(pattern=r"^[A-Za-z]{1,64}$")
     message: str = Field(max_length=1000)
     warning: bool = False
+
+
+class BorrowRequest(Frozen):
+    """Take a node from an inference pool for training, within the inference side's minimum."""
+
+    incident_id: str
+    failed: KubeNodeRef  # the failed training node: the borrowed node joins its pool
+    policy: BorrowPolicy
+    deadline_s: float = Field(default=120.0, gt=0)  # for the evictions (a PDB may hold them a while)
+
+
+class BorrowResult(Frozen):
+    node: str | None  # None: nothing could be borrowed (why says why)
+    why: str = ""
+    evicted: tuple[str, ...] = ()
+    from_pool: str = ""
+    already_done: bool = False
+
+
+class BorrowedNode(Frozen):
+    incident_id: str
+    node: NodeName  # the Kubernetes node, and the Slurm node of the same name
+    from_pool: str = ""
+
+
+class NodeEmptyWait(Frozen):
+    node: NodeName
+    deadline_at: float  # unix time

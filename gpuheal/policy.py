@@ -164,12 +164,17 @@ def is_our_drain(reason: str, incident_id: str) -> bool:
     return reason.startswith(f"{incident_id}:")
 
 
-def unrequeueable_reason(requeueable: bool, state: str) -> str | None:
+def unrequeueable_reason(requeueable: bool, state: str, abnormal_ends: frozenset[str] = frozenset()) -> str | None:
+    """Why a job must not be requeued, or None. A job that ended abnormally (in
+    `abnormal_ends`: FAILED, NODE_FAIL...) is requeued like a running one; one that completed or
+    was cancelled ended as its owner meant."""
     if not requeueable:
         return "submitted with --no-requeue: Slurm may not restart it; resubmit it by hand"
-    if state not in LIVE_JOB_STATES:
-        return f"job is {state}, nothing to requeue"
-    return None
+    if state in LIVE_JOB_STATES or state in abnormal_ends:
+        return None
+    if state == "PENDING":
+        return "job is PENDING again (requeued by someone else): nothing to requeue"
+    return f"ended {state} by itself during the incident: nothing to redo"
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from gpuheal.job_policy import JobCost
+from gpuheal.jobs import RetryBudget, VerifyOutcome
 from gpuheal.models import (
     ActionClass,
+    BorrowResult,
+    CheckpointOutcome,
     CordonResult,
+    Decision,
     DrainResult,
     EvictResult,
     HealthReport,
+    JobAccount,
+    JobFate,
+    JobList,
+    JobSnapshot,
     Outcome,
     RecordedDecision,
     RemediationResult,
@@ -35,8 +44,21 @@ def decided(d: RecordedDecision) -> str:
     return f"{d.verdict} by {d.operator}: {d.reason}"
 
 
-def checkpoint_asked(signalled: int, grace_s: float) -> str:
-    return f"asked {signalled} job(s) to checkpoint, waited {grace_s:g} s" if signalled else "no job on the node"
+def checkpoints(jobs: int, outcomes: Sequence[CheckpointOutcome]) -> str:
+    """The protect stage: per job, confirmed at step S after X s, no confirmation, or not signalled."""
+    if jobs == 0:
+        return "no job on the node"
+    parts = [f"job {o.job_id}: {o.detail}" for o in outcomes]
+    return "; ".join(parts) if parts else f"{jobs} job(s), none asks to be signalled"
+
+
+def not_signalled(job: JobSnapshot) -> CheckpointOutcome:
+    return CheckpointOutcome(
+        job_id=job.job_id,
+        signal=None,
+        confirmed=False,
+        detail="not signalled: it did not say it traps a signal (progress line signal=, or --signal=B:USR1)",
+    )
 
 
 def drained(result: DrainResult, why: str) -> str:
@@ -53,6 +75,100 @@ def cordoned(result: CordonResult, no_execute: bool) -> str:
 
 def requeued(done: Sequence[RequeueResult], not_done: Sequence[UnrequeuedJob]) -> str:
     return f"requeued {[r.job_id for r in done]}, not requeued {[u.job_id for u in not_done]}"
+
+
+def handed_over(accounts: Sequence[JobAccount], recoveries: Sequence[str]) -> str:
+    ended = [a for a in accounts if a.fate in (JobFate.ENDED, JobFate.NOT_REQUEUED)]
+    parts = [f"{len(recoveries)} job(s) to their recovery"] if recoveries else ["no job to recover"]
+    parts += [f"job {a.job_id} {a.fate.value}: {a.detail}" for a in ended]
+    return "; ".join(parts)
+
+
+def job_line(a: JobAccount) -> str:
+    """One job in the incident's record: what became of it."""
+    how = f"job {a.job_id} ({a.name}, {a.user or '?'}): {a.fate.value}"
+    if a.resumed is not None and a.resumed.progress_checked:
+        how += f", running again on {a.resumed.node} at step {a.resumed.step}"
+    elif a.resumed is not None:
+        how += f", running again on {a.resumed.node} (it publishes no progress: RUNNING is all that is checked)"
+    elif a.detail:
+        how += f": {a.detail}"
+    if a.caused_by_gpuheal:
+        how += " [gpuheal caused it]"
+    if a.joined:
+        how += f" [joined {a.recovery_id}]"
+    return how
+
+
+def verified(v: VerifyOutcome) -> str:
+    if v.resumed is not None and not v.resumed.progress_checked:
+        return f"running again on {v.resumed.node} (it publishes no progress)"
+    if v.resumed is not None:
+        return f"running again on {v.resumed.node}, step {v.resumed.step} > checkpoint {v.resumed.checkpoint_step}"
+    if v.outcome == "died":
+        return f"did not resume: it {v.state}" + (f" ({v.reason})" if v.reason and v.reason != "None" else "")
+    return f"did not resume by its deadline: {v.reason}"
+
+
+def budget_spent(b: RetryBudget) -> str:
+    return (
+        f"retry budget spent: requeued by gpuheal {b.used} times within {b.window_s / 3600:g} h "
+        f"(allowed {b.allowed}); held, not requeued; suspect nodes: {', '.join(b.suspects) or 'none'}"
+    )
+
+
+def owner_hit(job: JobSnapshot, what: Sequence[str], nodes: Sequence[str], requeue: RequeueResult) -> str:
+    risk = ""
+    if requeue.step_at_failure is not None and requeue.checkpoint_step is not None:
+        risk = (
+            f" Steps at risk: {max(0, requeue.step_at_failure - requeue.checkpoint_step)} "
+            f"(step {requeue.step_at_failure}, checkpoint at {requeue.checkpoint_step})."
+        )
+    return (
+        f"Your job {job.job_id} ({job.name}) was hit by a GPU failure: {'; '.join(what)}. "
+        f"It has been requeued to run again without {', '.join(nodes)}; gpuheal will tell you when it trains "
+        f"again.{risk}"
+    )
+
+
+def owner_running_again(job: JobSnapshot, v: ResumedJob, cost: JobCost) -> str:
+    return (
+        f"Your job {job.job_id} ({job.name}) is training again on {v.node}, at step {v.step} "
+        f"(checkpoint {v.checkpoint_step}). Lost: {cost.steps_lost} steps, {cost.gpu_seconds_lost:.0f} GPU-seconds."
+    )
+
+
+def owner_not_resumed(job: JobSnapshot, v: VerifyOutcome) -> str:
+    return f"Your job {job.job_id} ({job.name}) was requeued after a GPU failure but {verified(v)}. Please check it."
+
+
+def owner_held(job: JobSnapshot, nodes: Sequence[str], b: RetryBudget) -> str:
+    return (
+        f"Your job {job.job_id} ({job.name}) failed again on {', '.join(nodes)}. gpuheal has requeued it "
+        f"{b.used} times within {b.window_s / 3600:g} h, its retry budget, and has held it instead "
+        f"(release with: scontrol release {job.job_id}). Suspect nodes: {', '.join(b.suspects)}."
+    )
+
+
+def borrowed(got: BorrowResult, joined: str) -> str:
+    evicted = f"evicted {len(got.evicted)} inference pod(s)" if got.evicted else "no pod to evict"
+    return f"borrowed {got.node} from pool {got.from_pool} ({evicted}); {joined}"
+
+
+def given_back(node: str, jobs: int, left: JobList, released: str, back: str, by: Decision | None) -> str:
+    why = f"given back early by {by.operator}: {by.reason}; " if by else ""
+    stayed = f"; job(s) {[j.job_id for j in left.jobs]} still there at the deadline" if left.jobs else ""
+    return f"{why}{jobs} job(s) moved off {node}{stayed}; {released}; {back}"
+
+
+def awaiting_capacity(reason: str, waited_s: float, bound_s: float) -> str:
+    return f"no capacity: {reason}; waited {waited_s:.0f} s of {bound_s:.0f} s"
+
+
+def no_capacity_state(node: str, jobs: Sequence[JobAccount]) -> str:
+    waiting = [a.job_id for a in jobs if a.fate in (JobFate.REQUEUED, JobFate.UNKNOWN) and a.resumed is None]
+    tail = f"; job(s) {waiting} pending on the cluster without {node}" if waiting else ""
+    return f"{node} drained and out; replacement pending (no capacity){tail}"
 
 
 def evicted(result: EvictResult) -> str:
@@ -117,9 +233,9 @@ def abort_notice(d: RecordedDecision) -> str:
 
 
 def closed_notice(outcome: Outcome, node_state: str, result: RemediationResult) -> str:
-    unrequeued = "".join(f"; job {u.job_id} NOT requeued: {u.reason}" for u in result.jobs_not_requeued)
+    jobs = "".join(f"; {job_line(a)}" for a in result.jobs)
     mttr = f", MTTR {result.mttr_s:.1f} s" if result.mttr_s is not None else ""
-    return f"{outcome}: {node_state}{mttr}{unrequeued}"
+    return f"{outcome}: {node_state}{mttr}{jobs}"
 
 
 # --- the timeline and the summary -----------------------------------------------------------
@@ -160,13 +276,8 @@ def render_result(result: RemediationResult, url: str | None = None) -> str:
         f"reason     {result.reason}",
         f"node       {result.node_state}",
     ]
-    for job in result.jobs_resumed:
-        lines.append(
-            f"job {job.job_id:<6} resumed on {job.node}: step {job.step} > checkpoint {job.checkpoint_step} "
-            f"(restart {job.restart_count})"
-        )
-    for lost in result.jobs_not_requeued:
-        lines.append(f"job {lost.job_id:<6} NOT requeued: {lost.reason}")
+    for account in result.jobs:
+        lines.append(job_line(account))
     if result.mttr_s is not None:
         until = "training past its checkpoint" if result.jobs_resumed else "capacity back in service"
         lines.append(f"MTTR       {result.mttr_s:.1f} s (failure observed -> {until})")

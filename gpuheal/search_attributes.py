@@ -16,8 +16,10 @@ CLUSTER = SearchAttributeKey.for_keyword("Cluster")
 XID = SearchAttributeKey.for_int("Xid")
 STAGE = SearchAttributeKey.for_keyword("Stage")
 ACTION = SearchAttributeKey.for_keyword("Action")
+JOB_ID = SearchAttributeKey.for_int("JobId")  # on job recoveries: `JobId=12` finds a job's history
+BORROWED = SearchAttributeKey.for_keyword("BorrowedNode")  # an incident's node borrowed from inference
 
-ALL = (NODE, CLUSTER, XID, STAGE, ACTION)
+ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED)
 
 
 def type_name(key: SearchAttributeKey[Any]) -> str:

@@ -31,8 +31,18 @@ commands that name incidents need GPUHEAL_CLUSTER.
 | GPUHEAL_APPROVAL_REQUIRED | (none) | comma list of action classes that wait for a human |
 | GPUHEAL_APPROVAL_TIMEOUT_S | 900 | how long to wait for approve / abort |
 | GPUHEAL_APPROVAL_DEFAULT | abort | what silence means |
-| GPUHEAL_CHECKPOINT_GRACE_S | 30 | time jobs get to checkpoint before the requeue |
-| GPUHEAL_VERIFY_TIMEOUT_S | 1800 | how long a requeued job may take to make progress |
+| GPUHEAL_CHECKPOINT_GRACE_S | 30 | at most this long for each signalled job to confirm a checkpoint |
+| GPUHEAL_CHECKPOINT_UNCONFIRMED_WAIT_S | 5 | a signalled job that publishes no progress is waited for this long |
+| GPUHEAL_VERIFY_TIMEOUT_S | 1800 | how long a requeued job may take to train past its checkpoint |
+| GPUHEAL_CAPACITY_WAIT_S | 1800 | no spare: how long to keep trying for a replacement |
+| GPUHEAL_CAPACITY_RETRY_S | 60 | ... and how often |
+| GPUHEAL_JOB_GATHER_S | 2 | a job recovery waits this long for incidents on the job's other nodes |
+| GPUHEAL_JOB_RETRY_BUDGET | 3 | requeues by gpuheal of one job ... |
+| GPUHEAL_JOB_RETRY_WINDOW_S | 86400 | ... within this window; one more failure holds the job |
+| GPUHEAL_OWNER_ROUTES | (none) | owner notices: JSON (inline or a file) of Slurm user -> webhook URL, "*" the default |
+| GPUHEAL_OWNER_NOTIFY_FORMAT | generic | owner notices' payload: generic (gpuheal's JSON) or slack |
+| GPUHEAL_BORROW_POOL | (none) | no spare: borrow a node from the inference pool with this gpuheal.io/pool |
+| GPUHEAL_BORROW_FLOOR | 1 | never take an inference Deployment below this many ready replicas |
 | GPUHEAL_GPUS_PER_NODE | 8 | for the GPU-time-lost figure |
 | GPUHEAL_TEMPORAL_TLS_CA / _CERT / _KEY | (none) | PEM files for mTLS to Temporal |
 | GPUHEAL_TEMPORAL_API_KEY | (none) | API key for Temporal (Temporal Cloud) |
@@ -56,7 +66,14 @@ from typing import Literal
 from pydantic import BaseModel, SecretStr
 
 from gpuheal.errors import SettingsError
-from gpuheal.models import ActionClass, ApprovalPolicy, KubernetesPolicy, RemediationSettings
+from gpuheal.models import (
+    ActionClass,
+    ApprovalPolicy,
+    BorrowPolicy,
+    JobRecoverySettings,
+    KubernetesPolicy,
+    RemediationSettings,
+)
 
 
 class SlurmSettings(BaseModel):
@@ -92,6 +109,8 @@ class Settings(BaseModel):
     sandbox_root: Path | None = None
     webhook_token: SecretStr | None = None
     notify_url: str | None = None
+    owner_routes: str | None = None
+    owner_format: Literal["generic", "slack"] = "generic"
     kubeconfig: str | None = None
     sandbox_kubeconfig: str | None = None
     k8s_in_cluster: bool = False
@@ -129,6 +148,9 @@ class Settings(BaseModel):
             timeout_s=float(get("GPUHEAL_APPROVAL_TIMEOUT_S", "900")),
             default_on_timeout=get("GPUHEAL_APPROVAL_DEFAULT", "abort"),
         )
+        verify_timeout_s = float(get("GPUHEAL_VERIFY_TIMEOUT_S", "1800"))
+        gpus_per_node = int(get("GPUHEAL_GPUS_PER_NODE", "8"))
+        borrow = opt("GPUHEAL_BORROW_POOL")
         kubeconfig = opt("GPUHEAL_KUBECONFIG")
         in_cluster = env.get("GPUHEAL_K8S_IN_CLUSTER") == "1"
         kubernetes = None
@@ -168,16 +190,29 @@ class Settings(BaseModel):
             sandbox_root=path("GPUHEAL_SLURM_ROOT"),
             webhook_token=secret("GPUHEAL_WEBHOOK_TOKEN"),
             notify_url=opt("GPUHEAL_NOTIFY_URL"),
+            owner_routes=opt("GPUHEAL_OWNER_ROUTES"),
+            owner_format=get("GPUHEAL_OWNER_NOTIFY_FORMAT", "generic"),
             kubeconfig=kubeconfig,
             sandbox_kubeconfig=opt("GPUHEAL_SANDBOX_KUBECONFIG"),
             k8s_in_cluster=in_cluster,
             remediation=RemediationSettings(
                 approval=approval,
                 checkpoint_grace_s=float(get("GPUHEAL_CHECKPOINT_GRACE_S", "30")),
-                verify_timeout_s=float(get("GPUHEAL_VERIFY_TIMEOUT_S", "1800")),
+                checkpoint_unconfirmed_wait_s=float(get("GPUHEAL_CHECKPOINT_UNCONFIRMED_WAIT_S", "5")),
+                verify_timeout_s=verify_timeout_s,
                 provider_timeout_s=float(get("GPUHEAL_PROVIDER_TIMEOUT_S", "900")),
-                gpus_per_node=int(get("GPUHEAL_GPUS_PER_NODE", "8")),
+                capacity_wait_s=float(get("GPUHEAL_CAPACITY_WAIT_S", "1800")),
+                capacity_retry_s=float(get("GPUHEAL_CAPACITY_RETRY_S", "60")),
+                gpus_per_node=gpus_per_node,
                 kubernetes=kubernetes,
+                borrow=BorrowPolicy(pool=borrow, floor=int(get("GPUHEAL_BORROW_FLOOR", "1"))) if borrow else None,
+                jobs=JobRecoverySettings(
+                    gather_s=float(get("GPUHEAL_JOB_GATHER_S", "2")),
+                    verify_timeout_s=verify_timeout_s,
+                    retry_budget=int(get("GPUHEAL_JOB_RETRY_BUDGET", "3")),
+                    retry_window_s=float(get("GPUHEAL_JOB_RETRY_WINDOW_S", "86400")),
+                    gpus_per_node=gpus_per_node,
+                ),
             ),
         )
 

@@ -36,6 +36,14 @@ class NodeProvider(Protocol):
 
     async def check_health(self, node: str) -> HealthCheckResult: ...
 
+    async def adopt(self, node: str) -> str:
+        """A node borrowed from inference joins Slurm (its slurmd runs); returns once it serves."""
+        ...
+
+    async def release(self, node: str, reason: str) -> str:
+        """A borrowed node leaves Slurm again (its jobs have moved off), for the inference side."""
+        ...
+
 
 class NoSpareCapacity(RuntimeError):
     """No node to replace with, now."""

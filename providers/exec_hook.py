@@ -2,8 +2,9 @@
 
 ``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT`` (prints
 ``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be had),
-``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON`` or ``HOOK health NODE`` (prints
-``{"healthy": true, "detail": "..."}``). It must be idempotent per incident id: a retried
+``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON``, ``HOOK health NODE`` (prints
+``{"healthy": true, "detail": "..."}``), and for nodes borrowed from inference ``HOOK adopt NODE``
+and ``HOOK release NODE REASON``. It must be idempotent per incident id: a retried
 activity calls it again. It runs under the provider timeout; on timeout its whole process group
 is killed.
 """
@@ -47,6 +48,12 @@ class ExecHookProvider:
 
     async def decommission(self, node: str, reason: str) -> str:
         return str((await self._run("decommission", check_node_name(node), reason)).get("message", "removed"))
+
+    async def adopt(self, node: str) -> str:
+        return str((await self._run("adopt", check_node_name(node))).get("message", "joined"))
+
+    async def release(self, node: str, reason: str) -> str:
+        return str((await self._run("release", check_node_name(node), reason)).get("message", "released"))
 
     async def check_health(self, node: str) -> HealthCheckResult:
         out = await self._run("health", check_node_name(node))

@@ -97,6 +97,23 @@ class KubernetesProvider:
     async def decommission(self, node: str, reason: str) -> str:
         return f"{node} was deleted from Kubernetes at replacement"
 
+    async def adopt(self, node: str) -> str:
+        """Relabelled into the training pool, the node gets its slurmd from the Slurm operator
+        (Slinky's NodeSet); wait until Slurm has it."""
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            info = (await self._slurm.nodes()).get(node)
+            if info is not None and info.state in {"idle", "mixed", "allocated"}:
+                return f"{node} joined Slurm"
+            proc.heartbeat(f"waiting for {node} to join Slurm")
+            await asyncio.sleep(2)
+        raise TimeoutError(f"{node} did not join Slurm within {self._timeout:.0f} s")
+
+    async def release(self, node: str, reason: str) -> str:
+        if node in await self._slurm.nodes():
+            await self._slurm.update_node(node, "drain", reason)  # the operator removes its slurmd
+        return f"{node} drained in Slurm; its slurmd goes with the training label"
+
     async def check_health(self, node: str) -> HealthCheckResult:
         n = await kube.call(self._core.read_node, node)
         ready = kube.node_ready(n)

@@ -73,8 +73,13 @@ class SandboxProvider:
         raise SlurmError(f"node {node} did not register with slurmctld within {timeout_s:.0f} s")
 
     def spares(self) -> list[str]:
+        """FUTURE nodes of the sandbox's slurm.conf (not its inference nodes), less those its "cloud" has run out of
+        (provider/out-of-stock, one name per line, `*` for all: how a test makes capacity run out)."""
         conf = (self._dir / "slurm.conf").read_text()
-        return re.findall(r"^NodeName=(\S+) .*State=FUTURE", conf, flags=re.M)
+        defined = re.findall(r"^NodeName=(\S+) (?!.*Features=inference).*State=FUTURE", conf, flags=re.M)
+        stock = self._dir / "provider" / "out-of-stock"
+        gone = set(stock.read_text().split()) if stock.exists() else set()
+        return [] if "*" in gone else [n for n in defined if n not in gone]
 
     def _load(self) -> dict[str, str]:
         loaded: dict[str, str] = json.loads(self._record.read_text()) if self._record.exists() else {}
@@ -122,7 +127,18 @@ class SandboxProvider:
         await self._sandbox("start-node", new)
         await self._wait_serving(new)
 
+    async def adopt(self, node: str) -> str:
+        await self._sandbox("start-node", node)
+        await self._wait_serving(node)
+        return f"{node} joined Slurm"
+
+    async def release(self, node: str, reason: str) -> str:
+        return await self._leave_slurm(node, reason)  # the Node stays: it goes back to inference
+
     async def decommission(self, node: str, reason: str) -> str:
+        return await self._leave_slurm(node, reason)
+
+    async def _leave_slurm(self, node: str, reason: str) -> str:
         await self._sandbox("stop-node", node)
         if node not in await self._slurm.nodes():
             return f"{node} already out of the cluster"

@@ -1,10 +1,11 @@
 """Stand-in activities for the time-skipping workflow tests.
 
-These test the workflow's own logic (stages, approval, timeouts) in isolation, the way the
-Temporal samples do; the real activities run against the real Slurm sandbox in tests/integration.
-Each stand-in declares the interface reference it implements (activities.interface), so the
-names and types come from the one declaration the workflow uses. They record every call so a
-test can assert what the workflow asked for.
+These test the workflows' own logic (stages, approval, timeouts, job recoveries) in isolation,
+the way the Temporal samples do; the real activities run against the real Slurm sandbox in
+tests/integration. Each stand-in declares the interface reference it implements
+(activities.interface), so names and types come from the one declaration the workflows use.
+Handing a job to its recovery is the real activity (it only talks to Temporal). They record
+every call so a test can assert what the workflows asked for.
 """
 
 from __future__ import annotations
@@ -15,15 +16,24 @@ from typing import Any
 
 from activities import interface as act
 from activities.interface import implements
+from activities.jobs import JobActivities
+from clients.owners import LogOwnerNotifier
+from gpuheal.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
 from gpuheal.models import (
+    BorrowedNode,
+    CheckpointOutcome,
     CheckpointRequest,
     CheckpointResult,
+    CheckpointSent,
+    CheckpointWait,
     DrainRequest,
     DrainResult,
     HealthCheckResult,
     JobList,
     JobProgress,
+    JobRecoverySettings,
     JobSnapshot,
+    NodeEmptyWait,
     NodeInfo,
     NodeRef,
     Notification,
@@ -34,17 +44,17 @@ from gpuheal.models import (
     RequeueRequest,
     RequeueResult,
     ResumedJob,
-    VerifyRequest,
-    VerifyResult,
 )
 
 
 class FakeCluster:
-    def __init__(self, healthy_after_repair: bool = True, can_repair: bool = True) -> None:
+    def __init__(self, healthy_after_repair: bool = True, can_repair: bool = True, spares: int = 1) -> None:
         self.calls: list[str] = []
         self.notes: list[Notification] = []
+        self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
+        self.spares = spares
         self.job = JobSnapshot(
             job_id=7,
             name="train",
@@ -52,10 +62,14 @@ class FakeCluster:
             nodes="gpu01",
             requeueable=True,
             restart_count=0,
-            progress=JobProgress(step=42, checkpoint_step=40, checkpoint_at=0.0, restart=0),
+            user="alice",
+            progress=JobProgress(step=42, checkpoint_step=40, checkpoint_at=0.0, restart=0, signal="USR1"),
         )
 
     def activities(self) -> list[Callable[..., Any]]:
+        return self.node_activities() + self.job_activities()
+
+    def node_activities(self) -> list[Callable[..., Any]]:
         c = self
 
         @implements(act.LOOK_UP_SLURM_NODE)
@@ -73,26 +87,10 @@ class FakeCluster:
             c.calls.append("list_jobs")
             return JobList(jobs=(c.job,))
 
-        @implements(act.REQUEST_CHECKPOINT)
-        async def checkpoint(req: CheckpointRequest) -> CheckpointResult:
-            c.calls.append("checkpoint")
-            return CheckpointResult(signalled=req.job_ids)
-
         @implements(act.DRAIN_SLURM_NODE)
         async def drain(req: DrainRequest) -> DrainResult:
             c.calls.append("drain")
             return DrainResult(node=req.node.node, drained_by_us=True, already_drained=False)
-
-        @implements(act.REQUEUE_SLURM_JOB)
-        async def requeue(req: RequeueRequest) -> RequeueResult:
-            c.calls.append(f"requeue:{req.job.job_id}")
-            return RequeueResult(
-                job_id=req.job.job_id,
-                requeued=True,
-                step_at_failure=42,
-                checkpoint_step=40,
-                checkpoint_at=0.0,
-            )
 
         @implements(act.REPAIR_NODE)
         async def repair(req: RepairRequest) -> RepairResult:
@@ -102,6 +100,8 @@ class FakeCluster:
         @implements(act.REPLACE_NODE)
         async def replace(ref: NodeRef) -> ReplacementResult:
             c.calls.append("replace")
+            if c.spares <= 0:
+                return ReplacementResult(failed_node=ref.node, new_node=None, no_capacity="no spare node left")
             return ReplacementResult(failed_node=ref.node, new_node="gpu09")
 
         @implements(act.CHECK_NODE_HEALTH)
@@ -119,39 +119,104 @@ class FakeCluster:
             c.calls.append("decommission")
             return "gone"
 
-        @implements(act.WAIT_FOR_TRAINING_PROGRESS)
-        async def verify(req: VerifyRequest) -> VerifyResult:
-            c.calls.append("verify")
-            return VerifyResult(
-                resumed=tuple(
-                    ResumedJob(
-                        job_id=j.job_id,
-                        node="gpu02",
-                        step=41,
-                        checkpoint_step=40,
-                        restart_count=1,
-                        observed_at=datetime.now(UTC),
-                    )
-                    for j in req.jobs
-                )
-            )
-
         @implements(act.RECORD_INCIDENT_METRICS)
         async def record(result: RemediationResult) -> None:
             c.calls.append("metrics")
+
+        @implements(act.ADOPT_BORROWED_NODE)
+        async def adopt(node: BorrowedNode) -> str:
+            c.calls.append(f"adopt:{node.node}")
+            return "joined"
+
+        @implements(act.RELEASE_BORROWED_NODE)
+        async def release(node: BorrowedNode) -> str:
+            c.calls.append(f"release:{node.node}")
+            return "released"
 
         return [
             look_up,
             notify,
             list_jobs,
-            checkpoint,
             drain,
-            requeue,
             repair,
             replace,
             health,
             resume,
             decommission,
-            verify,
             record,
+            adopt,
+            release,
         ]
+
+    def job_activities(self) -> list[Callable[..., Any]]:
+        c = self
+
+        @implements(act.REQUEST_CHECKPOINT)
+        async def checkpoint(req: CheckpointRequest) -> CheckpointSent:
+            c.calls.append("checkpoint")
+            return CheckpointSent(asks=tuple(a.model_copy(update={"signalled_at": 1.0}) for a in req.asks))
+
+        @implements(act.WAIT_FOR_CHECKPOINTS)
+        async def confirm(req: CheckpointWait) -> CheckpointResult:
+            c.calls.append("confirm")
+            return CheckpointResult(
+                outcomes=tuple(
+                    CheckpointOutcome(
+                        job_id=a.job_id, signal=a.signal, confirmed=True, step=42, after_s=0.4, detail="ok"
+                    )
+                    for a in req.asks
+                )
+            )
+
+        @implements(act.FIND_JOBS)
+        async def find(jobs: JobList) -> JobList:
+            c.calls.append("find_jobs")
+            return jobs
+
+        @implements(act.WAIT_FOR_NODE_EMPTY)
+        async def empty(req: NodeEmptyWait) -> JobList:
+            c.calls.append(f"empty:{req.node}")
+            return JobList()
+
+        @implements(act.REQUEUE_SLURM_JOB)
+        async def requeue(req: RequeueRequest) -> RequeueResult:
+            c.calls.append(f"requeue:{req.job.job_id}")
+            return RequeueResult(
+                job_id=req.job.job_id,
+                requeued=True,
+                step_at_failure=42,
+                checkpoint_step=40,
+                checkpoint_at=0.0,
+            )
+
+        @implements(act.HOLD_SLURM_JOB)
+        async def hold(req: HoldRequest) -> str:
+            c.calls.append(f"hold:{req.job_id}")
+            return "held"
+
+        @implements(act.WAIT_FOR_JOB_RESUME)
+        async def verify(req: VerifyJobRequest) -> VerifyOutcome:
+            c.calls.append("verify")
+            back = ResumedJob(
+                job_id=req.requeue.job_id,
+                node="gpu02",
+                step=41,
+                checkpoint_step=40,
+                restart_count=1,
+                observed_at=datetime.now(UTC),
+            )
+            return VerifyOutcome(job_id=req.requeue.job_id, outcome="resumed", state="RUNNING", resumed=back)
+
+        @implements(act.NOTIFY_JOB_OWNER)
+        async def tell_owner(notice: OwnerNotice) -> str:
+            c.calls.append(f"owner:{notice.event}")
+            c.owner_notices.append(notice)
+            return "fake"
+
+        @implements(act.JOB_RECOVERY_HISTORY)
+        async def history(req: JobHistoryRequest) -> JobHistory:
+            c.calls.append("history")
+            return JobHistory()
+
+        real = JobActivities(slurm=None, owners=LogOwnerNotifier(), recovery=JobRecoverySettings())  # type: ignore[arg-type]
+        return [checkpoint, confirm, find, empty, requeue, hold, verify, tell_owner, history, real.start_job_recovery]

@@ -57,3 +57,12 @@ def test_alert_with_hostile_node_name_is_rejected() -> None:
 def test_wrong_version_is_refused() -> None:
     with pytest.raises(ValidationError, match="version"):
         AlertmanagerPayload.model_validate({"version": "3", "status": "firing", "alerts": [alert({})]})
+
+
+def test_a_give_back_alert_is_not_a_failure_report() -> None:
+    parsed = to_reports(
+        payload(alert({"node": "inf02", "gpuheal_action": "give_back", "alertname": "LlmQueueLong"})), "prod"
+    )
+    assert parsed.reports == [] and parsed.rejected == []
+    (give_back,) = parsed.give_backs
+    assert (give_back.cluster, give_back.node, give_back.reason) == ("prod", "inf02", "LlmQueueLong")

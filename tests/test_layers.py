@@ -12,6 +12,7 @@ import typing
 import pytest
 
 from activities import interface as act
+from activities.jobs import JobActivities
 from activities.kubernetes import KubernetesActivities
 from activities.remediation import RemediationActivities
 from tests.fakes import FakeCluster
@@ -27,7 +28,8 @@ def implementations(cls: type) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    ("cls", "refs"), [(RemediationActivities, act.REMEDIATION), (KubernetesActivities, act.KUBERNETES)]
+    ("cls", "refs"),
+    [(RemediationActivities, act.REMEDIATION), (JobActivities, act.JOBS), (KubernetesActivities, act.KUBERNETES)],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:
     impls = implementations(cls)
@@ -41,7 +43,7 @@ def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activit
 
 def test_the_fakes_implement_the_same_interface() -> None:
     names = {fn.__temporal_activity_definition.name for fn in FakeCluster().activities()}  # type: ignore[attr-defined]
-    assert names == {r.name for r in act.REMEDIATION}
+    assert names == {r.name for r in act.REMEDIATION + act.JOBS}
 
 
 @pytest.mark.parametrize(

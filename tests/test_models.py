@@ -41,11 +41,22 @@ def test_decision_needs_operator_and_reason() -> None:
 
 
 def test_progress_round_trip() -> None:
-    line = format_progress(120, 100, 1796000000.0, 1)
-    assert line == "gpuheal step=120 ckpt=100 ckpt_at=1796000000 restart=1"
+    line = format_progress(120, 100, 1796000000.25, 1)
+    assert line == "gpuheal step=120 ckpt=100 ckpt_at=1796000000.250 restart=1"
     p = parse_progress(line)
     assert p is not None
-    assert (p.step, p.checkpoint_step, p.checkpoint_at, p.restart) == (120, 100, 1796000000.0, 1)
+    assert (p.step, p.checkpoint_step, p.checkpoint_at, p.restart) == (120, 100, 1796000000.25, 1)
+    assert p.signal is None and p.notify is None  # a job that says nothing is never signalled
+
+
+def test_progress_carries_the_jobs_opt_in_signal_and_where_to_tell_its_owner() -> None:
+    line = format_progress(5, 0, 1.0, 0, signal="USR1", notify="alice@example.com")
+    assert line.endswith("signal=USR1 notify=alice@example.com")
+    p = parse_progress(line)
+    assert p is not None and (p.signal, p.notify) == ("USR1", "alice@example.com")
+    assert parse_progress("gpuheal step=1 ckpt=0 signal=SIGUSR2") == parse_progress("gpuheal step=1 ckpt=0 signal=USR2")
+    odd = parse_progress("gpuheal step=1 ckpt=0 signal=kill;reboot")
+    assert odd is not None and odd.signal is None  # not a signal name: ignored, never sent
 
 
 @pytest.mark.parametrize("comment", [None, "", "user comment", "gpuheal step=x ckpt=1", "gpuheal ckpt=3"])

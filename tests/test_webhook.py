@@ -86,3 +86,27 @@ async def test_rate_limit() -> None:
         assert codes == [200, 200, 429]
     finally:
         await client.close()
+
+
+async def test_a_give_back_alert_asks_the_borrowing_incident_and_starts_nothing() -> None:
+    started: list[HealthReport] = []
+    asked: list[str] = []
+
+    async def start(report: HealthReport) -> str:
+        started.append(report)
+        return ""
+
+    async def give_back(request: object) -> str:
+        asked.append(getattr(request, "node", ""))
+        return "inf02 goes back"
+
+    app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start, give_back=give_back)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        resp = await client.post("/alertmanager", json=body(node="inf02", gpuheal_action="give_back"), headers=AUTH)
+        assert resp.status == 200
+        assert (await resp.json())["give_back"] == ["inf02 goes back"]
+    finally:
+        await client.close()
+    assert asked == ["inf02"] and started == []

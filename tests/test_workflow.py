@@ -22,6 +22,7 @@ from gpuheal.models import (
     ApprovalPolicy,
     Decision,
     HealthReport,
+    JobFate,
     RemediationResult,
     RemediationSettings,
     Stage,
@@ -30,9 +31,25 @@ from gpuheal.settings import Settings
 from tests.conftest import require_binary
 from tests.fakes import FakeCluster
 from triggers.start import start_or_join
+from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.remediation import GpuRemediationWorkflow
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
+NODE_SIDE = {
+    "look_up",
+    "notify:remediating",
+    "list_jobs",
+    "checkpoint",
+    "confirm",
+    "drain",
+    "replace",
+    "decommission",
+    "notify:closed_resolved",
+    "metrics",
+    "health",
+    "resume",
+    "find_jobs",
+}
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +92,12 @@ async def wait_for_stage(handle: Handle, stage: Stage) -> None:
 
 
 def worker(env: WorkflowEnvironment, s: Settings, fake: FakeCluster) -> Worker:
-    return Worker(env.client, task_queue=s.task_queue, workflows=[GpuRemediationWorkflow], activities=fake.activities())  # type: ignore[arg-type]
+    return Worker(
+        env.client,
+        task_queue=s.task_queue,
+        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow],
+        activities=fake.activities(),
+    )
 
 
 async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment) -> None:
@@ -83,20 +105,26 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
-    assert fake.calls == [
+    node_calls = [c for c in fake.calls if c in NODE_SIDE]
+    assert node_calls == [
         "look_up",
         "notify:remediating",
         "list_jobs",
         "checkpoint",
+        "confirm",
         "drain",
         "list_jobs",
-        "requeue:7",
         "replace",
-        "verify",
         "decommission",
         "notify:closed_resolved",
         "metrics",
     ]
+    # the job went to its recovery: requeued once, verified, its owner told twice
+    job_calls = [c for c in fake.calls if c not in NODE_SIDE]
+    assert job_calls == ["history", "requeue:7", "owner:job_hit", "verify", "owner:job_running_again"]
+    (account,) = result.jobs
+    assert account.fate == JobFate.REQUEUED and account.resumed is not None and account.user == "alice"
+    assert account.checkpoint is not None and account.checkpoint.confirmed
     assert [st.stage for st in result.stages] == [
         Stage.TRIAGE,
         Stage.NOTIFY,
@@ -108,9 +136,10 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
         Stage.RETURN,
         Stage.CLOSE,
     ]
-    # the checkpoint grace period is a durable timer: 30 s pass in workflow time
+    # the checkpoint was confirmed: the stage did not wait out the 30 s grace
     protect = next(st for st in result.stages if st.stage == Stage.PROTECT)
-    assert protect.duration_s is not None and protect.duration_s >= 30
+    assert protect.duration_s is not None and protect.duration_s < 30
+    assert "checkpoint" in protect.outcome or "ok" in protect.outcome
     assert result.replacement_node == "gpu09" and result.steps_lost == 2
     assert result.mttr_s is not None
 
@@ -145,6 +174,7 @@ async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnv
     assert "drained by this incident; not replaced" in result.node_state
     assert "state=resume" in result.node_state
     assert not {"replace", "requeue:7", "checkpoint"} & set(fake.calls)
+    assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]  # accounted for, left running
     assert "notify:aborted" in fake.calls
 
 
@@ -192,6 +222,7 @@ async def test_informational_xid_is_ignored_with_reason(env: WorkflowEnvironment
         result = await (await start_or_join(env.client, s, report(63))).result()
     assert result.outcome == "ignored" and "informational" in result.reason
     assert fake.calls == ["look_up", "notify:closed_ignored", "metrics"]
+    assert result.jobs == []
 
 
 async def test_failed_health_check_after_reset_replaces_the_node(env: WorkflowEnvironment) -> None:
@@ -221,3 +252,33 @@ async def test_a_provider_that_cannot_repair_replaces_instead(env: WorkflowEnvir
     assert result.action == ActionClass.REPLACE_NODE and result.replacement_node == "gpu09"
     repair = next(st for st in result.stages if st.stage == Stage.REPAIR)
     assert repair.outcome == "gpu09 joined in place of gpu01"
+
+
+async def test_no_spare_waits_for_capacity_within_its_bound_then_closes_no_capacity(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(spares=0), settings()
+    s = s.model_copy(
+        update={"remediation": s.remediation.model_copy(update={"capacity_wait_s": 600, "capacity_retry_s": 120})}
+    )
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "no_capacity"  # a named end, not a failed workflow
+    assert fake.calls.count("replace") == 1 + 5  # once, then every 120 s for 600 s: nothing loops
+    assert fake.calls.count("notify:awaiting_capacity") == 1  # told once
+    waiting = next(st for st in result.stages if st.stage == Stage.AWAITING_CAPACITY)
+    assert waiting.duration_s is not None and 600 <= waiting.duration_s < 800
+    assert "drained and out; replacement pending" in result.node_state
+    assert "decommission" not in fake.calls
+
+
+async def test_a_job_that_asks_for_no_signal_is_not_signalled(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(), settings()
+    fake.job = fake.job.model_copy(
+        update={"progress": fake.job.progress.model_copy(update={"signal": None}) if fake.job.progress else None}
+    )
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert "checkpoint" not in fake.calls and "confirm" not in fake.calls
+    (account,) = result.jobs
+    assert account.checkpoint is not None and account.checkpoint.signal is None
+    assert "not signalled" in account.checkpoint.detail
+    assert account.fate == JobFate.REQUEUED  # still recovered: requeued and verified

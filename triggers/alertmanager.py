@@ -51,10 +51,19 @@ class Rejected(BaseModel):
     reason: str
 
 
+class GiveBack(BaseModel):
+    """An alert that says inference wants its node back (label gpuheal_action="give_back")."""
+
+    cluster: str
+    node: str
+    reason: str
+
+
 class Parsed(BaseModel):
     reports: list[HealthReport]
     rejected: list[Rejected]
     resolved: int
+    give_backs: list[GiveBack] = []
 
 
 def _first(labels: dict[str, str], names: tuple[str, ...]) -> str | None:
@@ -73,6 +82,7 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
     """Firing alerts become reports, de-duplicated; resolved alerts start nothing."""
     reports: dict[tuple[object, ...], HealthReport] = {}
     rejected: list[Rejected] = []
+    give_backs: list[GiveBack] = []
     resolved = 0
     for alert in payload.alerts:
         name = alert.labels.get("alertname", "?") + (f" [{alert.fingerprint}]" if alert.fingerprint else "")
@@ -82,6 +92,12 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
         node = _first(alert.labels, NODE_LABELS)
         if node is None:
             rejected.append(Rejected(alert=name, reason=f"no node label (looked for {', '.join(NODE_LABELS)})"))
+            continue
+        if alert.labels.get("gpuheal_action") == "give_back":  # demand shifted back to inference
+            why = (alert.annotations.get("summary") or alert.labels.get("alertname", "alert"))[:200]
+            give_backs.append(
+                GiveBack(cluster=alert.labels.get("cluster") or default_cluster, node=_node_from(node), reason=why)
+            )
             continue
         # dcgm-exporter's rule carries the XID as the alert value, in an annotation
         xid_s = _first(alert.labels, XID_LABELS) or _first(alert.annotations, XID_LABELS)
@@ -104,7 +120,7 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
         # Fifty alerts for one failure are one report: keep the earliest observation.
         if key not in reports or report.observed_at < reports[key].observed_at:
             reports[key] = report
-    return Parsed(reports=list(reports.values()), rejected=rejected, resolved=resolved)
+    return Parsed(reports=list(reports.values()), rejected=rejected, resolved=resolved, give_backs=give_backs)
 
 
 def firing_payload(

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from gpuheal import policy
 from gpuheal import search_attributes as sa
-from gpuheal.models import HealthReport, RemediationInput, RemediationResult, Stage
+from gpuheal.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
 from gpuheal.settings import Settings
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -41,3 +41,21 @@ async def start_or_join(
         static_summary=f"GPU failure: {report.describe()}",
         static_details=(f"Reported by `{report.source}` at {report.observed_at.isoformat()}.\n\n{report.summary}"),
     )
+
+
+async def give_back_borrowed(client: Client, cluster: str, node: str, operator: str, reason: str) -> str:
+    """Demand shifted back: the running incident that borrowed `node` from inference gives it back
+    now (its jobs move off first). Says so when no incident holds that node."""
+    query = (
+        f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND {sa.BORROWED.name}="{node}" '
+        'AND ExecutionStatus="Running"'
+    )
+    async for execution in client.list_workflows(query):
+        handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, execution.id)
+        try:
+            return await handle.execute_update(
+                GpuRemediationWorkflow.give_back, Decision(operator=operator, reason=reason)
+            )
+        except WorkflowUpdateFailedError as err:
+            return f"{execution.id} refused: {err.cause}"
+    return f"no running incident has borrowed {node}"

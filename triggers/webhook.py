@@ -20,13 +20,14 @@ from temporalio.client import Client
 
 from gpuheal.models import HealthReport
 from gpuheal.settings import Settings
-from triggers.alertmanager import AlertmanagerPayload, describe_error, to_reports
-from triggers.start import start_or_join
+from triggers.alertmanager import AlertmanagerPayload, GiveBack, describe_error, to_reports
+from triggers.start import give_back_borrowed, start_or_join
 
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
 Starter = Callable[[HealthReport], Awaitable[str]]
+GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
 
 
 class TokenBucket:
@@ -48,7 +49,14 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
-def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, burst: int = 40) -> web.Application:
+def make_app(
+    settings: Settings,
+    start: Starter,
+    *,
+    give_back: GiveBacker | None = None,
+    rate_per_s: float = 20.0,
+    burst: int = 40,
+) -> web.Application:
     if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
         raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
     expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
@@ -76,7 +84,7 @@ def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, bu
         except ValidationError as err:
             return _error(400, f"not an Alertmanager v4 payload: {describe_error(err)}")
         parsed = to_reports(payload, cluster)
-        if not parsed.reports and parsed.rejected:
+        if not parsed.reports and not parsed.give_backs and parsed.rejected:
             return web.json_response(
                 {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},
                 status=400,
@@ -90,9 +98,15 @@ def make_app(settings: Settings, start: Starter, *, rate_per_s: float = 20.0, bu
                 return _error(503, f"could not start remediation for {report.describe()}: {err}")
             log.info("report %s -> %s", report.describe(), workflow_id)
             started.append({"workflow_id": workflow_id, "report": report.describe()})
+        answers: list[str] = []
+        for request_ in parsed.give_backs:
+            if give_back is None:
+                return _error(501, "this webhook does not take give-back alerts")
+            answers.append(await give_back(request_))
         return web.json_response(
             {
                 "started_or_joined": started,
+                "give_back": answers,
                 "rejected": [r.model_dump() for r in parsed.rejected],
                 "resolved_ignored": parsed.resolved,
             }
@@ -115,8 +129,15 @@ def temporal_starter(client: Client, settings: Settings) -> Starter:
     return start
 
 
+def temporal_give_back(client: Client) -> GiveBacker:
+    async def give_back(request: GiveBack) -> str:
+        return await give_back_borrowed(client, request.cluster, request.node, "alertmanager", request.reason)
+
+    return give_back
+
+
 async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
-    runner = web.AppRunner(make_app(settings, temporal_starter(client, settings)))
+    runner = web.AppRunner(make_app(settings, temporal_starter(client, settings), give_back=temporal_give_back(client)))
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("webhook listening on http://%s:%d/alertmanager", host, port)

@@ -19,18 +19,24 @@ from datetime import timedelta
 from typing import Any
 
 from prometheus_client import start_http_server
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities.jobs import JobActivities
 from activities.remediation import RemediationActivities
 from clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
+from clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
 from clients.slurm import build_slurm
 from clients.temporal import connect
+from gpuheal import search_attributes as sa
+from gpuheal.errors import SettingsError
 from gpuheal.settings import Settings
 from providers import build_provider
 from providers.base import ProviderContext
 from workers import metrics
+from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.remediation import GpuRemediationWorkflow
 
 log = logging.getLogger("gpuheal.worker")
@@ -51,26 +57,48 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     if settings.notify_url:
         notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
     acts = RemediationActivities(slurm, provider, notifier, on_closed=metrics.observe_incident)
+    owners: OwnerNotifier = LogOwnerNotifier()
+    routes = load_routes(settings.owner_routes)
+    if routes:
+        owners = WebhookOwnerNotifier(routes, settings.owner_format)
+    jobs = JobActivities(slurm, owners, settings.remediation.jobs)
     found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,
         acts.notify_operators,
         acts.list_jobs_on_node,
-        acts.request_checkpoint,
         acts.drain_slurm_node,
-        acts.requeue_slurm_job,
         acts.repair_node,
         acts.replace_node,
         acts.check_node_health,
         acts.resume_slurm_node,
         acts.decommission_node,
-        acts.wait_for_training_progress,
         acts.record_incident_metrics,
+        acts.adopt_borrowed_node,
+        acts.release_borrowed_node,
+        jobs.request_checkpoint,
+        jobs.wait_for_checkpoints,
+        jobs.find_jobs,
+        jobs.wait_for_node_empty,
+        jobs.requeue_slurm_job,
+        jobs.hold_slurm_job,
+        jobs.wait_for_job_resume,
+        jobs.notify_job_owner,
+        jobs.start_job_recovery,
+        jobs.job_recovery_history,
     ]
     if kube_api is not None:
         from activities.kubernetes import KubernetesActivities
 
         k = KubernetesActivities(kube_api)
-        found += [k.map_kube_node, k.cordon_and_taint_node, k.evict_pods, k.uncordon_node, k.post_node_event]
+        found += [
+            k.map_kube_node,
+            k.cordon_and_taint_node,
+            k.evict_pods,
+            k.uncordon_node,
+            k.post_node_event,
+            k.borrow_inference_node,
+            k.give_back_node,
+        ]
     return found
 
 
@@ -78,7 +106,7 @@ def make_worker(client: Client, settings: Settings, activities: list[Callable[..
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[GpuRemediationWorkflow],
+        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow],
         activities=activities if activities is not None else activity_list(settings),
         graceful_shutdown_timeout=timedelta(seconds=10),
     )
@@ -94,12 +122,27 @@ async def _refresh_open_incidents(client: Client) -> None:
         await asyncio.sleep(15)
 
 
+async def check_search_attributes(client: Client, namespace: str) -> None:
+    """Refuse to run against a namespace without the project's search attributes: every incident
+    would fail where it upserts one (and a job recovery could not start)."""
+    resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    missing = [k for k in sa.ALL if k.name not in resp.custom_attributes]
+    if missing:
+        create = "; ".join(
+            f"temporal operator search-attribute create --name {k.name} --type {sa.type_name(k)}" for k in missing
+        )
+        raise SettingsError(
+            f"Temporal namespace {namespace!r} lacks search attributes {', '.join(k.name for k in missing)}: {create}"
+        )
+
+
 async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
     activities = activity_list(settings)  # refuse a bad configuration before anything listens
     host = settings.metrics_host
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
-    start_http_server(metrics_port, addr=host)
     client = await connect(settings, runtime)
+    await check_search_attributes(client, settings.namespace)
+    start_http_server(metrics_port, addr=host)
     worker = make_worker(client, settings, activities)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

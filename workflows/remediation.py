@@ -1,15 +1,20 @@
 """GpuRemediation: one durable workflow per failed node.
 
-Thin and deterministic: decisions come from gpuheal.policy (pure functions), words from
-gpuheal.render, and every external action is an activity, called through its typed reference
-in activities.interface (so this module never loads a Slurm, Kubernetes or HTTP client). The
-stages, in order, each a method below:
+Thin and deterministic: decisions come from gpuheal.policy and gpuheal.job_policy (pure
+functions), words from gpuheal.render, and every external action is an activity called through
+its typed reference (workflows/activity.py), so this module never loads a Slurm, Kubernetes or
+HTTP client. The stages, in order, each a method below:
 
   triage -> [drain, approval] -> notify -> protect_progress -> drain -> requeue -> [evict]
-         -> repair_or_replace -> verify_resume -> return_to_service -> close
+         -> repair_or_replace [-> awaiting_capacity] -> verify_resume -> return_to_service -> close
 
-When policy asks for a human, the node is drained first (containment: nothing new lands on a
-suspect GPU, running jobs are untouched) and the workflow waits for `approve` / `abort`.
+protect_progress asks only the jobs that said they handle a signal to checkpoint, and waits for
+their confirmation (or the grace). requeue hands every job that was on the node to its job
+recovery (workflows/job_recovery.py), which requeues it once however many of its nodes failed;
+verify_resume collects their answers. Every job that was on the node is in the result, with its
+fate. When policy asks for a human, the node is drained first (containment) and the workflow
+waits for `approve` / `abort`. No capacity for a replacement is a stage with a bound, then a
+named outcome (`no_capacity`), never a failed workflow.
 """
 
 from __future__ import annotations
@@ -18,21 +23,24 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows.activity import run as act_run
 
 with workflow.unsafe.imports_passed_through():
     from activities import interface as act
-    from activities.interface import Activity
-    from gpuheal import policy, render
+    from gpuheal import job_policy, policy, render
     from gpuheal import search_attributes as sa
-    from gpuheal.errors import NON_RETRYABLE
+    from gpuheal.jobs import RECOVERED_SIGNAL, JobRecoveryResult, RecoveryJoin
     from gpuheal.models import (
         ActionClass,
+        BorrowedNode,
+        BorrowRequest,
+        CheckpointOutcome,
         CheckpointRequest,
+        CheckpointWait,
         CordonRequest,
         CordonResult,
         Decision,
@@ -40,9 +48,14 @@ with workflow.unsafe.imports_passed_through():
         DrainResult,
         EvictRequest,
         HealthReport,
+        JobAccount,
+        JobFate,
+        JobList,
+        JobSnapshot,
         KubeEvent,
         KubeNodeRef,
         MapNodeRequest,
+        NodeEmptyWait,
         NodeRef,
         Notification,
         Outcome,
@@ -52,28 +65,13 @@ with workflow.unsafe.imports_passed_through():
         RemediationStatus,
         RepairRequest,
         ReplacementResult,
-        RequeueRequest,
-        RequeueResult,
-        ResumedJob,
         Severity,
         Stage,
         StageRecord,
         UnrequeuedJob,
         Verdict,
-        VerifyRequest,
     )
 
-I = TypeVar("I")  # noqa: E741
-O = TypeVar("O")  # noqa: E741
-
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=30,
-    non_retryable_error_types=list(NON_RETRYABLE),
-)
-SHORT = timedelta(seconds=30)
 PROVIDER_HEARTBEAT = timedelta(seconds=60)
 # Stages during which a more severe report still changes what the incident will do.
 ESCALATABLE = frozenset({Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
@@ -84,10 +82,13 @@ class Progress:
     """What the incident has done so far: the facts its close reports."""
 
     drain: DrainResult | None = None
-    requeued: list[RequeueResult] = field(default_factory=list)
-    not_requeued: list[UnrequeuedJob] = field(default_factory=list)
-    resumed: list[ResumedJob] = field(default_factory=list)
+    affected: list[JobSnapshot] = field(default_factory=list)  # on the node when the incident began
+    checkpoints: dict[int, CheckpointOutcome] = field(default_factory=dict)
+    accounts: dict[int, JobAccount] = field(default_factory=dict)  # settled without a recovery
+    recoveries: dict[str, int] = field(default_factory=dict)  # recovery id -> its job, in order
+    recovered: dict[str, JobRecoveryResult] = field(default_factory=dict)  # their answers
     replacement: ReplacementResult | None = None
+    borrowed: BorrowedNode | None = None
     capacity_back_at: datetime | None = None
     node_state: str = "untouched"
 
@@ -110,6 +111,7 @@ class GpuRemediationWorkflow:
         self._cordon: CordonResult | None = None
         self._ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
         self._p = Progress()
+        self._give_back_by: Decision | None = None
 
     # --- run: the stages in order ---------------------------------------------------------
 
@@ -133,10 +135,10 @@ class GpuRemediationWorkflow:
             blocked = await self._evict_pods()
             if blocked is not None:
                 return blocked
-        if plan.repair is not None:
-            await self._repair_or_replace(plan.repair)
-        if self._p.requeued:
-            await self._verify_resume(plan.avoid_failed_node)
+        if plan.repair is not None and not await self._repair_or_replace(plan.repair):
+            return await self._close_without_capacity()
+        if self._p.recoveries:
+            await self._verify_resume()
         await self._return_to_service(plan.repair)
         return await self._close("resolved", self._reason())
 
@@ -147,10 +149,10 @@ class GpuRemediationWorkflow:
         async with self._in_stage(Stage.TRIAGE) as rec:
             k8s = self._input.settings.kubernetes
             try:
-                await self._act(act.LOOK_UP_SLURM_NODE, self._ref, summary="look up Slurm node")
+                await act_run(act.LOOK_UP_SLURM_NODE, self._ref, summary="look up Slurm node")
                 if k8s is not None:
                     req = MapNodeRequest(ref=self._ref, node_label=k8s.node_label)
-                    self._kube = await self._act(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
+                    self._kube = await act_run(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
             except ActivityError as err:
                 msg = err.cause.message if isinstance(err.cause, ApplicationError) else str(err)
                 raise ApplicationError(f"cannot remediate {self._input.report.describe()}: {msg}") from err
@@ -165,6 +167,9 @@ class GpuRemediationWorkflow:
         return await self._await_decision()
 
     async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:
+        if not self._p.affected:  # aborted before the jobs were looked at: account for them, untouched
+            jobs = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
+            self._p.affected = list(jobs.jobs)
         await self._notify("aborted", "warning", render.abort_notice(decision))
         self._p.node_state = render.aborted_node_state(self._ref.node, self._p.drain)
         return await self._close("aborted", decision.reason)
@@ -176,45 +181,91 @@ class GpuRemediationWorkflow:
             await self._notify("remediating", "critical", msg)
 
     async def _protect_progress(self) -> None:
-        """Ask the jobs on the node to checkpoint now, and give them the grace to do it."""
-        grace = self._input.settings.checkpoint_grace_s
+        """The jobs on the node now are the incident's to account for. Those that said they
+        handle a signal are asked to checkpoint, and waited for until each confirms (a checkpoint
+        newer than the signal) or the grace ends; the others are not signalled at all."""
+        settings = self._input.settings
         async with self._in_stage(Stage.PROTECT) as rec:
-            jobs = await self._act(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
-            signalled = 0
-            if jobs.jobs:
-                req = CheckpointRequest(node=self._ref.node, job_ids=tuple(j.job_id for j in jobs.jobs))
-                asked = await self._act(act.REQUEST_CHECKPOINT, req, summary="ask jobs to checkpoint (SIGUSR1)")
-                signalled = len(asked.signalled)
-                if signalled and grace > 0:
-                    await workflow.sleep(timedelta(seconds=grace), summary="checkpoint grace: then drain and requeue")
-            rec.outcome = render.checkpoint_asked(signalled, grace)
+            jobs = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
+            self._p.affected = list(jobs.jobs)
+            asks = [a for a in (job_policy.checkpoint_ask(j) for j in jobs.jobs) if a is not None]
+            self._p.checkpoints = {j.job_id: render.not_signalled(j) for j in jobs.jobs}
+            if asks:
+                req = CheckpointRequest(node=self._ref.node, asks=tuple(asks))
+                sent = await act_run(
+                    act.REQUEST_CHECKPOINT, req, summary="ask jobs to checkpoint (the signal each asked for)"
+                )
+                wait = CheckpointWait(
+                    asks=sent.asks,
+                    deadline_at=workflow.now().timestamp() + settings.checkpoint_grace_s,
+                    unconfirmed_wait_s=min(settings.checkpoint_unconfirmed_wait_s, settings.checkpoint_grace_s),
+                )
+                confirmed = await act_run(
+                    act.WAIT_FOR_CHECKPOINTS,
+                    wait,
+                    summary="wait for each job to confirm a checkpoint (or the grace)",
+                    timeout=timedelta(seconds=settings.checkpoint_grace_s + 60),
+                    heartbeat=timedelta(seconds=30),
+                )
+                self._p.checkpoints.update({o.job_id: o for o in confirmed.outcomes})
+            rec.outcome = render.checkpoints(len(jobs.jobs), [self._p.checkpoints[j.job_id] for j in jobs.jobs])
 
     async def _drain(self, why: str) -> None:
         """Slurm first (eviction alone tells Slurm nothing), then the Kubernetes cordon."""
         async with self._in_stage(Stage.DRAIN) as rec:
             req = DrainRequest(node=self._ref, reason=policy.drain_reason(self._ref.incident_id, why))
-            self._p.drain = await self._act(act.DRAIN_SLURM_NODE, req, summary=f"drain {self._ref.node}")
+            self._p.drain = await act_run(act.DRAIN_SLURM_NODE, req, summary=f"drain {self._ref.node}")
             rec.outcome = render.drained(self._p.drain, why)
         k8s = self._input.settings.kubernetes
         if self._kube is not None and k8s is not None and self._cordon is None:
             async with self._in_stage(Stage.CORDON) as rec:
                 cordon = CordonRequest(node=self._kube, no_execute=k8s.no_execute)
-                self._cordon = await self._act(
+                self._cordon = await act_run(
                     act.CORDON_AND_TAINT_NODE, cordon, summary=f"cordon {self._kube.kube_node}"
                 )
                 rec.outcome = render.cordoned(self._cordon, k8s.no_execute)
 
     async def _requeue(self, avoid_failed_node: bool) -> None:
+        """Every job that was on the node: still there -> its job recovery (which requeues it
+        once, whichever incidents join); gone -> how it ended (and a failed, requeueable one is
+        recovered too, not forgotten)."""
         async with self._in_stage(Stage.REQUEUE) as rec:
-            jobs = await self._act(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
-            for job in jobs.jobs:
-                req = RequeueRequest(job=job, failed_node=self._ref.node, exclude_failed_node=avoid_failed_node)
-                res = await self._act(act.REQUEUE_SLURM_JOB, req, summary=f"requeue job {job.job_id}")
-                if res.requeued:
-                    self._p.requeued.append(res)
-                else:
-                    self._p.not_requeued.append(UnrequeuedJob(job_id=res.job_id, reason=res.reason))
-            rec.outcome = render.requeued(self._p.requeued, self._p.not_requeued)
+            live = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
+            live_ids = {j.job_id for j in live.jobs}
+            left = [j for j in self._p.affected if j.job_id not in live_ids]
+            now = (
+                await act_run(act.FIND_JOBS, JobList(jobs=tuple(left)), summary="how the others ended")
+                if left
+                else JobList()
+            )
+            now_by_id = {j.job_id: j for j in now.jobs}
+            for job in [*live.jobs, *(j for j in left)]:
+                current = now_by_id.get(job.job_id) if job.job_id not in live_ids else job
+                if job.job_id not in live_ids and not job_policy.recoverable(job, current):
+                    self._p.accounts[job.job_id] = job_policy.account_ended(
+                        job, current, self._p.checkpoints.get(job.job_id)
+                    )
+                    continue
+                await self._hand_over(job, avoid_failed_node)
+            rec.outcome = render.handed_over(list(self._p.accounts.values()), list(self._p.recoveries))
+
+    async def _hand_over(self, job: JobSnapshot, avoid_failed_node: bool, node: str = "", what: str = "") -> None:
+        if job.job_id not in {j.job_id for j in self._p.affected}:
+            self._p.affected.append(job)  # it started on the node after the protect stage
+        join = RecoveryJoin(
+            incident_id=self._ref.incident_id,
+            cluster=self._ref.cluster,
+            failed_node=node or self._ref.node,
+            what=what or self._input.report.describe(),
+            failure_at=self._input.report.observed_at,
+            job=job,
+            checkpoint=self._p.checkpoints.get(job.job_id),
+            exclude_failed_node=avoid_failed_node,
+        )
+        handoff = await act_run(act.START_JOB_RECOVERY, join, summary=f"hand job {job.job_id} to its recovery")
+        self._p.recoveries[handoff.recovery_id] = job.job_id
+        if handoff.result is not None:  # it had already answered (a retried hand-over)
+            self._p.recovered[handoff.recovery_id] = handoff.result
 
     async def _evict_pods(self) -> RemediationResult | None:
         """Evict through the Eviction API; pods a PDB still protects at the deadline wait for a
@@ -222,10 +273,9 @@ class GpuRemediationWorkflow:
         k8s, node = self._input.settings.kubernetes, self._kube
         assert k8s is not None and node is not None
         async with self._in_stage(Stage.EVICT) as rec:
-            req = EvictRequest(
-                node=node, deadline_s=k8s.drain_deadline_s, delete_when_blocked=k8s.on_pdb_timeout == "delete"
-            )
-            evicted = await self._act(
+            delete = k8s.on_pdb_timeout == "delete"
+            req = EvictRequest(node=node, deadline_s=k8s.drain_deadline_s, delete_when_blocked=delete)
+            evicted = await act_run(
                 act.EVICT_PODS,
                 req,
                 summary=f"evict pods from {node.kube_node}",
@@ -235,18 +285,18 @@ class GpuRemediationWorkflow:
             rec.outcome = render.evicted(evicted)
         if not evicted.blocked:
             return None
-        decision = await self._await_decision(
-            f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
-        )
+        why = f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
+        decision = await self._await_decision(why)
         if decision.verdict != "abort":
             return None
         self._p.node_state = render.blocked_node_state(evicted.blocked)
         return await self._close("aborted", decision.reason)
 
-    async def _repair_or_replace(self, repair: ActionClass) -> None:
+    async def _repair_or_replace(self, repair: ActionClass) -> bool:
+        """False: no replacement came within the capacity bound."""
         async with self._in_stage(Stage.REPAIR) as rec:
             if repair != ActionClass.REPLACE_NODE:
-                done = await self._act(
+                done = await act_run(
                     act.REPAIR_NODE,
                     RepairRequest(node=self._ref, action=repair),
                     summary=f"{repair} {self._ref.node}",
@@ -259,22 +309,125 @@ class GpuRemediationWorkflow:
                     repair = ActionClass.REPLACE_NODE
             if repair == ActionClass.REPLACE_NODE:
                 self._p.replacement = await self._replace()
-                rec.outcome = render.replaced(self._p.replacement.new_node, self._ref.node)
+                rec.outcome = (
+                    render.replaced(self._p.replacement.new_node, self._ref.node)
+                    if self._p.replacement.new_node
+                    else self._p.replacement.no_capacity
+                )
+        if self._p.replacement is not None and self._p.replacement.new_node is None:
+            settings = self._input.settings
+            if settings.borrow is not None and self._kube is not None:
+                await self._borrow()  # a bridge until the replacement comes
+            got = await self._await_capacity()
+            if self._p.borrowed is not None:
+                await self._give_back()
+            if not got:
+                return False
+        if self._p.capacity_back_at is None:
             self._p.capacity_back_at = workflow.now()
+        return True
 
-    async def _verify_resume(self, avoid_failed_node: bool) -> None:
-        async with self._in_stage(Stage.VERIFY) as rec:
-            req = VerifyRequest(jobs=tuple(self._p.requeued), avoid_node=self._ref.node if avoid_failed_node else None)
-            verified = await self._act(
-                act.WAIT_FOR_TRAINING_PROGRESS,
+    async def _borrow(self) -> None:
+        """No spare: take a node from the inference pool (never below its minimum) into Slurm."""
+        policy_ = self._input.settings.borrow
+        assert policy_ is not None and self._kube is not None
+        async with self._in_stage(Stage.BORROW) as rec:
+            req = BorrowRequest(incident_id=self._ref.incident_id, failed=self._kube, policy=policy_)
+            got = await act_run(
+                act.BORROW_INFERENCE_NODE,
                 req,
-                summary="wait for training past its checkpoint",
-                timeout=timedelta(seconds=self._input.settings.verify_timeout_s),
-                heartbeat=timedelta(seconds=10),
-                attempts=0,
+                summary=f"borrow a node from pool {policy_.pool}",
+                timeout=timedelta(seconds=req.deadline_s + 60),
+                heartbeat=timedelta(seconds=30),
             )
-            self._p.resumed = list(verified.resumed)
-            rec.outcome = render.resumed(self._p.resumed)
+            if got.node is None:
+                rec.outcome = f"nothing to borrow from pool {policy_.pool}: {got.why}"
+                return
+            self._p.borrowed = BorrowedNode(incident_id=self._ref.incident_id, node=got.node, from_pool=got.from_pool)
+            workflow.upsert_search_attributes([sa.BORROWED.value_set(got.node)])  # found by its node
+            joined = await act_run(
+                act.ADOPT_BORROWED_NODE,
+                self._p.borrowed,
+                summary=f"{got.node} joins Slurm",
+                timeout=self._provider_timeout,
+                heartbeat=PROVIDER_HEARTBEAT,
+            )
+            self._p.capacity_back_at = workflow.now()
+            rec.outcome = render.borrowed(got, joined)
+            await self._notify("borrowed", "warning", rec.outcome)
+
+    async def _give_back(self) -> None:
+        """The borrowed node goes back the way it came: drained, its jobs asked to checkpoint
+        and moved off (each to its recovery), out of Slurm, back into its inference pool."""
+        borrowed = self._p.borrowed
+        assert borrowed is not None
+        ref = NodeRef(cluster=self._ref.cluster, node=borrowed.node, incident_id=self._ref.incident_id)
+        async with self._in_stage(Stage.GIVE_BACK) as rec:
+            why = policy.drain_reason(self._ref.incident_id, "borrowed node goes back to inference")
+            await act_run(act.DRAIN_SLURM_NODE, DrainRequest(node=ref, reason=why), summary=f"drain {borrowed.node}")
+            jobs = await act_run(act.LIST_JOBS_ON_NODE, ref, summary=f"jobs on {borrowed.node}")
+            for job in jobs.jobs:
+                what = f"{borrowed.node} goes back to pool {borrowed.from_pool}"
+                await self._hand_over(job, avoid_failed_node=True, node=borrowed.node, what=what)
+            empty = NodeEmptyWait(node=borrowed.node, deadline_at=workflow.now().timestamp() + 300)
+            left = await act_run(
+                act.WAIT_FOR_NODE_EMPTY,
+                empty,
+                summary=f"wait for the jobs to leave {borrowed.node}",
+                timeout=timedelta(seconds=360),
+                heartbeat=timedelta(seconds=30),
+            )
+            released = await act_run(act.RELEASE_BORROWED_NODE, borrowed, summary=f"{borrowed.node} leaves Slurm")
+            back = await act_run(act.GIVE_BACK_NODE, borrowed, summary=f"{borrowed.node} back to {borrowed.from_pool}")
+            rec.outcome = render.given_back(borrowed.node, len(jobs.jobs), left, released, back, self._give_back_by)
+
+    async def _await_capacity(self) -> bool:
+        """No spare now: say so once, retry on a slow cadence, give up at the bound."""
+        settings = self._input.settings
+        started = workflow.now()
+        async with self._in_stage(Stage.AWAITING_CAPACITY) as rec:
+            assert self._p.replacement is not None
+            why = self._p.replacement.no_capacity
+            await self._notify(
+                "awaiting_capacity", "warning", render.awaiting_capacity(why, 0, settings.capacity_wait_s)
+            )
+            while (workflow.now() - started).total_seconds() < settings.capacity_wait_s:
+                try:  # the slow cadence; a borrowed node's early give-back ends the wait
+                    await workflow.wait_condition(
+                        lambda: self._give_back_by is not None,
+                        timeout=timedelta(seconds=settings.capacity_retry_s),
+                        timeout_summary="no capacity: try the replacement again",
+                    )
+                    break
+                except TimeoutError:
+                    pass
+                self._p.replacement = await self._replace()
+                if self._p.replacement.new_node is not None:
+                    rec.outcome = render.replaced(self._p.replacement.new_node, self._ref.node)
+                    return True
+            waited = (workflow.now() - started).total_seconds()
+            rec.outcome = render.awaiting_capacity(self._p.replacement.no_capacity, waited, settings.capacity_wait_s)
+        return False
+
+    async def _close_without_capacity(self) -> RemediationResult:
+        self._p.node_state = render.no_capacity_state(self._ref.node, self._job_accounts())
+        return await self._close("no_capacity", f"{self._reason()}; no replacement within the capacity bound")
+
+    async def _verify_resume(self) -> None:
+        """The job recoveries verify (each job once, across all its new nodes); this collects
+        their answers, for at most their bound."""
+        jobs = self._input.settings.jobs
+        bound = jobs.verify_timeout_s + jobs.gather_s + 120
+        async with self._in_stage(Stage.VERIFY) as rec:
+            try:
+                await workflow.wait_condition(
+                    lambda: set(self._p.recoveries) <= set(self._p.recovered),
+                    timeout=timedelta(seconds=bound),
+                    timeout_summary="job recoveries: stop waiting for their answers",
+                )
+            except TimeoutError:
+                pass  # the unanswered are recorded as such; their recoveries go on
+            rec.outcome = "; ".join(render.job_line(a) for a in self._job_accounts()) or "no job"
 
     async def _return_to_service(self, repair: ActionClass | None) -> None:
         """Resume a repaired node only after its health check passes; a replaced node leaves."""
@@ -287,22 +440,22 @@ class GpuRemediationWorkflow:
         if repair is None:
             return render.NOT_DRAINED
         if self._p.replacement is None:
-            health = await self._act(act.CHECK_NODE_HEALTH, ref, summary=f"health check {ref.node}")
+            health = await act_run(act.CHECK_NODE_HEALTH, ref, summary=f"health check {ref.node}")
             if not health.healthy:  # a repair that did not take: the node goes, a spare comes
                 self._set_action(ActionClass.REPLACE_NODE)
                 self._p.replacement = await self._replace()
             elif drain is not None and drain.drained_by_us:
-                msg = await self._act(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
+                msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
                 if self._kube is not None:
-                    msg += "; " + await self._act(act.UNCORDON_NODE, self._kube, summary="uncordon")
+                    msg += "; " + await act_run(act.UNCORDON_NODE, self._kube, summary="uncordon")
                 return render.returned_repaired(msg)
             else:
                 return render.left_drained(drain)
-        msg = await self._act(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
-        return render.returned_replaced(self._p.replacement.new_node, msg)
+        msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
+        return render.returned_replaced(self._p.replacement.new_node or "(none yet)", msg)
 
     async def _replace(self) -> ReplacementResult:
-        return await self._act(
+        return await act_run(
             act.REPLACE_NODE,
             self._ref,
             summary=f"replace {self._ref.node}",
@@ -340,44 +493,78 @@ class GpuRemediationWorkflow:
             return self._decision
 
     async def _close(self, outcome: Outcome, reason: str) -> RemediationResult:
-        p, settings = self._p, self._input.settings
-        cost = policy.incident_cost(
-            self._input.report.observed_at, p.requeued, p.resumed, settings.gpus_per_node, p.capacity_back_at
-        )
         async with self._in_stage(Stage.CLOSE) as rec:
-            result = RemediationResult(
-                incident_id=self._ref.incident_id,
-                cluster=self._ref.cluster,
-                node=self._ref.node,
-                action=self._current_action(),
-                outcome=outcome,
-                reason=reason,
-                node_state=p.node_state,
-                failure_observed_at=self._input.report.observed_at,
-                closed_at=workflow.now(),
-                stages=self._stages,
-                reports=self._reports,
-                decision=self._decision,
-                drain=p.drain,
-                jobs_requeued=p.requeued,
-                jobs_not_requeued=p.not_requeued,
-                jobs_resumed=p.resumed,
-                replacement_node=p.replacement.new_node if p.replacement else None,
-                mttr_s=cost.mttr_s if outcome == "resolved" else None,
-                steps_lost=cost.steps_lost if outcome == "resolved" else 0,
-                gpu_seconds_lost=cost.gpu_seconds_lost if outcome == "resolved" else 0.0,
-            )
-            severity: Severity = "warning" if result.jobs_not_requeued or outcome == "aborted" else "info"
-            await self._notify(f"closed_{outcome}", severity, render.closed_notice(outcome, p.node_state, result))
+            result = self._result_for(outcome, reason)
+            severity: Severity = "warning" if outcome != "resolved" or self._jobs_not_back(result) else "info"
+            await self._notify(f"closed_{outcome}", severity, render.closed_notice(outcome, self._p.node_state, result))
             rec.outcome = outcome
         self._stage = Stage.DONE
         workflow.upsert_search_attributes([sa.STAGE.value_set(Stage.DONE.value)])
-        await self._act(act.RECORD_INCIDENT_METRICS, result, summary="record metrics")
+        await act_run(act.RECORD_INCIDENT_METRICS, result, summary="record metrics")
         self._result = result
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
 
+    def _result_for(self, outcome: Outcome, reason: str) -> RemediationResult:
+        p, settings = self._p, self._input.settings
+        accounts = self._job_accounts()
+        requeues = [r.requeue for r in p.recovered.values() if r.requeue is not None and r.requeue.requeued]
+        resumed = [a.resumed for a in accounts if a.resumed is not None]
+        cost = policy.incident_cost(
+            self._input.report.observed_at, requeues, resumed, settings.gpus_per_node, p.capacity_back_at
+        )
+        counted = outcome == "resolved"
+        return RemediationResult(
+            incident_id=self._ref.incident_id,
+            cluster=self._ref.cluster,
+            node=self._ref.node,
+            action=self._current_action(),
+            outcome=outcome,
+            reason=reason,
+            node_state=p.node_state,
+            failure_observed_at=self._input.report.observed_at,
+            closed_at=workflow.now(),
+            stages=self._stages,
+            reports=self._reports,
+            decision=self._decision,
+            drain=p.drain,
+            jobs=accounts,
+            jobs_requeued=requeues,
+            jobs_not_requeued=[
+                UnrequeuedJob(job_id=a.job_id, reason=a.detail) for a in accounts if a.fate != JobFate.REQUEUED
+            ],
+            jobs_resumed=resumed,
+            replacement_node=p.replacement.new_node if p.replacement else None,
+            borrowed_node=p.borrowed.node if p.borrowed else None,
+            mttr_s=cost.mttr_s if counted else None,
+            steps_lost=cost.steps_lost if counted else 0,
+            gpu_seconds_lost=cost.gpu_seconds_lost if counted else 0.0,
+        )
+
     # --- helpers ---------------------------------------------------------------------------
+
+    def _job_accounts(self) -> list[JobAccount]:
+        """Every job that was on the node, in the order they were found, with its fate (from its
+        latest recovery: a job moved off a borrowed node has two)."""
+        latest = {job_id: recovery for recovery, job_id in self._p.recoveries.items()}
+        accounts = []
+        for job in self._p.affected:
+            checkpoint = self._p.checkpoints.get(job.job_id)
+            recovery = latest.get(job.job_id)
+            if job.job_id in self._p.accounts:
+                accounts.append(self._p.accounts[job.job_id])
+            elif recovery is not None and recovery in self._p.recovered:
+                result = self._p.recovered[recovery]
+                accounts.append(job_policy.account_from_recovery(job, result, checkpoint, self._ref.incident_id))
+            elif recovery is not None:
+                accounts.append(job_policy.unanswered(job, recovery, checkpoint))
+            else:  # the incident stopped before the requeue stage (aborted, ignored): untouched
+                accounts.append(job_policy.untouched(job, checkpoint))
+        return accounts
+
+    @staticmethod
+    def _jobs_not_back(result: RemediationResult) -> bool:
+        return any(a.fate != JobFate.REQUEUED or a.resumed is None for a in result.jobs)
 
     @asynccontextmanager
     async def _in_stage(self, stage: Stage) -> AsyncIterator[StageRecord]:
@@ -402,39 +589,9 @@ class GpuRemediationWorkflow:
         reason = "Gpuheal" + "".join(w.capitalize() for w in stage.value.split("_"))
         event = KubeEvent(node=self._kube, reason=reason, message=message)
         try:
-            await self._act(act.POST_NODE_EVENT, event, summary=f"event {reason}", attempts=3)
+            await act_run(act.POST_NODE_EVENT, event, summary=f"event {reason}", attempts=3)
         except ActivityError as err:
             workflow.logger.warning("could not post Event %s on %s: %s", reason, self._kube.kube_node, err.cause)
-
-    async def _act(
-        self,
-        activity: Activity[I, O],
-        arg: I,
-        *,
-        summary: str,
-        timeout: timedelta = SHORT,
-        heartbeat: timedelta | None = None,
-        attempts: int | None = None,
-    ) -> O:
-        """Run one activity with the project's timeouts and retry policy (summary shows in the UI)."""
-        retry = RETRY
-        if attempts is not None:
-            retry = RetryPolicy(
-                initial_interval=RETRY.initial_interval,
-                maximum_interval=RETRY.maximum_interval,
-                maximum_attempts=attempts,
-                non_retryable_error_types=RETRY.non_retryable_error_types,
-            )
-        result: O = await workflow.execute_activity(
-            activity.name,
-            arg,
-            result_type=activity.output,
-            start_to_close_timeout=timeout,
-            heartbeat_timeout=heartbeat,
-            retry_policy=retry,
-            summary=summary,
-        )
-        return result
 
     @property
     def _provider_timeout(self) -> timedelta:
@@ -451,7 +608,7 @@ class GpuRemediationWorkflow:
             node=self._ref.node,
             cluster=self._ref.cluster,
         )
-        await self._act(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
+        await act_run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
 
     def _set_action(self, action: ActionClass) -> None:
         self._action = action
@@ -477,6 +634,23 @@ class GpuRemediationWorkflow:
             escalated = policy.triage_all(self._reports).action
             if escalated != self._action:
                 self._set_action(escalated)
+
+    @workflow.signal(name=RECOVERED_SIGNAL)
+    def job_recovered(self, result: JobRecoveryResult) -> None:
+        """A job recovery's answer for one of this incident's jobs."""
+        self._p.recovered.setdefault(result.recovery_id, result)
+
+    @workflow.update
+    def give_back(self, d: Decision) -> str:
+        """Demand shifted back to inference: return the borrowed node now (its jobs move off)."""
+        self._give_back_by = d
+        assert self._p.borrowed is not None
+        return f"{self._p.borrowed.node} goes back to pool {self._p.borrowed.from_pool} ({d.operator}: {d.reason})"
+
+    @give_back.validator
+    def _validate_give_back(self, d: Decision) -> None:
+        if self._p.borrowed is None or self._stage != Stage.AWAITING_CAPACITY:
+            raise ValueError(f"incident has no borrowed node to give back (stage: {self._stage.value})")
 
     def _decide(self, verdict: Verdict, d: Decision) -> str:
         self._decision = RecordedDecision(verdict=verdict, operator=d.operator, reason=d.reason, at=workflow.now())

@@ -76,11 +76,16 @@ class SlurmBackend(Protocol):
 
     async def update_job(self, job_id: int, update: JobUpdate) -> None: ...
 
-    async def requeue(self, job_id: int, failed_node: str) -> None:
-        """Requeue the job (it runs again later, its restart count one higher). `failed_node` is
-        where it failed: a backend without a requeue call may requeue through it."""
+    async def requeue(self, job_id: int, failed_node: str, hold: bool = False) -> None:
+        """Requeue the job (it runs again later, its restart count one higher); with `hold`, it
+        waits held until released. `failed_node` is where it failed: a backend without a requeue
+        call may requeue through it. A finished job can be requeued too."""
         ...
 
-    async def signal_batch(self, job_id: int, signal: str) -> None:
-        """Send `signal` to the job's batch script only (not to its steps)."""
+    async def hold(self, job_id: int) -> None:
+        """Keep a pending job from starting until someone releases it."""
+        ...
+
+    async def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        """Send `signal` to the job's batch script (`batch_only`) or to its steps."""
         ...

@@ -138,8 +138,12 @@ class SlurmCli:
         if fields:
             await self.run("scontrol", "update", f"jobid={job_id}", *fields)
 
-    async def requeue(self, job_id: int, failed_node: str) -> None:
-        await self.run("scontrol", "requeue", str(job_id))
+    async def requeue(self, job_id: int, failed_node: str, hold: bool = False) -> None:
+        await self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
 
-    async def signal_batch(self, job_id: int, signal: str) -> None:
-        await self.run("scancel", f"--signal={signal}", "--batch", str(job_id))
+    async def hold(self, job_id: int) -> None:
+        await self.run("scontrol", "hold", str(job_id))
+
+    async def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        # scancel signals the job's steps by default; --batch only its batch script.
+        await self.run("scancel", f"--signal={signal}", *(["--batch"] if batch_only else []), str(job_id))

@@ -15,8 +15,8 @@ How each operation maps (checked against 24.11.5 and 26.05.5):
 | jobs on node | GET /slurm/V/jobs/, filtered here by the job's hostlist (the API has no node filter) |
 | job, jobs | GET /slurm/V/job/ID (404 once Slurm forgot it) |
 | update job | POST /slurm/V/job/ID {"begin_time": ..., "excluded_nodes": [...]} (pending jobs only) |
-| signal batch step | DELETE /slurm/V/job/ID?signal=USR1&flags=BATCH_JOB |
-| requeue | v0.0.45 (26.05): GET /slurm/V/job/ID/requeue. Earlier APIs have no requeue: see below |
+| signal a job | DELETE /slurm/V/job/ID?signal=USR1&flags=BATCH_JOB (its batch script; without the flag: all of it) |
+| requeue (and hold) | v0.0.45 (26.05): GET /slurm/V/job/ID/requeue(?flags=Hold). Earlier APIs have none: see below |
 
 Requeue before v0.0.45 (24.11's v0.0.40 to v0.0.42, 25.x's v0.0.43/44): the API has no call for it
 (its only "requeue" is the --requeue flag of a submission, and DELETE ?flags=FEDERATION_REQUEUE
@@ -123,8 +123,10 @@ class SlurmRest:
                 raise SlurmError(f"slurmrestd at {self._url} serves none of {', '.join(V004X)}")
         return f"/slurm/{self._api}"
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: str) -> dict[str, Any]:
-        status, data = await self._request(method, await self._api_path() + path, body, params or None)
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        status, data = await self._request(method, await self._api_path() + path, body, params)
         if status >= 300:
             raise SlurmError(f"slurmrestd {method} {path}: HTTP {status}: {_errors(data)}")
         return data
@@ -144,7 +146,7 @@ class SlurmRest:
         if name in found:
             return found[name]
         # FUTURE and unknown nodes look the same here (nodes: null); the flag tells them apart.
-        future = parse_nodes(await self._call("GET", f"/node/{name}", flags="FUTURE"))
+        future = parse_nodes(await self._call("GET", f"/node/{name}", params={"flags": "FUTURE"}))
         if name in future:
             raise NodeOutOfService(f"node {name!r} is not in service (State={future[name].state.upper()})")
         raise UnknownNode(f"Slurm has no node named {name!r}")
@@ -187,10 +189,10 @@ class SlurmRest:
         if body:
             await self._call("POST", f"/job/{job_id}", body)
 
-    async def requeue(self, job_id: int, failed_node: str) -> None:
+    async def requeue(self, job_id: int, failed_node: str, hold: bool = False) -> None:
         await self._api_path()
         if self._api is not None and self._api >= FIRST_WITH_REQUEUE:
-            await self._call("GET", f"/job/{job_id}/requeue")
+            await self._call("GET", f"/job/{job_id}/requeue", params={"flags": "Hold"} if hold else None)
             return
         # No requeue call in this API: requeue through the node, as Slurm does when one fails.
         on_node = await self.jobs_on_node(failed_node)
@@ -203,9 +205,15 @@ class SlurmRest:
             )
         node = await self.node(failed_node)
         await self.update_node(failed_node, "down", node.reason or f"gpuheal: requeue of job {job_id}")
+        if hold:
+            await self._call("POST", f"/job/{job_id}", {"hold": True})
 
-    async def signal_batch(self, job_id: int, signal: str) -> None:
-        await self._call("DELETE", f"/job/{job_id}", signal=signal, flags="BATCH_JOB")
+    async def hold(self, job_id: int) -> None:
+        await self._call("POST", f"/job/{job_id}", {"hold": True})
+
+    async def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        params = {"signal": signal, **({"flags": "BATCH_JOB"} if batch_only else {})}
+        await self._call("DELETE", f"/job/{job_id}", params=params)
 
 
 def _errors(data: dict[str, Any]) -> str:

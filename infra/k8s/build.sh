@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes sandbox's binaries once into a cache directory; later runs reuse them.
-#   kube-apiserver, kube-controller-manager  from k8s.io/kubernetes $K8S_VERSION (this module)
+#   kube-apiserver, kube-controller-manager,  from k8s.io/kubernetes $K8S_VERSION (this module),
+#   kube-scheduler                            stamped with that version (clients see v1.36.3,
+#                                             not v0.0.0-master: Helm's kubeVersion checks use it)
 #   etcd                                      go.etcd.io/etcd/server/v3, the version go.mod resolves
 #   kwok                                      from sigs.k8s.io/kwok $KWOK_VERSION
+#   helm                                      from helm.sh/helm/v3 $HELM_VERSION (the chart's tests)
 # Debian's etcd-server (3.4.23) is too old: kube-apiserver disables watch progress requests on
 # it and kwok's informers then crawl. Everything arrives through the Go module proxy and apt.
 #
@@ -12,8 +15,10 @@ set -euo pipefail
 
 K8S_VERSION=v1.36.3   # keep in step with go.mod
 KWOK_VERSION=v0.7.0
+HELM_VERSION=v3.22.0
+BUILD=2               # bump when what is built (or how) changes: a new cache, built afresh
 HERE=$(cd "$(dirname "$0")" && pwd)
-CACHE=${GPUHEAL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuheal/k8s-$K8S_VERSION-kwok-$KWOK_VERSION}
+CACHE=${GPUHEAL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuheal/k8s-$K8S_VERSION-kwok-$KWOK_VERSION-b$BUILD}
 BIN="$CACHE/bin"
 
 if [ "${1:-}" = "--print-bin" ]; then echo "$BIN"; exit 0; fi
@@ -30,13 +35,21 @@ command -v go >/dev/null || { log "Go is required to build the sandbox (https://
 mkdir -p "$BIN"
 start=$(date +%s)
 built=0
+# What `kubectl version`, /version and Helm's .Capabilities.KubeVersion report.
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+VERSION_FLAGS=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  VERSION_FLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  VERSION_FLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
 for target in etcd=go.etcd.io/etcd/server/v3 \
               kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-              kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager; do
+              kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+              kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler; do
   cmd=${target%%=*} pkg=${target#*=}
   if [ ! -x "$BIN/$cmd" ]; then
     log "building $cmd from $pkg (first time only; kube-* take about 5 minutes each on 2 cores)"
-    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags='-s -w' -o "$BIN/$cmd.tmp" "$pkg")
+    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w$VERSION_FLAGS" -o "$BIN/$cmd.tmp" "$pkg")
     mv "$BIN/$cmd.tmp" "$BIN/$cmd"
     built=1
   fi
@@ -44,6 +57,11 @@ done
 if [ ! -x "$BIN/kwok" ]; then
   log "building kwok $KWOK_VERSION (first time only)"
   GOBIN="$BIN" GOFLAGS=-mod=mod go install -trimpath -ldflags='-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  built=1
+fi
+if [ ! -x "$BIN/helm" ]; then
+  log "building helm $HELM_VERSION (first time only)"
+  GOBIN="$BIN" GOFLAGS=-mod=mod go install -trimpath -ldflags='-s -w' "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   built=1
 fi
 if [ "$built" = 1 ]; then

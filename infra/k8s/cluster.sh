@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Kubernetes sandbox: etcd, kube-apiserver and kube-controller-manager (built from their Go
-# modules by build.sh) and kwok (stands in for kubelets), all on loopback.
+# Kubernetes sandbox: etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built
+# from their Go modules by build.sh) and kwok (stands in for kubelets), all on loopback.
 #
 #   cluster.sh start     start (or reuse) it; writes $DIR/kubeconfig (admin) and waits until ready
 #   cluster.sh stop
@@ -61,6 +61,13 @@ certs() {
   chmod 600 "$p"/*.key "$p/tokens.csv"
 }
 
+scheduler_token() {  # sandboxes made before the scheduler joined lack its token
+  grep -q ',system:kube-scheduler,' "$DIR/pki/tokens.csv" && return 0
+  echo "$(openssl rand -hex 16),system:kube-scheduler,kube-scheduler,system:masters" >>"$DIR/pki/tokens.csv"
+  pid_alive apiserver && stop_one apiserver  # it reads the token file at start
+  return 0
+}
+
 kubeconfig() {  # kubeconfig NAME USER
   local token
   token=$(awk -F, -v u="$2" '$2==u {print $1}' "$DIR/pki/tokens.csv")
@@ -105,9 +112,11 @@ start_apiserver() {
 
 start() {
   mkdir -p "$DIR"
-  [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ] && [ -x "$BIN/kwok" ] || "$HERE/build.sh"
+  [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-scheduler" ] && [ -x "$BIN/etcd" ] && [ -x "$BIN/kwok" ] || "$HERE/build.sh"
   certs
+  scheduler_token
   kubeconfig kubeconfig gpuheal-admin
+  kubeconfig scheduler.kubeconfig system:kube-scheduler
   kubeconfig kcm.kubeconfig system:kube-controller-manager
   kubeconfig kwok.kubeconfig kwok
   if ! pid_alive etcd; then
@@ -124,6 +133,11 @@ start() {
       --use-service-account-credentials=false --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 \
       --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle' --v=1
   fi
+  if ! pid_alive scheduler; then
+    spawn scheduler "$BIN/kube-scheduler" --kubeconfig="$DIR/scheduler.kubeconfig" \
+      --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
+      --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 --v=1
+  fi
   if ! pid_alive kwok; then
     spawn kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" --manage-all-nodes=false \
       --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
@@ -134,7 +148,7 @@ start() {
 
 stop() {
   local n
-  for n in kwok controller-manager apiserver etcd; do stop_one "$n"; done
+  for n in kwok scheduler controller-manager apiserver etcd; do stop_one "$n"; done
   log "stopped ($DIR)"
 }
 

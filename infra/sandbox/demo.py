@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
@@ -87,10 +90,32 @@ def print_node_events(ks: KubeSandbox, node: str) -> None:
         print(f"  {e.type:<8} {e.reason:<28} {e.message[:110]}")
 
 
+class OwnerInbox:
+    """The job owner's side of the demo: a local webhook that prints each owner notice."""
+
+    def __init__(self) -> None:
+        def answer(handler: BaseHTTPRequestHandler) -> None:
+            body = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))
+            say(f"  owner notice to {', '.join(body['recipients'])} ({body['event']}): {body['message']}")
+            handler.send_response(204)
+            handler.end_headers()
+
+        handler = type("Inbox", (BaseHTTPRequestHandler,), {"do_POST": answer, "log_message": lambda *a, **k: None})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/owners"
+
+
 async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     client = await connect(Settings.from_env(sb.env()))
-    job = sb.submit_training(name="llm-pretrain")
-    say(f"submitted training job {job} (checkpoints every 10 steps, traps SIGUSR1 to checkpoint now)")
+    job = sb.submit_training(name="llm-pretrain", env={"TRAIN_NOTIFY": "ml-team@example.com"})
+    say(
+        f"submitted training job {job} (checkpoints every 10 steps; its progress line says it traps SIGUSR1, "
+        "so gpuheal may ask it to checkpoint now)"
+    )
     node = sb.wait_for_step(job, 14, show=True)
     before = sb.job_progress(job)
     say(
@@ -134,13 +159,18 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
 
 
 def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes: bool = True) -> int:
-    sb = Sandbox.named("demo", RUN, extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "3"})
+    inbox = OwnerInbox()
+    sb = Sandbox.named(
+        "demo",
+        RUN,
+        extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "30", "GPUHEAL_OWNER_ROUTES": json.dumps({"*": inbox.url})},
+    )
     sb.use_slurm(slurm_version, backend)
     t0 = time.monotonic()
     say(f"starting the Slurm {slurm_version} sandbox (slurmctld + 3 slurmd + 3 spares, loopback; worker via {backend})")
     sb.start_slurm(clean=True)
-    say(f"starting Temporal dev server on {sb.temporal_address}; Web UI {sb.ui_url}")
-    sb.start_temporal()
+    say(f"starting Temporal dev server on {sb.temporal_address} with a fresh database; Web UI {sb.ui_url}")
+    sb.start_temporal(fresh=True)
     ks = start_kubernetes(sb) if kubernetes else None
     if not kubernetes:
         say("Kubernetes: off (K8S=0)")

@@ -23,7 +23,7 @@ from providers.sandbox import kwok_node
 def binaries_built() -> bool:
     out = subprocess.run([str(K8S / "build.sh"), "--print-bin"], capture_output=True, text=True, check=True)
     bin_dir = Path(out.stdout.strip())
-    return all((bin_dir / b).exists() for b in ("kube-apiserver", "kube-controller-manager", "kwok"))
+    return all((bin_dir / b).exists() for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"))
 
 
 @dataclass
@@ -102,8 +102,16 @@ class KubeSandbox:
         self.wait(lambda: node_ready(self.core().read_node(name)), f"node {name} Ready")
 
     def reset_nodes(self, names: list[str]) -> None:
-        """Fresh nodes for a test: delete every node and pod, then add `names`."""
+        """Fresh nodes for a test: delete every workload, PDB, node and pod, then add `names`."""
         core: Any = self.core()  # the typed client's Optionals do not help a test harness
+        apps: Any = client.AppsV1Api(self.api())
+        policy: Any = client.PolicyV1Api(self.api())
+        for dep in apps.list_namespaced_deployment("default").items:
+            apps.delete_namespaced_deployment(dep.metadata.name, "default")
+        for ds in apps.list_namespaced_daemon_set("default").items:
+            apps.delete_namespaced_daemon_set(ds.metadata.name, "default")
+        for pdb in policy.list_namespaced_pod_disruption_budget("default").items:
+            policy.delete_namespaced_pod_disruption_budget(pdb.metadata.name, "default")
         for pod in core.list_pod_for_all_namespaces().items:
             core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
         for node in core.list_node().items:

@@ -196,8 +196,9 @@ class Sandbox:
         """A Slurm command of this sandbox's version (inside its root when it has one)."""
         return self.run(SLURM_SCRIPT, "run", *argv, check=check)
 
-    def start_temporal(self) -> None:
-        self.run(TEMPORAL_SCRIPT, "start")
+    def start_temporal(self, fresh: bool = False) -> None:
+        """The dev server; `fresh`: a new database (nothing an earlier run left carries over)."""
+        self.run(TEMPORAL_SCRIPT, "start", *(["--fresh"] if fresh else []))
 
     def stop_temporal(self) -> None:
         self.run(TEMPORAL_SCRIPT, "stop", check=False)
@@ -267,27 +268,66 @@ class Sandbox:
         step_s: float = 0.5,
         ckpt_every: int = 10,
         nodelist: str | None = None,
+        nodes: int = 1,
+        env: dict[str, str] | None = None,
+        checkpoint: Path | None = None,
+    ) -> int:
+        """The example training job (infra/slurm/jobs/train.py): it traps SIGUSR1 and says so.
+        `checkpoint`: its checkpoint file (default: a fresh one; an existing one resumes it)."""
+        ckpt = checkpoint or self.slurm_dir / "jobs" / f"{name}-{time.time_ns()}.ckpt.json"
+        exports = {
+            "TRAIN_CKPT": str(ckpt),
+            "TRAIN_STEP_S": str(step_s),
+            "TRAIN_CKPT_EVERY": str(ckpt_every),
+            "GPUHEAL_FAULT_DIR": str(self.fault_dir),
+            "PYTHONPATH": str(REPO),
+            **(env or {}),
+        }
+        python = sys.executable if self.slurm_root is None else "python3"  # the root's own python3
+        return self._sbatch(name, f"exec {python} {TRAIN_JOB}", exports, requeue, nodelist, nodes)
+
+    def submit_script(
+        self, name: str, script: str, nodelist: str | None = None, exclusive: bool = False, requeue: bool = True
+    ) -> int:
+        """A plain batch script (e.g. `sleep 600`): no progress line, no signal trapped."""
+        return self._sbatch(name, script, {}, requeue, nodelist, 1, exclusive)
+
+    def _sbatch(
+        self,
+        name: str,
+        wrap: str,
+        exports: dict[str, str],
+        requeue: bool,
+        nodelist: str | None,
+        nodes: int,
+        exclusive: bool = False,
     ) -> int:
         jobs = self.slurm_dir / "jobs"  # inside the sandbox's directory: seen from its root too
         jobs.mkdir(parents=True, exist_ok=True)
-        ckpt = jobs / f"{name}-{time.time_ns()}.ckpt.json"
-        env = (
-            f"ALL,TRAIN_CKPT={ckpt},TRAIN_STEP_S={step_s},TRAIN_CKPT_EVERY={ckpt_every},"
-            f"GPUHEAL_FAULT_DIR={self.fault_dir},PYTHONPATH={REPO}"
-        )
         argv = [
             "sbatch",
             "--parsable",
             f"--job-name={name}",
             f"--output={jobs}/{name}-%j.out",
-            f"--export={env}",
+            "--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]),
             "--requeue" if requeue else "--no-requeue",
+            f"--nodes={nodes}",
         ]
         if nodelist:
             argv.append(f"--nodelist={nodelist}")
-        python = sys.executable if self.slurm_root is None else "python3"  # the root's own python3
-        argv.append(f"--wrap=exec {python} {TRAIN_JOB}")
+        if exclusive:
+            argv.append("--exclusive")
+        argv.append(f"--wrap={wrap}")
         return int(self.slurm(*argv).strip().split(";")[0])
+
+    def spares_out_of_stock(self, out: bool = True) -> None:
+        """The sandbox's cloud has no spare node to give (or has again)."""
+        stock = self.slurm_dir / "provider" / "out-of-stock"
+        stock.parent.mkdir(parents=True, exist_ok=True)
+        if out:
+            stock.write_text("*\n")
+        else:
+            stock.unlink(missing_ok=True)
 
     def job(self, job_id: int) -> JobSnapshot | None:
         """What Slurm says of the job, read by the product's own parser."""

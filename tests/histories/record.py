@@ -1,7 +1,8 @@
 """Record the replay histories in tests/histories from real runs (`make histories`).
 
 Each scenario runs on the real stack (Temporal dev server, Slurm sandbox, and the Kubernetes
-sandbox for the *_kubernetes one) with an in-process worker, and its history is saved as JSON.
+sandbox for the *_kubernetes one) with an in-process worker, and its history is saved as JSON,
+with the histories of its job recoveries (NAME.job_recovery.json).
 Record anew when a change is meant to be incompatible with running incidents (and say so in the
 change); tests/test_replay.py then replays every saved history through the current code.
 """
@@ -80,13 +81,20 @@ async def scenario(
             await steer(handle)
         result = await asyncio.wait_for(handle.result(), 300)
         history = await handle.fetch_history()
+        recoveries = [a.recovery_id for a in result.jobs if a.recovery_id]
+        for i, recovery in enumerate(recoveries):
+            await client.get_workflow_handle(recovery).result()
+            saved = await client.get_workflow_handle(recovery).fetch_history()
+            (HERE / f"{name}.job_recovery{i or ''}.json").write_text(saved.to_json())
     (HERE / f"{name}.json").write_text(history.to_json())
-    print(f"recorded {name}: {result.outcome}, {len(history.events)} events", flush=True)
+    print(
+        f"recorded {name}: {result.outcome}, {len(history.events)} events, {len(recoveries)} job recoveries", flush=True
+    )
 
 
 async def main() -> int:
     sb = Sandbox.named("bench", RUN / "record")
-    sb.start_temporal()
+    sb.start_temporal(fresh=True)
     client = await connect(Settings.from_env(sb.env()))
     quick = RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120)
     approval = RemediationSettings(

@@ -156,4 +156,4 @@ async def test_fifty_firing_alerts_for_one_node_start_one_workflow(
         policy.workflow_id(settings.cluster, "gpu01")
     }
     await asyncio.sleep(1)
-    assert (await client.count_workflows(f'Cluster="{settings.cluster}"')).count == 1
+    assert (await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')).count == 1

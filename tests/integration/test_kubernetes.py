@@ -21,6 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
 from clients.slurm.cli import SlurmCli
 from gpuheal.models import (
+    BorrowPolicy,
     CordonRequest,
     EvictRequest,
     HealthReport,
@@ -108,7 +109,7 @@ async def test_whole_loop_with_kubernetes(
     # What runs on the node: a DaemonSet pod (stays), a plain pod (evicted at once), and a pod of an
     # app whose PodDisruptionBudget (minAvailable 2 of 2) blocks its eviction until relaxed.
     apps: Any = k8s.AppsV1Api(kube.api())
-    ds = apps.create_namespaced_daemon_set(
+    apps.create_namespaced_daemon_set(
         "default",
         k8s.V1DaemonSet(
             metadata=k8s.V1ObjectMeta(name="dcgm-exporter"),
@@ -121,15 +122,17 @@ async def test_whole_loop_with_kubernetes(
                         node_selector={"kubernetes.io/hostname": failed},
                     ),
                 ),
-                # OnDelete: the controller adopts the pod made below instead of replacing it
-                update_strategy=k8s.V1DaemonSetUpdateStrategy(type="OnDelete"),
             ),
         ),
     )
-    owner = k8s.V1OwnerReference(
-        api_version="apps/v1", kind="DaemonSet", name="dcgm-exporter", uid=ds.metadata.uid, controller=True
+    # its pod: made by the DaemonSet controller, placed by kube-scheduler, run by kwok
+    kube.wait(
+        lambda: any(
+            p.spec.node_name == failed and p.status.phase == "Running"
+            for p in core.list_namespaced_pod("default", label_selector="app=dcgm").items
+        ),
+        f"the DaemonSet's pod Running on {failed}",
     )
-    await asyncio.to_thread(kube.add_pod, f"dcgm-{failed}", failed, labels={"app": "dcgm"}, owner=owner)
     await asyncio.to_thread(kube.add_pod, f"slurmd-{failed}", failed, labels={"app": "slurmd"})
     for n in (failed, other):
         await asyncio.to_thread(kube.add_pod, f"web-{n}", n, labels={"app": "web"})
@@ -189,20 +192,23 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     settings = k8s_settings.model_copy(
         update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 8})}
     )
-    job = slurm.submit_training("outage")
+    # a job that never confirms its checkpoint: the protect stage lasts the whole 8 s grace
+    job = slurm.submit_training("outage", env={"TRAIN_IGNORE_CHECKPOINT_REQUEST": "1"})
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     handle = await start_or_join(client, settings, report(settings, target, 48))  # reset_gpu
     await wait_stage(handle, Stage.PROTECT)
     await asyncio.to_thread(kube.stop_apiserver)
-    status = await handle.query(GpuRemediationWorkflow.status)
-    assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
-    await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
-    await asyncio.sleep(3)
-    # Read the clock *before* the apiserver starts: the retried cordon may succeed while
-    # start_apiserver() is still waiting for /readyz, so a reading after it could come later
-    # than the cordon (the race this test once lost on a loaded machine).
-    restart_at = datetime.now(UTC)
-    await asyncio.to_thread(kube.start_apiserver)
+    try:
+        status = await handle.query(GpuRemediationWorkflow.status)
+        assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
+        await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
+        await asyncio.sleep(3)
+        # Read the clock *before* the apiserver starts: the retried cordon may succeed while
+        # start_apiserver() is still waiting for /readyz, so a reading after it could come later
+        # than the cordon (the race this test once lost on a loaded machine).
+        restart_at = datetime.now(UTC)
+    finally:
+        await asyncio.to_thread(kube.start_apiserver)  # whatever happened: the next tests need it
     result = await asyncio.wait_for(handle.result(), 180)
     assert result.outcome == "resolved"
     cordon = next(s for s in result.stages if s.stage == Stage.CORDON)
@@ -295,3 +301,117 @@ async def test_kubernetes_native_replacement_waits_for_the_node_group(
     assert "gpu05" in nodes_in_service(slurm)
     health = await provider.check_health("gpu05")
     assert health.healthy
+
+
+async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
+) -> None:
+    """No spare left: an inference node is borrowed (its Deployment never under its PDB), the job
+    resumes on it, and when a replacement appears the node goes back to the inference pool."""
+    slurm.extra_env["GPUHEAL_SLURM_INFERENCE"] = "4"
+    try:
+        slurm.start_slurm(clean=True)  # gpu01-03, spares gpu04-06, inference inf01-04 (FUTURE)
+    finally:
+        slurm.extra_env.pop("GPUHEAL_SLURM_INFERENCE")
+    slurm.spares_out_of_stock(True)
+    for i in range(1, 5):
+        kube.add_node(f"inf{i:02d}", pool="inference")
+    apps: Any = k8s.AppsV1Api(kube.api())
+    labels = {"app": "llm-serve"}
+    apps.create_namespaced_deployment(
+        "default",
+        k8s.V1Deployment(
+            metadata=k8s.V1ObjectMeta(name="llm-serve"),
+            spec=k8s.V1DeploymentSpec(
+                replicas=4,
+                selector=k8s.V1LabelSelector(match_labels=labels),
+                template=k8s.V1PodTemplateSpec(
+                    metadata=k8s.V1ObjectMeta(labels=labels),
+                    spec=k8s.V1PodSpec(
+                        containers=[k8s.V1Container(name="vllm", image="vllm")],
+                        node_selector={"gpuheal.io/pool": "inference"},
+                        tolerations=[
+                            k8s.V1Toleration(operator="Exists", effect="NoSchedule", key="kwok.x-k8s.io/node")
+                        ],
+                        affinity=k8s.V1Affinity(  # one replica per node, as GPU servers are
+                            pod_anti_affinity=k8s.V1PodAntiAffinity(
+                                required_during_scheduling_ignored_during_execution=[
+                                    k8s.V1PodAffinityTerm(
+                                        label_selector=k8s.V1LabelSelector(match_labels=labels),
+                                        topology_key="kubernetes.io/hostname",
+                                    )
+                                ]
+                            )
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    policy_api: Any = k8s.PolicyV1Api(kube.api())
+    policy_api.create_namespaced_pod_disruption_budget(
+        "default",
+        k8s.V1PodDisruptionBudget(
+            metadata=k8s.V1ObjectMeta(name="llm-serve"),
+            spec=k8s.V1PodDisruptionBudgetSpec(min_available=3, selector=k8s.V1LabelSelector(match_labels=labels)),
+        ),
+    )
+
+    def ready() -> int:
+        return int(apps.read_namespaced_deployment("llm-serve", "default").status.ready_replicas or 0)
+
+    kube.wait(lambda: ready() == 4, "4 inference replicas ready")
+    kube.wait(
+        lambda: (
+            policy_api.read_namespaced_pod_disruption_budget("llm-serve", "default").status.disruptions_allowed == 1
+        ),
+        "the PDB allows one disruption",
+    )
+    job = slurm.submit_training("borrower")
+    failed = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    for other in {"gpu01", "gpu02", "gpu03"} - {failed}:  # nowhere else for it to run
+        slurm.submit_script(f"fill-{other}", "sleep 600", nodelist=other, exclusive=True)
+    lowest = [4]
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            lowest[0] = min(lowest[0], await asyncio.to_thread(ready))
+            await asyncio.sleep(0.3)
+
+    sampler = asyncio.create_task(sample())
+    settings = k8s_settings.model_copy(
+        update={
+            "remediation": k8s_settings.remediation.model_copy(
+                update={
+                    "borrow": BorrowPolicy(pool="inference", floor=3),
+                    "capacity_wait_s": 180,
+                    "capacity_retry_s": 3,
+                }
+            )
+        }
+    )
+    slurm.inject_gpu_fault(failed)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, failed, 79))
+        await wait_stage(handle, Stage.AWAITING_CAPACITY, timeout=120)
+        borrowed_on = await asyncio.to_thread(slurm.wait_for_step, job, 20, 120)  # training on the borrowed node
+        assert borrowed_on.startswith("inf")
+        slurm.spares_out_of_stock(False)  # the cloud has a node again
+        result = await asyncio.wait_for(handle.result(), 180)
+    sampling = False
+    await sampler
+
+    assert result.outcome == "resolved" and result.borrowed_node == borrowed_on
+    assert result.replacement_node == "gpu04"
+    borrow = next(s for s in result.stages if s.stage == Stage.BORROW)
+    assert f"borrowed {borrowed_on} from pool inference" in borrow.outcome
+    give_back = next(s for s in result.stages if s.stage == Stage.GIVE_BACK)
+    assert f"{borrowed_on} back in inference pool inference" in give_back.outcome
+    (account,) = result.jobs
+    assert account.resumed is not None and account.resumed.node == "gpu04"  # moved off before it went back
+    back = node(kube, borrowed_on)
+    assert back.metadata.labels["gpuheal.io/pool"] == "inference" and not back.spec.unschedulable
+    kube.wait(lambda: ready() == 4, "4 inference replicas ready again")
+    assert lowest[0] >= 3  # never below the PodDisruptionBudget's minimum
+    assert borrowed_on not in nodes_in_service(slurm)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.request
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
@@ -40,8 +41,25 @@ def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str,
     return sb.alertmanager_payload(node, xid, cluster=settings.cluster)
 
 
+async def wait_for_recovery_stage(client: Client, incident: Any, stage: str, timeout: float = 60) -> str:
+    """The id of the incident's (first) job recovery, once that recovery is at `stage`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        history = await incident.fetch_history()
+        for e in history.events:
+            if e.HasField("activity_task_completed_event_attributes"):
+                text = e.activity_task_completed_event_attributes.result.payloads[0].data.decode()
+                if '"recovery_id"' in text:
+                    recovery_id = json.loads(text)["recovery_id"]
+                    status = await client.get_workflow_handle(recovery_id).query("status")
+                    if status["stage"] == stage:
+                        return str(recovery_id)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no job recovery reached {stage}")
+
+
 async def count_incidents(client: Client, settings: Settings) -> int:
-    return (await client.count_workflows(f'Cluster="{settings.cluster}"')).count
+    return (await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')).count
 
 
 @across_slurm
@@ -183,12 +201,8 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
         worker = slurm.start_worker()
         slurm.inject_gpu_fault(node)
         handle = await start_or_join(client, settings, report(settings, node))
-        for _ in range(300):
-            status = await handle.query(GpuRemediationWorkflow.status)
-            if status.stage == Stage.VERIFY:
-                break
-            await asyncio.sleep(0.05)
-        assert status.stage == Stage.VERIFY
+        # Kill the worker while the job's recovery verifies its resume (an activity in flight).
+        recovery = await wait_for_recovery_stage(client, handle, "verifying")
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         worker = slurm.start_worker()
@@ -215,8 +229,11 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     assert 'gpuheal_incidents_closed_total{action="replace_node",outcome="resolved"} 1.0' in ours
     assert 'gpuheal_stage_duration_seconds_count{stage="verify_resume"} 1.0' in ours
     assert "temporal_" in sdk and "activity" in sdk
-    # the verify activity really was retried on the new worker
-    assert await max_activity_attempt(handle) >= 2
+    # the verify activity (in the job's recovery) really was retried on the new worker
+    (account,) = result.jobs
+    assert account.recovery_id is not None
+    assert account.recovery_id == recovery
+    assert await max_activity_attempt(client.get_workflow_handle(account.recovery_id)) >= 2
 
 
 @across_slurm

@@ -24,6 +24,14 @@ from gpuheal.progress import report_progress
 STEP_S = float(os.environ.get("TRAIN_STEP_S", "0.5"))
 CKPT_EVERY = int(os.environ.get("TRAIN_CKPT_EVERY", "10"))
 MAX_STEPS = int(os.environ.get("TRAIN_MAX_STEPS", "100000"))
+NOTIFY = os.environ.get("TRAIN_NOTIFY", "")  # where the owner wants to hear, beside the Slurm user
+# A job that traps SIGUSR1 (so it survives it) but never checkpoints when asked: for tests of
+# gpuheal's "no confirmation" path.
+IGNORE_REQUEST = os.environ.get("TRAIN_IGNORE_CHECKPOINT_REQUEST") == "1"
+# After a requeue: fail at once (exit 1), or hang without a step (a broken restart), for tests of
+# gpuheal's verification of the resume.
+ON_RESTART = os.environ.get("TRAIN_ON_RESTART", "")  # "", "fail" or "hang"
+RESTARTED = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
 CKPT = Path(os.environ["TRAIN_CKPT"])
 FAULTS = Path(os.environ.get("GPUHEAL_FAULT_DIR", "/nonexistent"))
 NODE = os.environ.get("SLURMD_NODENAME", "?")
@@ -33,7 +41,12 @@ checkpoint_now = False
 
 def on_usr1(signum: int, frame: object) -> None:
     global checkpoint_now
-    checkpoint_now = True
+    checkpoint_now = not IGNORE_REQUEST
+
+
+def publish(step: int, ckpt_step: int, ckpt_at: float) -> None:
+    # signal=USR1: this job traps SIGUSR1 and checkpoints at once (its opt-in to gpuheal's signal)
+    report_progress(step, ckpt_step, ckpt_at, signal="USR1", notify=NOTIFY)
 
 
 def save(step: int, w: list[float]) -> float:
@@ -53,8 +66,14 @@ def sgd_step(w: list[float], true_w: list[float], rng: random.Random, batch: int
     return [wi - 0.05 * g for wi, g in zip(w, grad, strict=True)]
 
 
-def main() -> None:
+def main() -> int:
     signal.signal(signal.SIGUSR1, on_usr1)
+    if RESTARTED and ON_RESTART == "fail":
+        print("cannot find my checkpoint: giving up", flush=True)
+        return 1
+    if RESTARTED and ON_RESTART == "hang":
+        print("stuck in NCCL set-up", flush=True)
+        time.sleep(3600)
     rng = random.Random(0)
     true_w = [float(i) for i in range(8)]
     step, w = 0, [0.0] * 8
@@ -63,14 +82,14 @@ def main() -> None:
         step, w = state["step"], list(state["w"])
         print(f"resumed from checkpoint at step {step} on {NODE}", flush=True)
     ckpt_step, ckpt_at = step, time.time()
-    report_progress(step, ckpt_step, ckpt_at)
+    publish(step, ckpt_step, ckpt_at)
     global checkpoint_now
     while step < MAX_STEPS:
         if checkpoint_now:
             checkpoint_now = False
             ckpt_step, ckpt_at = step, save(step, w)
             print(f"checkpoint on request at step {step}", flush=True)
-            report_progress(step, ckpt_step, ckpt_at)
+            publish(step, ckpt_step, ckpt_at)
         if (FAULTS / NODE).exists():
             time.sleep(0.1)  # the GPU is gone: no step can complete
             continue
@@ -79,8 +98,9 @@ def main() -> None:
         time.sleep(STEP_S)
         if step % CKPT_EVERY == 0:
             ckpt_step, ckpt_at = step, save(step, w)
-        report_progress(step, ckpt_step, ckpt_at)
+        publish(step, ckpt_step, ckpt_at)
     print(f"done at step {step}, loss {sum((a - b) ** 2 for a, b in zip(w, true_w, strict=True)):.4f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""Decisions about jobs (gpuheal.job_policy): which signal, who owns it, how many requeues left."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuheal import job_policy
+from gpuheal.jobs import PastRecovery
+from gpuheal.models import JobProgress, JobSnapshot
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def job(**kw: object) -> JobSnapshot:
+    base: dict[str, object] = {
+        "job_id": 12,
+        "name": "train",
+        "state": "RUNNING",
+        "nodes": "gpu01",
+        "requeueable": True,
+        "restart_count": 0,
+        "user": "alice",
+    }
+    return JobSnapshot.model_validate(base | kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "signal", "batch_only"),
+    [
+        ({"progress": JobProgress(step=1, checkpoint_step=0, signal="USR1")}, "USR1", True),
+        ({"submit_line": "sbatch --signal=B:USR2@120 train.sh"}, "USR2", True),
+        ({"submit_line": "sbatch --signal=USR1@60 train.sh"}, "USR1", False),
+        ({"submit_line": "sbatch --signal=10@60 train.sh"}, "USR1", False),  # by number
+        ({"submit_line": "sbatch --signal RB:SIGTERM train.sh"}, "TERM", True),
+    ],
+)
+def test_a_job_is_asked_with_the_signal_it_named(kw: dict[str, object], signal: str, batch_only: bool) -> None:
+    ask = job_policy.checkpoint_ask(job(**kw))
+    assert ask is not None and (ask.signal, ask.batch_only) == (signal, batch_only)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"progress": JobProgress(step=1, checkpoint_step=0)}, {"submit_line": "sbatch --requeue train.sh"}],
+)
+def test_a_job_that_named_no_signal_is_never_signalled(kw: dict[str, object]) -> None:
+    assert job_policy.checkpoint_ask(job(**kw)) is None
+
+
+def test_owners_are_the_user_the_mail_user_and_the_progress_lines_notify_each_once() -> None:
+    progress = JobProgress(step=1, checkpoint_step=0, notify="ml-oncall@example.com")
+    assert job_policy.owner_recipients(job(mail_user="alice@example.com", progress=progress)) == (
+        "alice",
+        "alice@example.com",
+        "ml-oncall@example.com",
+    )
+    assert job_policy.owner_recipients(job(mail_user="alice")) == ("alice",)  # 24.11 defaults it to the user
+
+
+def test_the_retry_budget_counts_gpuheals_requeues_and_names_the_suspects() -> None:
+    past = [
+        PastRecovery(recovery_id="r1", started_at=T0, requeued=True, failed_nodes=("gpu01",)),
+        PastRecovery(recovery_id="r2", started_at=T0 + timedelta(hours=1), requeued=False, failed_nodes=("gpu02",)),
+        PastRecovery(recovery_id="r3", started_at=T0 + timedelta(hours=2), requeued=True, failed_nodes=("gpu03",)),
+    ]
+    budget = job_policy.retry_budget(past, allowed=3, window_s=86400, failing_now=["gpu04"])
+    assert (budget.used, budget.spent, budget.suspects) == (2, False, ("gpu01", "gpu03", "gpu04"))
+    third = [*past, PastRecovery(recovery_id="r4", started_at=T0 + timedelta(hours=3), requeued=True)]
+    assert job_policy.retry_budget(third, allowed=3, window_s=86400, failing_now=[]).spent
+
+
+def test_one_recovery_per_failure_of_a_job() -> None:
+    a = job(submit_time=1796000000, restart_count=0)
+    assert job_policy.recovery_id("prod", a) == "gpuheal-prod-job-12-1796000000-r0"
+    assert job_policy.recovery_id("prod", a) != job_policy.recovery_id(
+        "prod", a.model_copy(update={"restart_count": 1})
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "requeueable", "recoverable"),
+    [("FAILED", True, True), ("NODE_FAIL", True, True), ("COMPLETED", True, False), ("FAILED", False, False)],
+)
+def test_a_job_that_failed_during_the_incident_is_recovered_not_forgotten(
+    state: str, requeueable: bool, recoverable: bool
+) -> None:
+    before = job(requeueable=requeueable)
+    assert job_policy.recoverable(before, before.model_copy(update={"state": state})) is recoverable
+
+
+def test_gpuheal_may_have_ended_a_job_only_if_it_signalled_it() -> None:
+    account = job_policy.account_ended(job(), job(state="COMPLETED"), None)
+    assert account.fate.value == "ended" and not account.caused_by_gpuheal

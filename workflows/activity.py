@@ -1,0 +1,59 @@
+"""Running an activity from a workflow: the one typed helper both workflows use.
+
+`run(act.DRAIN_SLURM_NODE, request, summary=...)` checks at type-check time that `request` is
+the activity's input model and returns its output model; the project's retry policy and
+timeouts apply unless the call says otherwise. The summary shows in the Temporal UI.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.interface import Activity
+    from gpuheal.errors import NON_RETRYABLE
+
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=30,
+    non_retryable_error_types=list(NON_RETRYABLE),
+)
+SHORT = timedelta(seconds=30)
+
+
+async def run(
+    activity: Activity[I, O],
+    arg: I,
+    *,
+    summary: str,
+    timeout: timedelta = SHORT,
+    heartbeat: timedelta | None = None,
+    attempts: int | None = None,
+) -> O:
+    retry = RETRY
+    if attempts is not None:
+        retry = RetryPolicy(
+            initial_interval=RETRY.initial_interval,
+            maximum_interval=RETRY.maximum_interval,
+            maximum_attempts=attempts,
+            non_retryable_error_types=RETRY.non_retryable_error_types,
+        )
+    result: O = await workflow.execute_activity(
+        activity.name,
+        arg,
+        result_type=activity.output,
+        start_to_close_timeout=timeout,
+        heartbeat_timeout=heartbeat,
+        retry_policy=retry,
+        summary=summary,
+    )
+    return result
