@@ -16,6 +16,15 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 
+from gpuheal.fleet import (
+    AdmitAnswer,
+    AdmitAsk,
+    CapacityDecision,
+    CapacityRequest,
+    DomainDecisionFor,
+    DomainIncident,
+    ReleaseRequest,
+)
 from gpuheal.jobs import (
     HoldRequest,
     JobHistory,
@@ -104,6 +113,14 @@ NOTIFY_JOB_OWNER = Activity("notify_job_owner", OwnerNotice, str)
 START_JOB_RECOVERY = Activity("start_job_recovery", RecoveryJoin, RecoveryHandoff)
 JOB_RECOVERY_HISTORY = Activity("job_recovery_history", JobHistoryRequest, JobHistory)
 
+# --- the cluster's coordinator (activities/fleet.py) ------------------------------------------
+ADMIT_INCIDENT = Activity("admit_incident", AdmitAsk, AdmitAnswer)
+REQUEST_CAPACITY = Activity("request_capacity", CapacityRequest, CapacityDecision)
+CONFIRM_CAPACITY = Activity("confirm_capacity", CapacityRequest, CapacityDecision)
+RELEASE_CAPACITY = Activity("release_capacity", ReleaseRequest, str)
+OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
+DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
+
 # --- Kubernetes (activities/kubernetes.py) ----------------------------------------------------
 MAP_KUBE_NODE = Activity("map_kube_node", MapNodeRequest, KubeNodeRef)
 CORDON_AND_TAINT_NODE = Activity("cordon_and_taint_node", CordonRequest, CordonResult)
@@ -139,6 +156,8 @@ JOBS = (
     START_JOB_RECOVERY,
     JOB_RECOVERY_HISTORY,
 )
+FLEET_INCIDENT = (ADMIT_INCIDENT, REQUEST_CAPACITY, CONFIRM_CAPACITY, RELEASE_CAPACITY)  # an incident's side
+FLEET = (*FLEET_INCIDENT, OPEN_DOMAIN_INCIDENT, DECIDE_DOMAIN)
 KUBERNETES = (
     MAP_KUBE_NODE,
     CORDON_AND_TAINT_NODE,
@@ -148,4 +167,4 @@ KUBERNETES = (
     BORROW_INFERENCE_NODE,
     GIVE_BACK_NODE,
 )
-ALL = REMEDIATION + JOBS + KUBERNETES
+ALL = REMEDIATION + JOBS + FLEET + KUBERNETES

@@ -17,7 +17,7 @@ from gpuheal import policy
 from gpuheal.models import Decision, HealthReport
 from gpuheal.render import render_result, render_timeline
 from gpuheal.settings import Settings
-from triggers.start import start_or_join
+from triggers.start import already_handled, start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
 
@@ -38,7 +38,12 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
         observed_at=datetime.now(UTC),
         summary=args.summary,
     )
-    handle = await start_or_join(await connect(settings), settings, report)
+    client = await connect(settings)
+    by = await already_handled(client, report)
+    if by is not None:
+        print(f"{report.describe()}: already handled by {by}; nothing started")
+        return 0
+    handle = await start_or_join(client, settings, report)
     print(f"{report.describe()} -> incident {handle.id}")
     print(f"  {settings.incident_url(handle.id)}")
     return 0
@@ -63,6 +68,8 @@ async def show_status(settings: Settings, args: argparse.Namespace) -> int:
     handle = (await connect(settings)).get_workflow_handle_for(GpuRemediationWorkflow.run, incident)
     status = await handle.query(GpuRemediationWorkflow.status)
     print(f"incident {incident}: stage {status.stage.value}, action {status.action}")
+    if status.held:
+        print(f"  held: {status.held}; an operator may: gpuheal override {args.target} --operator NAME --reason TEXT")
     if status.awaiting_approval:
         print(f"  awaiting approval: gpuheal approve {args.target} --operator NAME --reason TEXT")
     if status.result is not None:

@@ -35,6 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--operator", required=True)
     g.add_argument("--reason", required=True)
 
+    sub.add_parser("fleet", help="the cluster: mode, breaker, budget used and left, held incidents")
+    for verb, what in (("pause", "trip the circuit breaker by hand"), ("resume", "reset the circuit breaker")):
+        b = sub.add_parser(verb, help=what)
+        b.add_argument("--operator", required=True)
+        b.add_argument("--reason", required=True)
+    m = sub.add_parser("mode", help="set the cluster's mode: observe, approve or auto")
+    m.add_argument("mode", choices=["observe", "approve", "auto"])
+    m.add_argument("--operator", required=True)
+    m.add_argument("--reason", required=True)
+    o = sub.add_parser("override", help="let a held incident go now, past the disruption budget")
+    o.add_argument("target", help="node name or incident id")
+    o.add_argument("--operator", required=True)
+    o.add_argument("--reason", required=True)
+    dm = sub.add_parser("domain", help="decide a domain incident: release or dismiss its node incidents")
+    dm.add_argument("decision", choices=["release", "dismiss"])
+    dm.add_argument("domain", help="e.g. gpuheal.io/rack=r7")
+    dm.add_argument("--operator", required=True)
+    dm.add_argument("--reason", required=True)
+    hi = sub.add_parser("history", help="a node's incidents: when, which XID, what was done, how it ended")
+    hi.add_argument("node")
+
     s = sub.add_parser("status", help="an incident's stage, timeline and result")
     s.add_argument("target", help="node name or incident id")
 
@@ -68,6 +89,13 @@ COMMANDS = {
     "abort": ("cli.incident", "decide"),
     "status": ("cli.incident", "show_status"),
     "give-back": ("cli.incident", "give_back"),
+    "fleet": ("cli.fleet", "show_fleet"),
+    "pause": ("cli.fleet", "pause"),
+    "resume": ("cli.fleet", "resume"),
+    "mode": ("cli.fleet", "set_mode"),
+    "override": ("cli.fleet", "override"),
+    "domain": ("cli.fleet", "decide_domain"),
+    "history": ("cli.fleet", "node_history"),
     "worker": ("cli.serve", "worker"),
     "webhook": ("cli.serve", "webhook"),
     "agent": ("cli.serve", "agent"),

@@ -35,8 +35,10 @@ def check_node_name(node: str) -> str:
 Verdict = Literal["approve", "abort"]
 # How an incident ends: resolved (capacity back, its jobs accounted for), ignored (nothing to
 # do), aborted (by an operator), no_capacity (the node is drained and out, no replacement came
-# within the bound; its jobs wait in Slurm without it).
-Outcome = Literal["resolved", "ignored", "aborted", "no_capacity"]
+# within the bound; its jobs wait in Slurm without it), observed (observe mode: what it would
+# have done is in its history; nothing touched), escalated (its domain incident handles the
+# node with the rest of its domain), not_granted (held past the bound: the budget never freed).
+Outcome = Literal["resolved", "ignored", "aborted", "no_capacity", "observed", "escalated", "not_granted"]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
 LIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
@@ -69,6 +71,8 @@ class ActionClass(StrEnum):
 
 class Stage(StrEnum):
     TRIAGE = "triage"
+    OBSERVE = "observe"
+    HELD = "held"
     APPROVAL = "approval"
     NOTIFY = "notify"
     PROTECT = "protect_progress"
@@ -99,6 +103,9 @@ class HealthReport(Frozen):
     source: str = Field(default="cli", pattern=r"^[a-z0-9_-]{1,32}$")
     observed_at: AwareDatetime
     summary: str = Field(default="", max_length=500)
+    # An Alertmanager alert's identity (fingerprint@startsAt): the same alert re-sent starts nothing.
+    alert_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@:+._-]{1,100}$")
+    gpu_uuid: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")  # a GPU's record follows it
 
     @model_validator(mode="after")
     def _xid_or_signal(self) -> HealthReport:
@@ -149,9 +156,10 @@ class JobRecoverySettings(Frozen):
 
 
 class RemediationSettings(Frozen):
-    """Knobs carried in the workflow input, so each incident's history records its own policy."""
+    """The worker's configuration of how remediation runs (timeouts, grace, Kubernetes): the
+    incident reads it from the worker when it is admitted, so its history records it. The
+    cluster's policy (mode, budget, approval, breaker) is the coordinator's: gpuheal.fleet."""
 
-    approval: ApprovalPolicy = ApprovalPolicy()
     kubernetes: KubernetesPolicy | None = None
     borrow: BorrowPolicy | None = None
     # After the checkpoint signal: wait until each job confirms a checkpoint, at most this long;
@@ -170,8 +178,9 @@ class RemediationSettings(Frozen):
 
 
 class RemediationInput(Frozen):
+    """A report says what failed, never how to remediate: the policy is the cluster's."""
+
     report: HealthReport
-    settings: RemediationSettings = RemediationSettings()
 
 
 class Decision(Frozen):
@@ -200,6 +209,7 @@ class NodeInfo(Frozen):
     state: str
     flags: tuple[str, ...] = ()
     reason: str = ""
+    partitions: tuple[str, ...] = ()
 
     @property
     def drained(self) -> bool:
@@ -422,6 +432,8 @@ class RemediationResult(BaseModel):
     jobs_not_requeued: list[UnrequeuedJob] = []
     jobs_resumed: list[ResumedJob] = []
     borrowed_node: str | None = None  # a node borrowed from inference meanwhile (and given back)
+    mode: str = ""  # the cluster's mode it ran under (observe, approve, auto)
+    policy_version: int | None = None  # and the version of the cluster's policy
     replacement_node: str | None = None
     mttr_s: float | None = None
     steps_lost: int = 0
@@ -435,6 +447,7 @@ class RemediationStatus(BaseModel):
     stage: Stage
     action: ActionClass | None
     awaiting_approval: bool
+    held: str | None = None  # why it waits for capacity, and its place in line
     stages: list[StageRecord]
     reports_received: int
     done: list[str]

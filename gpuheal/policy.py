@@ -15,7 +15,6 @@ from datetime import datetime
 from gpuheal.models import (
     LIVE_JOB_STATES,
     ActionClass,
-    ApprovalPolicy,
     HealthReport,
     RequeueResult,
     ResumedJob,
@@ -143,10 +142,6 @@ def triage_all(reports: Sequence[HealthReport]) -> Triage:
 
 def plan_for(action: ActionClass) -> Plan:
     return PLANS[action]
-
-
-def needs_approval(action: ActionClass, approval: ApprovalPolicy) -> bool:
-    return action in approval.required_for
 
 
 def workflow_id(cluster: str, node: str) -> str:

@@ -6,14 +6,16 @@ keeps the workflow thin and lets the CLI, the demo and the notifications say the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from gpuheal.fleet import Placement, VersionedPolicy
 from gpuheal.job_policy import JobCost
 from gpuheal.jobs import RetryBudget, VerifyOutcome
 from gpuheal.models import (
     ActionClass,
     BorrowResult,
+    CheckpointAsk,
     CheckpointOutcome,
     CordonResult,
     Decision,
@@ -24,6 +26,7 @@ from gpuheal.models import (
     JobFate,
     JobList,
     JobSnapshot,
+    KubeNodeRef,
     Outcome,
     RecordedDecision,
     RemediationResult,
@@ -32,12 +35,60 @@ from gpuheal.models import (
     StageRecord,
     UnrequeuedJob,
 )
+from gpuheal.policy import Plan
 
 # --- stage outcomes (the line each stage leaves in the UI's current details) ----------------
 
 
 def triaged(action: ActionClass, reason: str) -> str:
     return f"{action.value}: {reason}"
+
+
+def admitted(version: VersionedPolicy | None, placement: Placement | None) -> str:
+    if version is None:
+        return ""
+    where = f"; pool {placement.pool}" + "".join(f", {d}" for d in placement.domains) if placement else ""
+    return f" [policy v{version.version}, mode {version.policy.mode}{where}]"
+
+
+def would_do(
+    node: str,
+    plan: Plan,
+    jobs: Sequence[JobSnapshot],
+    asks: Mapping[int, CheckpointAsk | None],
+    kube: KubeNodeRef | None,
+    reason: str,
+) -> list[str]:
+    """Observe mode: the actions the incident would take, in order, each one line."""
+    lines = []
+    for job in jobs:
+        ask = asks.get(job.job_id)
+        if ask is not None:
+            lines.append(f"would ask job {job.job_id} to checkpoint (SIG{ask.signal})")
+    if plan.drain:
+        lines.append(f"would drain {node} ({reason})")
+        if kube is not None:
+            lines.append(f"would cordon and taint Kubernetes node {kube.kube_node}, and evict its pods")
+    if plan.requeue:
+        for job in jobs:
+            lines.append(
+                f"would requeue job {job.job_id} ({job.name}, {job.user or '?'})"
+                + (f" excluding {node}" if plan.avoid_failed_node else "")
+            )
+    if plan.repair is ActionClass.REPLACE_NODE:
+        lines.append(f"would replace {node} through the provider")
+    elif plan.repair is not None:
+        lines.append(f"would {plan.repair.value.replace('_', ' ')} on {node}, then resume it after a health check")
+    return lines or [f"would leave {node} as it is"]
+
+
+def held(report: HealthReport, why: str) -> str:
+    return f"{report.describe()}: held, {why}"
+
+
+def escalated_state(node: str, drain: DrainResult | None, why: str) -> str:
+    drained = "drained; " if drain is not None and drain.drained_by_us else ""
+    return f"{drained}not replaced: {why}"
 
 
 def decided(d: RecordedDecision) -> str:

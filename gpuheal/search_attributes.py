@@ -18,13 +18,14 @@ STAGE = SearchAttributeKey.for_keyword("Stage")
 ACTION = SearchAttributeKey.for_keyword("Action")
 JOB_ID = SearchAttributeKey.for_int("JobId")  # on job recoveries: `JobId=12` finds a job's history
 BORROWED = SearchAttributeKey.for_keyword("BorrowedNode")  # an incident's node borrowed from inference
+ALERT_KEYS = SearchAttributeKey.for_keyword_list("AlertKeys")  # fingerprint@startsAt of its alerts
 
-ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED)
+ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS)
 
 
 def type_name(key: SearchAttributeKey[Any]) -> str:
     """The type as the temporal CLI spells it (Keyword, Int, ...)."""
-    return key.indexed_value_type.name.capitalize()
+    return key.indexed_value_type.name.title().replace("_", "")
 
 
 def cli_flags() -> list[str]:

@@ -28,9 +28,6 @@ commands that name incidents need GPUHEAL_CLUSTER.
 | GPUHEAL_SLURM_ROOT | (none) | sandbox provider only: the Debian root of a newer Slurm (infra/slurm/roots.sh) |
 | GPUHEAL_WEBHOOK_TOKEN | (none: webhook refuses to start) | bearer token the webhook demands |
 | GPUHEAL_NOTIFY_URL | (none) | webhook that receives notifications |
-| GPUHEAL_APPROVAL_REQUIRED | (none) | comma list of action classes that wait for a human |
-| GPUHEAL_APPROVAL_TIMEOUT_S | 900 | how long to wait for approve / abort |
-| GPUHEAL_APPROVAL_DEFAULT | abort | what silence means |
 | GPUHEAL_CHECKPOINT_GRACE_S | 30 | at most this long for each signalled job to confirm a checkpoint |
 | GPUHEAL_CHECKPOINT_UNCONFIRMED_WAIT_S | 5 | a signalled job that publishes no progress is waited for this long |
 | GPUHEAL_VERIFY_TIMEOUT_S | 1800 | how long a requeued job may take to train past its checkpoint |
@@ -54,6 +51,30 @@ commands that name incidents need GPUHEAL_CLUSTER.
 | GPUHEAL_K8S_NO_EXECUTE | (unset) | 1: also taint NoExecute |
 | GPUHEAL_K8S_DRAIN_DEADLINE_S | 300 | how long PDB-blocked evictions are retried |
 | GPUHEAL_K8S_ON_PDB_TIMEOUT | hold | then: hold (wait for approve/abort) or delete |
+| GPUHEAL_DOMAIN_LABELS | gpuheal.io/rack,gpuheal.io/nvlink-domain | Node labels that name topology domains |
+
+The cluster's policy (gpuheal.fleet): the worker's configuration seeds the coordinator when the
+cluster's first incident comes; from then on the coordinator's policy rules (change it with
+`gpuheal mode` or the coordinator's `set_policy` update), whoever sends a report.
+
+| variable | default | meaning |
+|---|---|---|
+| GPUHEAL_MODE | auto | observe (record, touch nothing), approve (every action waits for a human), auto |
+| GPUHEAL_APPROVAL_REQUIRED | (none) | comma list of action classes that wait for a human |
+| GPUHEAL_APPROVAL_TIMEOUT_S | 900 | how long to wait for approve / abort |
+| GPUHEAL_APPROVAL_DEFAULT | abort | what silence means |
+| GPUHEAL_BUDGET | 10% | nodes out of service because of gpuheal at once: a count (3) or a share (5%) |
+| GPUHEAL_BUDGET_PER_POOL | (none) | the same per pool (gpuheal.io/pool label, or Slurm partition) |
+| GPUHEAL_BUDGET_PER_DOMAIN | (none) | the same per topology domain (GPUHEAL_DOMAIN_LABELS) |
+| GPUHEAL_RATE / GPUHEAL_RATE_WINDOW_S | 20 / 3600 | new remediations per window |
+| GPUHEAL_NODE_COOLDOWN_S | 1800 | a node's next remediation waits this long after its last |
+| GPUHEAL_BREAKER_MAX / _WINDOW_S | 10 / 300 | more new incidents than this within the window trips the breaker |
+| GPUHEAL_BREAKER_DOMAIN_SHARE | 0.75 | ... or more than this share of one domain |
+| GPUHEAL_ESCALATION_SHARE / _WINDOW_S | 0.5 / 300 | this share of a domain within the window is one domain incident |
+| GPUHEAL_REPEAT_INCIDENTS / _WINDOW_S | 3 / 604800 | a node (or GPU) with this many incidents in it is replaced |
+| GPUHEAL_HELD_CONTAINMENT | drain | while held: drain (nothing new lands on the node) or none (touch nothing) |
+| GPUHEAL_DUPLICATE_WINDOW_S | 600 | a report for a node whose incident closed this recently starts nothing |
+| GPUHEAL_MAX_HOLD_S | 21600 | a held incident waits at most this long, then ends not_granted |
 """
 
 from __future__ import annotations
@@ -66,6 +87,7 @@ from typing import Literal
 from pydantic import BaseModel, SecretStr
 
 from gpuheal.errors import SettingsError
+from gpuheal.fleet import BreakerPolicy, BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.models import (
     ActionClass,
     ApprovalPolicy,
@@ -115,6 +137,8 @@ class Settings(BaseModel):
     sandbox_kubeconfig: str | None = None
     k8s_in_cluster: bool = False
     remediation: RemediationSettings = RemediationSettings()
+    fleet: FleetPolicy = FleetPolicy()  # seeds the cluster's coordinator (its policy rules after)
+    domain_labels: tuple[str, ...] = ("gpuheal.io/rack", "gpuheal.io/nvlink-domain")
 
     @property
     def kubernetes_enabled(self) -> bool:
@@ -195,8 +219,40 @@ class Settings(BaseModel):
             kubeconfig=kubeconfig,
             sandbox_kubeconfig=opt("GPUHEAL_SANDBOX_KUBECONFIG"),
             k8s_in_cluster=in_cluster,
-            remediation=RemediationSettings(
+            fleet=FleetPolicy(
+                mode=get("GPUHEAL_MODE", "auto"),
                 approval=approval,
+                budget=BudgetPolicy(
+                    cluster=get("GPUHEAL_BUDGET", "10%"),
+                    per_pool=opt("GPUHEAL_BUDGET_PER_POOL"),
+                    per_domain=opt("GPUHEAL_BUDGET_PER_DOMAIN"),
+                    rate=int(get("GPUHEAL_RATE", "20")),
+                    rate_window_s=float(get("GPUHEAL_RATE_WINDOW_S", "3600")),
+                    node_cooldown_s=float(get("GPUHEAL_NODE_COOLDOWN_S", "1800")),
+                ),
+                breaker=BreakerPolicy(
+                    max_incidents=int(get("GPUHEAL_BREAKER_MAX", "10")),
+                    window_s=float(get("GPUHEAL_BREAKER_WINDOW_S", "300")),
+                    domain_share=float(get("GPUHEAL_BREAKER_DOMAIN_SHARE", "0.75")),
+                ),
+                escalation=EscalationPolicy(
+                    domain_share=float(get("GPUHEAL_ESCALATION_SHARE", "0.5")),
+                    window_s=float(get("GPUHEAL_ESCALATION_WINDOW_S", "300")),
+                ),
+                repeat=RepeatPolicy(
+                    incidents=int(get("GPUHEAL_REPEAT_INCIDENTS", "3")),
+                    window_s=float(get("GPUHEAL_REPEAT_WINDOW_S", str(7 * 86400))),
+                ),
+                containment_while_held=get("GPUHEAL_HELD_CONTAINMENT", "drain"),
+                duplicate_window_s=float(get("GPUHEAL_DUPLICATE_WINDOW_S", "600")),
+                max_hold_s=float(get("GPUHEAL_MAX_HOLD_S", "21600")),
+            ),
+            domain_labels=tuple(
+                x.strip()
+                for x in get("GPUHEAL_DOMAIN_LABELS", "gpuheal.io/rack,gpuheal.io/nvlink-domain").split(",")
+                if x.strip()
+            ),
+            remediation=RemediationSettings(
                 checkpoint_grace_s=float(get("GPUHEAL_CHECKPOINT_GRACE_S", "30")),
                 checkpoint_unconfirmed_wait_s=float(get("GPUHEAL_CHECKPOINT_UNCONFIRMED_WAIT_S", "5")),
                 verify_timeout_s=verify_timeout_s,

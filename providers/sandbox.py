@@ -26,6 +26,8 @@ from gpuheal.errors import SettingsError
 from gpuheal.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
 from providers.base import NoSpareCapacity, ProviderContext
 
+NOT_RESPONDING_GRACE_S = 10.0
+
 
 def kwok_node(name: str, pool: str) -> client.V1Node:
     """A Node that kwok keeps Ready (the annotation is kwok's selector in infra/k8s/cluster.sh)."""
@@ -150,6 +152,12 @@ class SandboxProvider:
 
     async def check_health(self, node: str) -> HealthCheckResult:
         info = (await self._slurm.nodes()).get(node)
+        # slurmctld marks a node it has just been asked about (a resume, a drain right after one)
+        # not responding until its ping comes back, a fraction of a second: wait that out.
+        deadline = time.monotonic() + NOT_RESPONDING_GRACE_S
+        while info is not None and "NOT_RESPONDING" in info.flags and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            info = (await self._slurm.nodes()).get(node)
         if info is None:
             return HealthCheckResult(node=node, healthy=False, detail="not in service")
         if "NOT_RESPONDING" in info.flags or info.state == "down":

@@ -18,6 +18,17 @@ from activities import interface as act
 from activities.interface import implements
 from activities.jobs import JobActivities
 from clients.owners import LogOwnerNotifier
+from gpuheal.fleet import (
+    Admission,
+    AdmitAnswer,
+    AdmitAsk,
+    CapacityDecision,
+    CapacityRequest,
+    FleetPolicy,
+    Placement,
+    ReleaseRequest,
+    VersionedPolicy,
+)
 from gpuheal.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
 from gpuheal.models import (
     BorrowedNode,
@@ -38,6 +49,7 @@ from gpuheal.models import (
     NodeRef,
     Notification,
     RemediationResult,
+    RemediationSettings,
     RepairRequest,
     RepairResult,
     ReplacementResult,
@@ -48,8 +60,22 @@ from gpuheal.models import (
 
 
 class FakeCluster:
-    def __init__(self, healthy_after_repair: bool = True, can_repair: bool = True, spares: int = 1) -> None:
+    """`settings` are the worker's, `policy` the cluster's, as the coordinator's admission would
+    hand them to the incident; `grant` is what every capacity request is answered."""
+
+    def __init__(
+        self,
+        healthy_after_repair: bool = True,
+        can_repair: bool = True,
+        spares: int = 1,
+        settings: RemediationSettings | None = None,
+        policy: FleetPolicy | None = None,
+        grant: bool = True,
+    ) -> None:
         self.calls: list[str] = []
+        self.settings = settings or RemediationSettings(checkpoint_grace_s=30)
+        self.policy = policy or FleetPolicy()
+        self.grant = grant
         self.notes: list[Notification] = []
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
@@ -67,7 +93,37 @@ class FakeCluster:
         )
 
     def activities(self) -> list[Callable[..., Any]]:
-        return self.node_activities() + self.job_activities()
+        return self.node_activities() + self.job_activities() + self.fleet_activities()
+
+    def fleet_activities(self) -> list[Callable[..., Any]]:
+        c = self
+
+        @implements(act.ADMIT_INCIDENT)
+        async def admit(ask: AdmitAsk) -> AdmitAnswer:
+            c.calls.append("admit")
+            policy = VersionedPolicy(version=1, policy=c.policy, changed_by="test", reason="test", at=datetime.now(UTC))
+            return AdmitAnswer(
+                admission=Admission(policy=policy),
+                settings=c.settings,
+                placement=Placement(node=ask.node, cluster_size=10),
+            )
+
+        @implements(act.REQUEST_CAPACITY)
+        async def request(req: CapacityRequest) -> CapacityDecision:
+            c.calls.append("request_capacity")
+            return CapacityDecision(granted=c.grant, reason="test grant" if c.grant else "test: held", position=1)
+
+        @implements(act.CONFIRM_CAPACITY)
+        async def confirm(req: CapacityRequest) -> CapacityDecision:
+            c.calls.append("confirm_capacity")
+            return CapacityDecision(granted=True, reason="still granted", already=True)
+
+        @implements(act.RELEASE_CAPACITY)
+        async def release(req: ReleaseRequest) -> str:
+            c.calls.append("release_capacity")
+            return "released"
+
+        return [admit, request, confirm, release]
 
     def node_activities(self) -> list[Callable[..., Any]]:
         c = self

@@ -10,7 +10,7 @@ from gpuheal.settings import Settings
 def test_defaults_have_no_kubernetes_and_no_approval() -> None:
     s = Settings.from_env({})
     assert s.remediation.kubernetes is None and not s.kubernetes_enabled
-    assert s.remediation.approval.required_for == ()
+    assert s.fleet.approval.required_for == ()
     assert s.webhook_token is None
 
 
@@ -25,8 +25,8 @@ def test_environment_is_parsed() -> None:
             "GPUHEAL_WEBHOOK_TOKEN": "t0ken",
         }
     )
-    assert s.remediation.approval.required_for == (ActionClass.REPLACE_NODE, ActionClass.REBOOT_NODE)
-    assert s.remediation.approval.default_on_timeout == "approve"
+    assert s.fleet.approval.required_for == (ActionClass.REPLACE_NODE, ActionClass.REBOOT_NODE)
+    assert s.fleet.approval.default_on_timeout == "approve"
     k8s = s.remediation.kubernetes
     assert k8s is not None and k8s.no_execute and k8s.on_pdb_timeout == "delete"
     assert "t0ken" not in repr(s)  # secrets stay out of logs

@@ -12,6 +12,7 @@ import typing
 import pytest
 
 from activities import interface as act
+from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
 from activities.kubernetes import KubernetesActivities
 from activities.remediation import RemediationActivities
@@ -29,7 +30,12 @@ def implementations(cls: type) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     ("cls", "refs"),
-    [(RemediationActivities, act.REMEDIATION), (JobActivities, act.JOBS), (KubernetesActivities, act.KUBERNETES)],
+    [
+        (RemediationActivities, act.REMEDIATION),
+        (JobActivities, act.JOBS),
+        (FleetActivities, act.FLEET),
+        (KubernetesActivities, act.KUBERNETES),
+    ],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:
     impls = implementations(cls)
@@ -43,7 +49,7 @@ def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activit
 
 def test_the_fakes_implement_the_same_interface() -> None:
     names = {fn.__temporal_activity_definition.name for fn in FakeCluster().activities()}  # type: ignore[attr-defined]
-    assert names == {r.name for r in act.REMEDIATION + act.JOBS}
+    assert names == {r.name for r in act.REMEDIATION + act.JOBS + act.FLEET_INCIDENT}
 
 
 @pytest.mark.parametrize(

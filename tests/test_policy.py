@@ -6,7 +6,7 @@ import pytest
 
 from gpuheal import policy
 from gpuheal.models import ActionClass as A
-from gpuheal.models import ApprovalPolicy, HealthReport, RequeueResult, ResumedJob
+from gpuheal.models import HealthReport, RequeueResult, ResumedJob
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -86,12 +86,6 @@ def test_plans() -> None:
     assert policy.plan_for(A.RESTART_APP) == policy.Plan(False, True, None, False)
     assert policy.plan_for(A.REPLACE_NODE).repair == A.REPLACE_NODE
     assert all(policy.plan_for(a).drain for a in (A.RESET_GPU, A.REBOOT_NODE, A.REPLACE_NODE))
-
-
-def test_approval_policy() -> None:
-    approval = ApprovalPolicy(required_for=(A.REPLACE_NODE,))
-    assert policy.needs_approval(A.REPLACE_NODE, approval)
-    assert not policy.needs_approval(A.RESET_GPU, approval)
 
 
 def test_drain_ownership() -> None:

@@ -15,6 +15,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from clients.temporal import DATA_CONVERTER
+from workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
 from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -23,10 +24,14 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_histories_are_present() -> None:
     assert len(HISTORIES) >= 3
+    assert any(p.name.endswith(".fleet.json") for p in HISTORIES)  # the coordinator's too
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_replay(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow], data_converter=DATA_CONVERTER)
+    replayer = Replayer(
+        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow],
+        data_converter=DATA_CONVERTER,
+    )
     await replayer.replay_workflow(history)

@@ -11,7 +11,8 @@ import pytest
 
 from clients.slurm.base import UnknownSchema
 from clients.slurm.hostlist import expand
-from clients.slurm.parsers import parse_jobs, parse_nodes, schema_of
+from clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, schema_of
+from gpuheal.models import NodeInfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}
@@ -95,3 +96,46 @@ def test_hostlists_expand_as_slurm_does(expr: str, names: list[str]) -> None:
 def test_a_malformed_hostlist_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="hostlist"):
         expand(bad)
+
+
+# `scontrol -o show node NAME` on 22.05 (captured from the sandbox), and what its `sinfo --json`
+# said of the same nodes at the same moment: the one-node text read must agree with it.
+SHOW_NODE_2205 = {
+    "fleet0001": (
+        "NodeName=fleet0001 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=4 CPUTot=4 CPULoad=N/A AvailableFeatures=(null) "
+        "ActiveFeatures=(null) Gres=(null) NodeAddr=127.0.0.1 NodeHostName=localhost Port=21924  RealMemory=1000 "
+        "AllocMem=0 FreeMem=N/A Sockets=4 Boards=1 State=UNKNOWN+DRAIN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 "
+        "Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu  BootTime=None SlurmdStartTime=None LastBusyTime=Unknown "
+        "CfgTRES=cpu=4,mem=1000M,billing=4 AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s "
+        "ExtSensorsWatts=0 ExtSensorsTemp=n/s Reason=gpuheal-sandbox-fleet0001: XID 79: GPU fell off the bus: "
+        "the GPU is gone, replace the node [root@2026-11-30T17:44:22]",
+        NodeInfo(
+            name="fleet0001",
+            state="unknown",
+            flags=("DRAIN", "NOT_RESPONDING"),
+            reason="gpuheal-sandbox-fleet0001: XID 79: GPU fell off the bus: the GPU is gone, replace the node",
+            partitions=("gpu",),
+        ),
+    ),
+    "gpu01": (
+        "NodeName=gpu01 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=4 CPUTot=4 CPULoad=3.63 "
+        "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=127.0.0.1 NodeHostName=localhost "
+        "Port=21918 Version=22.05.8 OS=Linux 6.18.44-fc-v509 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=1000 "
+        "AllocMem=0 FreeMem=19982 Sockets=4 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A "
+        "MCS_label=N/A Partitions=gpu,debug  BootTime=2026-11-30T13:37:30 SlurmdStartTime=2026-11-30T17:43:39 "
+        "LastBusyTime=2026-11-30T17:43:39 CfgTRES=cpu=4,mem=1000M,billing=4 AllocTRES= CapWatts=n/a "
+        "CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s",
+        NodeInfo(name="gpu01", state="idle", flags=(), reason="", partitions=("gpu", "debug")),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHOW_NODE_2205))
+def test_one_node_read_from_scontrols_text_agrees_with_sinfos_json(name: str) -> None:
+    line, expected = SHOW_NODE_2205[name]
+    info = parse_node_line(line)
+    assert info == expected and info is not None and info.drained == ("DRAIN" in expected.flags)
+
+
+def test_a_line_that_is_not_a_node_is_refused() -> None:
+    assert parse_node_line("Node gpu99 not found") is None

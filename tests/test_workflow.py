@@ -17,6 +17,7 @@ from temporalio.worker import Worker
 
 from clients.temporal import DATA_CONVERTER
 from gpuheal import search_attributes as sa
+from gpuheal.fleet import FleetPolicy, GrantNotice
 from gpuheal.models import (
     ActionClass,
     ApprovalPolicy,
@@ -24,7 +25,6 @@ from gpuheal.models import (
     HealthReport,
     JobFate,
     RemediationResult,
-    RemediationSettings,
     Stage,
 )
 from gpuheal.settings import Settings
@@ -49,6 +49,10 @@ NODE_SIDE = {
     "health",
     "resume",
     "find_jobs",
+    "admit",
+    "request_capacity",
+    "confirm_capacity",
+    "release_capacity",
 }
 
 
@@ -70,12 +74,13 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
-def settings(approval: ApprovalPolicy | None = None) -> Settings:
-    return Settings(
-        task_queue=f"tq-{uuid.uuid4()}",
-        cluster="test",
-        remediation=RemediationSettings(approval=approval or ApprovalPolicy(), checkpoint_grace_s=30),
-    )
+def settings() -> Settings:
+    return Settings(task_queue=f"tq-{uuid.uuid4()}", cluster="test")
+
+
+def approving(approval: ApprovalPolicy) -> FakeCluster:
+    """A cluster whose policy makes these action classes wait for a human."""
+    return FakeCluster(policy=FleetPolicy(approval=approval))
 
 
 def report(xid: int = 79) -> HealthReport:
@@ -108,15 +113,19 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
     node_calls = [c for c in fake.calls if c in NODE_SIDE]
     assert node_calls == [
         "look_up",
+        "admit",
+        "request_capacity",
         "notify:remediating",
         "list_jobs",
         "checkpoint",
         "confirm",
         "drain",
         "list_jobs",
+        "confirm_capacity",
         "replace",
         "decommission",
         "notify:closed_resolved",
+        "release_capacity",
         "metrics",
     ]
     # the job went to its recovery: requeued once, verified, its owner told twice
@@ -145,7 +154,7 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
 
 
 async def test_approve_by_update(env: WorkflowEnvironment) -> None:
-    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    fake, s = approving(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,))), settings()
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.APPROVAL)
@@ -164,7 +173,7 @@ async def test_approve_by_update(env: WorkflowEnvironment) -> None:
 
 
 async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnvironment) -> None:
-    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    fake, s = approving(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,))), settings()
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.APPROVAL)
@@ -179,7 +188,7 @@ async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnv
 
 
 async def test_decision_outside_the_approval_wait_is_rejected(env: WorkflowEnvironment) -> None:
-    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    fake, s = approving(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,))), settings()
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.APPROVAL)
@@ -195,7 +204,7 @@ async def test_decision_outside_the_approval_wait_is_rejected(env: WorkflowEnvir
 @pytest.mark.parametrize(("default", "outcome"), [("abort", "aborted"), ("approve", "resolved")])
 async def test_approval_timeout_falls_back_to_the_default(env: WorkflowEnvironment, default: str, outcome: str) -> None:
     approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=900, default_on_timeout=default)  # type: ignore[arg-type]
-    fake, s = FakeCluster(), settings(approval)
+    fake, s = approving(approval), settings()
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == outcome
@@ -206,7 +215,7 @@ async def test_approval_timeout_falls_back_to_the_default(env: WorkflowEnvironme
 
 
 async def test_approve_by_signal(env: WorkflowEnvironment) -> None:
-    fake, s = FakeCluster(), settings(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    fake, s = approving(ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,))), settings()
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.APPROVAL)
@@ -256,9 +265,7 @@ async def test_a_provider_that_cannot_repair_replaces_instead(env: WorkflowEnvir
 
 async def test_no_spare_waits_for_capacity_within_its_bound_then_closes_no_capacity(env: WorkflowEnvironment) -> None:
     fake, s = FakeCluster(spares=0), settings()
-    s = s.model_copy(
-        update={"remediation": s.remediation.model_copy(update={"capacity_wait_s": 600, "capacity_retry_s": 120})}
-    )
+    fake.settings = fake.settings.model_copy(update={"capacity_wait_s": 600, "capacity_retry_s": 120})
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "no_capacity"  # a named end, not a failed workflow
@@ -282,3 +289,45 @@ async def test_a_job_that_asks_for_no_signal_is_not_signalled(env: WorkflowEnvir
     assert account.checkpoint is not None and account.checkpoint.signal is None
     assert "not signalled" in account.checkpoint.detail
     assert account.fate == JobFate.REQUEUED  # still recovered: requeued and verified
+
+
+async def test_observe_mode_records_the_plan_and_touches_nothing(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(policy=FleetPolicy(mode="observe")), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "observed" and result.mode == "observe"
+    assert fake.calls == ["look_up", "admit", "list_jobs", "notify:closed_observed", "metrics"]
+    observe = next(st for st in result.stages if st.stage == Stage.OBSERVE)
+    assert "would drain gpu01" in observe.outcome and "would requeue job 7" in observe.outcome
+    assert result.node_state == "untouched (observe mode)"
+    assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
+
+
+async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(grant=False), settings()
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.HELD)
+        for _ in range(100):  # contained: drained, nothing else
+            if "notify:held" in fake.calls and "drain" in fake.calls:
+                break
+            await asyncio.sleep(0.05)
+        assert "replace" not in fake.calls and "checkpoint" not in fake.calls
+        status = await handle.query(GpuRemediationWorkflow.status)
+        assert status.held is not None and "test: held" in status.held
+        await handle.signal("capacity", GrantNotice(granted=True, reason="granted: a grant was released"))
+        result = await handle.result()
+    assert result.outcome == "resolved" and fake.calls.count("drain") == 1
+    held = next(st for st in result.stages if st.stage == Stage.HELD)
+    assert held.outcome == "granted: a grant was released"
+
+
+async def test_held_incident_ends_not_granted_at_its_bound(env: WorkflowEnvironment) -> None:
+    fake, s = FakeCluster(grant=False, policy=FleetPolicy(max_hold_s=3600)), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "not_granted" and "not granted within 3600 s" in result.reason
+    assert "replace" not in fake.calls and "requeue:7" not in fake.calls
+    assert "drained by this incident" in result.node_state
+    assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
+    assert "release_capacity" in fake.calls  # its place in line is given back

@@ -19,6 +19,7 @@ from gpuheal.models import HealthReport
 NODE_LABELS = ("node", "Hostname", "hostname", "instance")
 XID_LABELS = ("xid", "err_code", "XID")
 GPU_LABELS = ("gpu", "GPU", "gpu_index")
+UUID_LABELS = ("UUID", "gpu_uuid", "uuid")  # dcgm-exporter labels the GPU's UUID
 
 
 class Alert(BaseModel):
@@ -112,6 +113,8 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
                 source="alertmanager",
                 observed_at=alert.startsAt,
                 summary=(alert.annotations.get("summary") or alert.labels.get("alertname", ""))[:500],
+                alert_key=_alert_key(alert),
+                gpu_uuid=_first(alert.labels, UUID_LABELS),
             )
         except (ValidationError, ValueError) as err:
             rejected.append(Rejected(alert=name, reason=describe_error(err)))
@@ -158,6 +161,15 @@ def firing_payload(
         alerts=[alert],
     )
     return payload.model_dump(mode="json")
+
+
+def _alert_key(alert: Alert) -> str | None:
+    """fingerprint@startsAt: Alertmanager re-sends a firing alert every repeat_interval with both
+    unchanged; a new firing of the same rule has a new start."""
+    if not alert.fingerprint:
+        return None
+    key = f"{alert.fingerprint}@{alert.startsAt.astimezone(UTC):%Y%m%dT%H%M%S}"
+    return re.sub(r"[^A-Za-z0-9@:+._-]", "-", key)[:100]
 
 
 def describe_error(err: Exception) -> str:

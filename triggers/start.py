@@ -1,20 +1,26 @@
-"""Start a remediation, or join the one already running for the node.
+"""Start a remediation, or join the one already running for the node, or say who handled it.
 
 Every trigger (CLI, Alertmanager webhook, node agent, Slurm health check) ends here. The workflow
 id is derived from cluster and node, and the start is a signal-with-start: a second report for a
 node under remediation is delivered to the running workflow as a `report` signal instead of
-starting a second drain.
+starting a second drain. A report an earlier incident already handled (the same alert, by
+fingerprint and start, or any report within the cluster's duplicate window after that incident
+closed) starts nothing: `already_handled` names the incident. A report carries what failed,
+never how to remediate: the policy is the cluster's (its coordinator's).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 from gpuheal import policy
 from gpuheal import search_attributes as sa
+from gpuheal.fleet import VersionedPolicy, coordinator_id
 from gpuheal.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
 from gpuheal.settings import Settings
 from workflows.remediation import GpuRemediationWorkflow
@@ -30,9 +36,11 @@ async def start_or_join(
     ]
     if report.xid is not None:
         attrs.append(SearchAttributePair(sa.XID, report.xid))
+    if report.alert_key:
+        attrs.append(SearchAttributePair(sa.ALERT_KEYS, [report.alert_key]))
     return await client.start_workflow(
         GpuRemediationWorkflow.run,
-        RemediationInput(report=report, settings=settings.remediation),
+        RemediationInput(report=report),
         id=policy.workflow_id(report.cluster, report.node),
         task_queue=settings.task_queue,
         start_signal="report",
@@ -59,3 +67,33 @@ async def give_back_borrowed(client: Client, cluster: str, node: str, operator: 
         except WorkflowUpdateFailedError as err:
             return f"{execution.id} refused: {err.cause}"
     return f"no running incident has borrowed {node}"
+
+
+async def already_handled(client: Client, report: HealthReport) -> str | None:
+    """The incident that already handled this report, or None (then start or join). Read-only:
+    the same alert (fingerprint@startsAt) in any earlier incident of the node, or any report
+    within the cluster's duplicate window after the node's last incident closed."""
+    base = f'WorkflowType="GpuRemediation" AND Cluster="{report.cluster}" AND NodeName="{report.node}"'
+    async for _ in client.list_workflows(f'{base} AND ExecutionStatus="Running"', limit=1):
+        return None  # running: the report joins it
+    if report.alert_key:
+        async for wf in client.list_workflows(f'{base} AND {sa.ALERT_KEYS.name}="{report.alert_key}"', limit=1):
+            return f"{wf.id} (the same alert, {report.alert_key})"
+    # Only a node with a closed incident asks the coordinator for the window (a storm of new
+    # nodes costs the coordinator nothing here).
+    last = None
+    async for wf in client.list_workflows(f'{base} AND ExecutionStatus!="Running"', limit=1):
+        last = wf
+    if last is None or last.close_time is None:
+        return None
+    try:
+        cluster_policy: VersionedPolicy = await client.get_workflow_handle(coordinator_id(report.cluster)).query(
+            "current_policy", result_type=VersionedPolicy
+        )
+    except RPCError:
+        return None  # no coordinator (yet): no window to apply
+    window = cluster_policy.policy.duplicate_window_s
+    ago = (datetime.now(UTC) - last.close_time).total_seconds()
+    if window <= 0 or ago >= window:
+        return None
+    return f"{last.id} (closed {ago:.0f} s ago, within the cluster's {window:g} s duplicate window)"

@@ -21,12 +21,13 @@ from temporalio.client import Client
 from gpuheal.models import HealthReport
 from gpuheal.settings import Settings
 from triggers.alertmanager import AlertmanagerPayload, GiveBack, describe_error, to_reports
-from triggers.start import give_back_borrowed, start_or_join
+from triggers.start import already_handled, give_back_borrowed, start_or_join
 
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
 Starter = Callable[[HealthReport], Awaitable[str]]
+Handled = Callable[[HealthReport], Awaitable[str | None]]  # the incident that already handled it
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
 
 
@@ -54,6 +55,7 @@ def make_app(
     start: Starter,
     *,
     give_back: GiveBacker | None = None,
+    handled: Handled | None = None,
     rate_per_s: float = 20.0,
     burst: int = 40,
 ) -> web.Application:
@@ -90,8 +92,13 @@ def make_app(
                 status=400,
             )
         started = []
+        skipped = []
         for report in parsed.reports:
             try:
+                by = await handled(report) if handled is not None else None
+                if by is not None:  # re-sent, or within the duplicate window: starts nothing
+                    skipped.append({"by": by.split(" ")[0], "why": by, "report": report.describe()})
+                    continue
                 workflow_id = await start(report)
             except Exception as err:
                 log.error("could not start remediation for %s: %s", report.describe(), err)
@@ -106,6 +113,7 @@ def make_app(
         return web.json_response(
             {
                 "started_or_joined": started,
+                "already_handled": skipped,
                 "give_back": answers,
                 "rejected": [r.model_dump() for r in parsed.rejected],
                 "resolved_ignored": parsed.resolved,
@@ -137,7 +145,13 @@ def temporal_give_back(client: Client) -> GiveBacker:
 
 
 async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
-    runner = web.AppRunner(make_app(settings, temporal_starter(client, settings), give_back=temporal_give_back(client)))
+    app = make_app(
+        settings,
+        temporal_starter(client, settings),
+        give_back=temporal_give_back(client),
+        handled=lambda report: already_handled(client, report),
+    )
+    runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("webhook listening on http://%s:%d/alertmanager", host, port)

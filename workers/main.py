@@ -22,8 +22,10 @@ from prometheus_client import start_http_server
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.fleet import FleetActivities
 from activities.jobs import JobActivities
 from activities.remediation import RemediationActivities
 from clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
@@ -32,14 +34,17 @@ from clients.slurm import build_slurm
 from clients.temporal import connect
 from gpuheal import search_attributes as sa
 from gpuheal.errors import SettingsError
+from gpuheal.fleet import FleetStatus, coordinator_id
 from gpuheal.settings import Settings
 from providers import build_provider
 from providers.base import ProviderContext
 from workers import metrics
+from workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
 from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.remediation import GpuRemediationWorkflow
 
 log = logging.getLogger("gpuheal.worker")
+MAX_CACHED_WORKFLOWS = 300
 
 
 def activity_list(settings: Settings) -> list[Callable[..., Any]]:
@@ -62,6 +67,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     if routes:
         owners = WebhookOwnerNotifier(routes, settings.owner_format)
     jobs = JobActivities(slurm, owners, settings.remediation.jobs)
+    fleet = FleetActivities(slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels)
     found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,
         acts.notify_operators,
@@ -85,6 +91,12 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         jobs.notify_job_owner,
         jobs.start_job_recovery,
         jobs.job_recovery_history,
+        fleet.admit_incident,
+        fleet.request_capacity,
+        fleet.confirm_capacity,
+        fleet.release_capacity,
+        fleet.open_domain_incident,
+        fleet.decide_domain,
     ]
     if kube_api is not None:
         from activities.kubernetes import KubernetesActivities
@@ -106,19 +118,28 @@ def make_worker(client: Client, settings: Settings, activities: list[Callable[..
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow],
+        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow],
         activities=activities if activities is not None else activity_list(settings),
         graceful_shutdown_timeout=timedelta(seconds=10),
+        # A held incident sleeps for minutes: evicted, it costs one short replay when it wakes,
+        # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
+        max_cached_workflows=MAX_CACHED_WORKFLOWS,
     )
 
 
-async def _refresh_open_incidents(client: Client) -> None:
+async def _refresh_gauges(client: Client, cluster: str) -> None:
+    """Open incidents (visibility) and the fleet's state (its coordinator), every 15 s: right
+    across worker restarts and with several workers."""
     query = 'WorkflowType="GpuRemediation" AND ExecutionStatus="Running"'
     while True:
         try:
             metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)
+            handle = client.get_workflow_handle(coordinator_id(cluster))
+            metrics.observe_fleet(await handle.query("status", result_type=FleetStatus))
+        except RPCError as err:
+            log.debug("fleet gauges not refreshed: %s", err)  # no coordinator before the first incident
         except Exception as err:
-            log.warning("could not count open incidents: %s", err)
+            log.warning("could not refresh the gauges: %s", err)
         await asyncio.sleep(15)
 
 
@@ -148,7 +169,7 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    refresher = asyncio.create_task(_refresh_open_incidents(client))
+    refresher = asyncio.create_task(_refresh_gauges(client, settings.require_cluster()))
     log.info(
         "worker for cluster %r on task queue %r at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,

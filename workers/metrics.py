@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from gpuheal.fleet import FleetStatus
 from gpuheal.models import RemediationResult
 
 _BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -40,3 +41,23 @@ def observe_incident(result: RemediationResult) -> None:
         MTTR_SECONDS.labels(result.action.value).observe(result.mttr_s)
     STEPS_LOST.inc(result.steps_lost)
     GPU_SECONDS_LOST.inc(result.gpu_seconds_lost)
+
+
+# The fleet (its coordinator's state, refreshed by the worker every 15 s).
+FLEET_MODE = Gauge("gpuheal_fleet_mode", "1 for the cluster's current mode", ["mode"])
+FLEET_BREAKER = Gauge("gpuheal_fleet_breaker_tripped", "1 while the circuit breaker is tripped")
+FLEET_OUT = Gauge("gpuheal_fleet_out_of_service", "Nodes out of service because of gpuheal now")
+FLEET_HELD = Gauge("gpuheal_fleet_held", "Incidents held, waiting for capacity")
+FLEET_BUDGET_LIMIT = Gauge("gpuheal_fleet_budget_limit", "Nodes the disruption budget allows out", ["budget"])
+FLEET_BUDGET_USED = Gauge("gpuheal_fleet_budget_used", "Nodes out against each budget", ["budget"])
+
+
+def observe_fleet(status: FleetStatus) -> None:
+    for mode in ("observe", "approve", "auto"):
+        FLEET_MODE.labels(mode).set(1 if status.mode == mode else 0)
+    FLEET_BREAKER.set(1 if status.breaker.tripped else 0)
+    FLEET_OUT.set(len(status.out_of_service))
+    FLEET_HELD.set(len(status.held))
+    for use in status.budget:
+        FLEET_BUDGET_LIMIT.labels(use.name).set(use.limit)
+        FLEET_BUDGET_USED.labels(use.name).set(use.used)

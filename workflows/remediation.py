@@ -5,8 +5,14 @@ functions), words from gpuheal.render, and every external action is an activity 
 its typed reference (workflows/activity.py), so this module never loads a Slurm, Kubernetes or
 HTTP client. The stages, in order, each a method below:
 
-  triage -> [drain, approval] -> notify -> protect_progress -> drain -> requeue -> [evict]
-         -> repair_or_replace [-> awaiting_capacity] -> verify_resume -> return_to_service -> close
+  triage (+ admission by the cluster's coordinator) -> [observe] -> [held] -> [drain, approval]
+         -> notify -> protect_progress -> drain -> requeue -> [evict] -> repair_or_replace
+         [-> borrow, awaiting_capacity, give_back] -> verify_resume -> return_to_service -> close
+
+The cluster's coordinator (workflows/fleet.py) admits the incident (the cluster's policy and its
+version: mode, approval, budget; repeat offenders; the breaker; the node's domain) and grants it
+capacity before it takes the node out of service; a held incident waits in `held`, in line.
+In observe mode the incident records what it would do and touches nothing.
 
 protect_progress asks only the jobs that said they handle a signal to checkpoint, and waits for
 their confirmation (or the grace). requeue hands every job that was on the node to its job
@@ -31,8 +37,19 @@ from workflows.activity import run as act_run
 
 with workflow.unsafe.imports_passed_through():
     from activities import interface as act
-    from gpuheal import job_policy, policy, render
+    from gpuheal import fleet, job_policy, policy, render
     from gpuheal import search_attributes as sa
+    from gpuheal.fleet import (
+        CAPACITY_SIGNAL,
+        AdmitAsk,
+        CapacityDecision,
+        CapacityRequest,
+        FleetPolicy,
+        GrantNotice,
+        Placement,
+        ReleaseRequest,
+        VersionedPolicy,
+    )
     from gpuheal.jobs import RECOVERED_SIGNAL, JobRecoveryResult, RecoveryJoin
     from gpuheal.models import (
         ActionClass,
@@ -62,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         RecordedDecision,
         RemediationInput,
         RemediationResult,
+        RemediationSettings,
         RemediationStatus,
         RepairRequest,
         ReplacementResult,
@@ -74,7 +92,7 @@ with workflow.unsafe.imports_passed_through():
 
 PROVIDER_HEARTBEAT = timedelta(seconds=60)
 # Stages during which a more severe report still changes what the incident will do.
-ESCALATABLE = frozenset({Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
+ESCALATABLE = frozenset({Stage.HELD, Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
 
 
 @dataclass
@@ -112,6 +130,15 @@ class GpuRemediationWorkflow:
         self._ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
         self._p = Progress()
         self._give_back_by: Decision | None = None
+        # Set when the coordinator admits the incident (triage): the worker's settings, the
+        # cluster's policy (recorded in history by the admission's result) and where the node sits.
+        self._settings = RemediationSettings()
+        self._policy: VersionedPolicy | None = None
+        self._placement: Placement | None = None
+        self._repeat: str | None = None
+        self._granted = False
+        self._grant: GrantNotice | None = None
+        self._held_for = ""
 
     # --- run: the stages in order ---------------------------------------------------------
 
@@ -120,8 +147,15 @@ class GpuRemediationWorkflow:
         action = await self._triage()
         if action == ActionClass.IGNORE:
             return await self._close("ignored", self._reason())
-        if policy.needs_approval(action, inp.settings.approval):
-            decision = await self._approval_gate(action)
+        if self._cluster_policy.mode == "observe":
+            return await self._observe(action)
+        plan = policy.plan_for(action)
+        if plan.drain or plan.repair is not None:
+            stopped = await self._request_capacity()
+            if stopped is not None:
+                return stopped
+        if fleet.needs_approval(self._cluster_policy.mode, self._current_action(), self._cluster_policy.approval):
+            decision = await self._approval_gate(self._current_action())
             if decision.verdict == "abort":
                 return await self._close_aborted(decision)
         await self._notify_remediating()
@@ -135,8 +169,12 @@ class GpuRemediationWorkflow:
             blocked = await self._evict_pods()
             if blocked is not None:
                 return blocked
-        if plan.repair is not None and not await self._repair_or_replace(plan.repair):
-            return await self._close_without_capacity()
+        if plan.repair is not None:
+            stopped = await self._confirm_capacity()
+            if stopped is not None:
+                return stopped
+            if not await self._repair_or_replace(plan.repair):
+                return await self._close_without_capacity()
         if self._p.recoveries:
             await self._verify_resume()
         await self._return_to_service(plan.repair)
@@ -145,31 +183,127 @@ class GpuRemediationWorkflow:
     # --- stages ----------------------------------------------------------------------------
 
     async def _triage(self) -> ActionClass:
-        """Fail fast on a node we cannot remediate, before anything is touched."""
+        """Fail fast on a node we cannot remediate, before anything is touched; then the cluster
+        admits the incident: its policy, and what it knows of the node (a repeat offender)."""
         async with self._in_stage(Stage.TRIAGE) as rec:
-            k8s = self._input.settings.kubernetes
             try:
                 await act_run(act.LOOK_UP_SLURM_NODE, self._ref, summary="look up Slurm node")
+                verdict = policy.triage_all(self._reports)
+                if verdict.action != ActionClass.IGNORE:
+                    await self._admit(verdict.action)
+                k8s = self._settings.kubernetes
                 if k8s is not None:
                     req = MapNodeRequest(ref=self._ref, node_label=k8s.node_label)
                     self._kube = await act_run(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
             except ActivityError as err:
                 msg = err.cause.message if isinstance(err.cause, ApplicationError) else str(err)
                 raise ApplicationError(f"cannot remediate {self._input.report.describe()}: {msg}") from err
-            verdict = policy.triage_all(self._reports)
-            self._set_action(verdict.action)
-            rec.outcome = render.triaged(verdict.action, verdict.reason)
-        return verdict.action
+            action = self._current_action()
+            self._set_action(action)
+            rec.outcome = render.triaged(action, self._reason()) + render.admitted(self._policy, self._placement)
+        return action
+
+    async def _admit(self, action: ActionClass) -> None:
+        report = self._input.report
+        ask = AdmitAsk(
+            incident_id=self._ref.incident_id,
+            run_id=workflow.info().first_execution_run_id,
+            cluster=self._ref.cluster,
+            node=self._ref.node,
+            action=action,
+            what=report.describe(),
+            gpu_uuids=tuple(r.gpu_uuid for r in self._reports if r.gpu_uuid),
+        )
+        answer = await act_run(act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator")
+        self._settings, self._placement = answer.settings, answer.placement
+        self._policy = answer.admission.policy
+        self._repeat = answer.admission.repeat_offender
+
+    @property
+    def _cluster_policy(self) -> FleetPolicy:
+        return self._policy.policy if self._policy is not None else FleetPolicy()
+
+    async def _observe(self, action: ActionClass) -> RemediationResult:
+        """Observe mode: the plan, as the actions it would take; nothing is touched."""
+        async with self._in_stage(Stage.OBSERVE) as rec:
+            jobs = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node (read only)")
+            self._p.affected = list(jobs.jobs)
+            asks = {j.job_id: job_policy.checkpoint_ask(j) for j in jobs.jobs}
+            would = render.would_do(
+                self._ref.node, policy.plan_for(action), jobs.jobs, asks, self._kube, self._reason()
+            )
+            rec.outcome = "; ".join(would)
+        self._p.node_state = "untouched (observe mode)"
+        return await self._close("observed", f"observe mode: {self._reason()}")
+
+    async def _request_capacity(self) -> RemediationResult | None:
+        """Ask the coordinator before taking capacity out of service; held, wait in line (with
+        the containment the policy says). Returns the closed result if it never goes."""
+        req = self._capacity_request()
+        decision = await act_run(act.REQUEST_CAPACITY, req, summary="ask the coordinator for capacity")
+        self._granted = decision.granted
+        return None if decision.granted else await self._held(decision)
+
+    async def _confirm_capacity(self) -> RemediationResult | None:
+        """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
+        req = self._capacity_request()
+        decision = await act_run(act.CONFIRM_CAPACITY, req, summary="the grant still stands?")
+        self._granted = decision.granted
+        return None if decision.granted else await self._held(decision)
+
+    def _capacity_request(self) -> CapacityRequest:
+        assert self._placement is not None
+        return CapacityRequest(
+            cluster=self._ref.cluster,
+            incident_id=self._ref.incident_id,
+            placement=self._placement,
+            action=self._current_action(),
+        )
+
+    async def _held(self, decision: CapacityDecision) -> RemediationResult | None:
+        limit = self._cluster_policy.max_hold_s
+        async with self._in_stage(Stage.HELD) as rec:
+            self._held_for = f"{decision.reason} (number {decision.position} in line)"
+            await self._notify("held", "warning", render.held(self._input.report, self._held_for))
+            if self._cluster_policy.containment_while_held == "drain" and self._p.drain is None:
+                await self._drain("contained while held (nothing new lands on it)")
+                self._stage = Stage.HELD
+            self._grant = None
+            try:
+                await workflow.wait_condition(
+                    lambda: self._grant is not None,
+                    timeout=timedelta(seconds=limit),
+                    timeout_summary="held: capacity never freed within the bound",
+                )
+            except TimeoutError:
+                rec.outcome = f"not granted within {limit:g} s: {self._held_for}"
+            else:
+                assert self._grant is not None
+                rec.outcome = self._grant.reason
+            self._held_for = ""
+        if self._grant is not None and self._grant.granted:
+            self._granted = True
+            return None
+        await self._account_for_untouched_jobs()
+        if self._grant is not None:  # dismissed: its domain incident handles the node
+            self._p.node_state = render.escalated_state(self._ref.node, self._p.drain, self._grant.reason)
+            return await self._close("escalated", self._grant.reason)
+        self._p.node_state = render.aborted_node_state(self._ref.node, self._p.drain)
+        return await self._close("not_granted", rec.outcome)
 
     async def _approval_gate(self, action: ActionClass) -> RecordedDecision:
         if policy.plan_for(action).drain:
             await self._drain("contained while awaiting approval")
         return await self._await_decision()
 
-    async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:
-        if not self._p.affected:  # aborted before the jobs were looked at: account for them, untouched
+    async def _account_for_untouched_jobs(self) -> None:
+        """Stopped before the jobs were looked at: they are accounted for, untouched."""
+        if not self._p.affected:
             jobs = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
             self._p.affected = list(jobs.jobs)
+
+    async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:
+        await self._account_for_untouched_jobs()
         await self._notify("aborted", "warning", render.abort_notice(decision))
         self._p.node_state = render.aborted_node_state(self._ref.node, self._p.drain)
         return await self._close("aborted", decision.reason)
@@ -184,7 +318,7 @@ class GpuRemediationWorkflow:
         """The jobs on the node now are the incident's to account for. Those that said they
         handle a signal are asked to checkpoint, and waited for until each confirms (a checkpoint
         newer than the signal) or the grace ends; the others are not signalled at all."""
-        settings = self._input.settings
+        settings = self._settings
         async with self._in_stage(Stage.PROTECT) as rec:
             jobs = await act_run(act.LIST_JOBS_ON_NODE, self._ref, summary="find jobs on node")
             self._p.affected = list(jobs.jobs)
@@ -216,7 +350,7 @@ class GpuRemediationWorkflow:
             req = DrainRequest(node=self._ref, reason=policy.drain_reason(self._ref.incident_id, why))
             self._p.drain = await act_run(act.DRAIN_SLURM_NODE, req, summary=f"drain {self._ref.node}")
             rec.outcome = render.drained(self._p.drain, why)
-        k8s = self._input.settings.kubernetes
+        k8s = self._settings.kubernetes
         if self._kube is not None and k8s is not None and self._cordon is None:
             async with self._in_stage(Stage.CORDON) as rec:
                 cordon = CordonRequest(node=self._kube, no_execute=k8s.no_execute)
@@ -270,7 +404,7 @@ class GpuRemediationWorkflow:
     async def _evict_pods(self) -> RemediationResult | None:
         """Evict through the Eviction API; pods a PDB still protects at the deadline wait for a
         human. Returns the closed result when the human aborts."""
-        k8s, node = self._input.settings.kubernetes, self._kube
+        k8s, node = self._settings.kubernetes, self._kube
         assert k8s is not None and node is not None
         async with self._in_stage(Stage.EVICT) as rec:
             delete = k8s.on_pdb_timeout == "delete"
@@ -315,7 +449,7 @@ class GpuRemediationWorkflow:
                     else self._p.replacement.no_capacity
                 )
         if self._p.replacement is not None and self._p.replacement.new_node is None:
-            settings = self._input.settings
+            settings = self._settings
             if settings.borrow is not None and self._kube is not None:
                 await self._borrow()  # a bridge until the replacement comes
             got = await self._await_capacity()
@@ -329,7 +463,7 @@ class GpuRemediationWorkflow:
 
     async def _borrow(self) -> None:
         """No spare: take a node from the inference pool (never below its minimum) into Slurm."""
-        policy_ = self._input.settings.borrow
+        policy_ = self._settings.borrow
         assert policy_ is not None and self._kube is not None
         async with self._in_stage(Stage.BORROW) as rec:
             req = BorrowRequest(incident_id=self._ref.incident_id, failed=self._kube, policy=policy_)
@@ -383,7 +517,7 @@ class GpuRemediationWorkflow:
 
     async def _await_capacity(self) -> bool:
         """No spare now: say so once, retry on a slow cadence, give up at the bound."""
-        settings = self._input.settings
+        settings = self._settings
         started = workflow.now()
         async with self._in_stage(Stage.AWAITING_CAPACITY) as rec:
             assert self._p.replacement is not None
@@ -416,7 +550,7 @@ class GpuRemediationWorkflow:
     async def _verify_resume(self) -> None:
         """The job recoveries verify (each job once, across all its new nodes); this collects
         their answers, for at most their bound."""
-        jobs = self._input.settings.jobs
+        jobs = self._settings.jobs
         bound = jobs.verify_timeout_s + jobs.gather_s + 120
         async with self._in_stage(Stage.VERIFY) as rec:
             try:
@@ -444,6 +578,9 @@ class GpuRemediationWorkflow:
             if not health.healthy:  # a repair that did not take: the node goes, a spare comes
                 self._set_action(ActionClass.REPLACE_NODE)
                 self._p.replacement = await self._replace()
+                msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
+                new = self._p.replacement.new_node or "(none yet)"
+                return f"health check failed after the repair ({health.detail}): " + render.returned_replaced(new, msg)
             elif drain is not None and drain.drained_by_us:
                 msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
                 if self._kube is not None:
@@ -464,7 +601,7 @@ class GpuRemediationWorkflow:
         )
 
     async def _await_decision(self, why: str = "policy asks for a human") -> RecordedDecision:
-        approval = self._input.settings.approval
+        approval = self._cluster_policy.approval
         async with self._in_stage(Stage.APPROVAL) as rec:
             self._decision = None  # an earlier gate's decision does not answer this one
             self._awaiting_approval = True
@@ -500,13 +637,17 @@ class GpuRemediationWorkflow:
             rec.outcome = outcome
         self._stage = Stage.DONE
         workflow.upsert_search_attributes([sa.STAGE.value_set(Stage.DONE.value)])
+        if self._policy is not None and self._cluster_policy.mode != "observe":
+            # The node is back (or gone for good): the budget frees, whatever the outcome.
+            release = ReleaseRequest(cluster=self._ref.cluster, incident_id=self._ref.incident_id)
+            await act_run(act.RELEASE_CAPACITY, release, summary="give the capacity back to the cluster")
         await act_run(act.RECORD_INCIDENT_METRICS, result, summary="record metrics")
         self._result = result
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
 
     def _result_for(self, outcome: Outcome, reason: str) -> RemediationResult:
-        p, settings = self._p, self._input.settings
+        p, settings = self._p, self._settings
         accounts = self._job_accounts()
         requeues = [r.requeue for r in p.recovered.values() if r.requeue is not None and r.requeue.requeued]
         resumed = [a.resumed for a in accounts if a.resumed is not None]
@@ -536,6 +677,8 @@ class GpuRemediationWorkflow:
             jobs_resumed=resumed,
             replacement_node=p.replacement.new_node if p.replacement else None,
             borrowed_node=p.borrowed.node if p.borrowed else None,
+            mode=self._policy.policy.mode if self._policy is not None else "",
+            policy_version=self._policy.version if self._policy is not None else None,
             mttr_s=cost.mttr_s if counted else None,
             steps_lost=cost.steps_lost if counted else 0,
             gpu_seconds_lost=cost.gpu_seconds_lost if counted else 0.0,
@@ -579,8 +722,8 @@ class GpuRemediationWorkflow:
             rec.ended_at = workflow.now()
             self._done.append(f"{stage.value}: {rec.outcome}" if rec.outcome else stage.value)
             workflow.set_current_details("\n".join(f"- {d}" for d in self._done))
-        if self._kube is not None:  # `kubectl describe node` tells the story, stage by stage
-            await self._post_event(stage, rec.outcome or stage.value)
+        if self._kube is not None and self._cluster_policy.mode != "observe":
+            await self._post_event(stage, rec.outcome or stage.value)  # `kubectl describe node` tells the story
 
     async def _post_event(self, stage: Stage, message: str) -> None:
         """Best effort: an Event tells the story, it must not hold up the remediation (during an
@@ -597,7 +740,7 @@ class GpuRemediationWorkflow:
     def _provider_timeout(self) -> timedelta:
         """A provider may wait up to provider_timeout_s (and heartbeats meanwhile): its activity
         gets that plus a margin, so the provider's own timeout always fires first."""
-        return timedelta(seconds=self._input.settings.provider_timeout_s + 60)
+        return timedelta(seconds=self._settings.provider_timeout_s + 60)
 
     async def _notify(self, event: str, severity: Severity, message: str) -> None:
         note = Notification(
@@ -615,10 +758,18 @@ class GpuRemediationWorkflow:
         workflow.upsert_search_attributes([sa.ACTION.value_set(action.value)])
 
     def _current_action(self) -> ActionClass:
-        return self._action or policy.triage_all(self._reports).action
+        if self._action is not None:
+            return self._action
+        action = policy.triage_all(self._reports).action
+        if self._repeat and action in (ActionClass.RESTART_APP, ActionClass.RESET_GPU, ActionClass.REBOOT_NODE):
+            return ActionClass.REPLACE_NODE  # a repeat offender is replaced, whatever the XID
+        return action
 
     def _reason(self) -> str:
-        return policy.triage_all(self._reports).reason
+        verdict = policy.triage_all(self._reports)
+        if self._repeat and verdict.action != ActionClass.IGNORE:
+            return f"{self._repeat} (this time: {verdict.reason})"
+        return verdict.reason
 
     # --- signals, updates, queries ---------------------------------------------------------
 
@@ -629,11 +780,19 @@ class GpuRemediationWorkflow:
             self._duplicates += 1
             return
         self._reports.append(report)
+        if report.alert_key:  # the same alert re-sent after this incident closed starts nothing
+            keys = sorted({r.alert_key for r in self._reports if r.alert_key})
+            workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
         # Before the node is repaired, a more severe report escalates the remediation.
         if self._action is not None and self._stage in ESCALATABLE:
             escalated = policy.triage_all(self._reports).action
             if escalated != self._action:
                 self._set_action(escalated)
+
+    @workflow.signal(name=CAPACITY_SIGNAL)
+    def capacity(self, notice: GrantNotice) -> None:
+        """The coordinator: a held incident may go now (or its domain incident dismissed it)."""
+        self._grant = notice
 
     @workflow.signal(name=RECOVERED_SIGNAL)
     def job_recovered(self, result: JobRecoveryResult) -> None:
@@ -696,6 +855,7 @@ class GpuRemediationWorkflow:
             stage=self._stage,
             action=self._action,
             awaiting_approval=self._awaiting_approval,
+            held=self._held_for or None,
             stages=self._stages,
             reports_received=len(self._reports) + self._duplicates,
             done=self._done,

@@ -24,7 +24,7 @@ from typing import Any
 from clients import proc
 from clients.slurm.base import JobUpdate, NodeOutOfService, NodeState, SlurmError, UnknownNode
 from clients.slurm.hostlist import expand
-from clients.slurm.parsers import V0038, parse_jobs, parse_nodes, schema_of
+from clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, schema_of
 from gpuheal.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
 
 
@@ -78,16 +78,16 @@ class SlurmCli:
 
     async def node(self, name: str) -> NodeInfo:
         check_node_name(name)
-        if not await self._filters():  # 22.05: scontrol has no --json
-            info = (await self.nodes()).get(name)
-            if info is not None:
-                return info
+        if not await self._filters():  # 22.05: scontrol has no --json; its one-line text then
             rc, out, err = await self.run("scontrol", "-o", "show", "node", name, check=False)
             if "State=FUTURE" in out:
                 raise NodeOutOfService(f"node {name!r} is not in service (State=FUTURE)")
             if rc != 0 and "not found" in (out + err):
                 raise UnknownNode(f"Slurm has no node named {name!r}")
-            raise SlurmError(f"node {name!r} is defined but sinfo does not list it: {(out + err).strip()}")
+            info = parse_node_line(out.strip())
+            if rc != 0 or info is None or info.name != name:
+                raise SlurmError(f"scontrol show node {name} gave no node: {(out + err).strip()[:200]}")
+            return info
         found = parse_nodes(await self._json("scontrol", "show", "node", name) or {})
         if name in found:
             return found[name]

@@ -16,6 +16,7 @@ The captured outputs these are tested on live in tests/data/slurm/<version>/.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from clients.slurm.base import UnknownSchema
@@ -79,22 +80,53 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeInfo]:
                 state=str(n.get("state", "")).lower(),
                 flags=tuple(n.get("state_flags") or ()),
                 reason=_text(n.get("reason")),
+                partitions=tuple(n.get("partitions") or ()),
             )
         return found
     if "sinfo" in data:  # sinfo groups nodes by state, partition, reason
         for group in data.get("sinfo") or []:
             states = _states((group.get("node") or {}).get("state"))
+            partition = (group.get("partition") or {}).get("name") or ""
             for name in (group.get("nodes") or {}).get("nodes") or []:
-                found[name] = _node_4x(name, states, group.get("reason"))
+                known = found[name].partitions if name in found else ()
+                parts = known + ((partition,) if partition and partition not in known else ())
+                found[name] = _node_4x(name, states, group.get("reason"), parts)
         return found
     for n in data.get("nodes") or []:
-        found[n["name"]] = _node_4x(n["name"], _states(n.get("state")), n.get("reason"))
+        found[n["name"]] = _node_4x(
+            n["name"], _states(n.get("state")), n.get("reason"), tuple(n.get("partitions") or ())
+        )
     return found
 
 
-def _node_4x(name: str, states: list[str], reason: Any) -> NodeInfo:
+_STATE = re.compile(r"(?:^| )State=(\S+)")
+_PARTITIONS = re.compile(r"(?:^| )Partitions=(\S*)")
+_REASON = re.compile(r"(?:^| )Reason=(.*?)(?: \[[^\]]*\])?\s*$")
+
+
+def parse_node_line(line: str) -> NodeInfo | None:
+    """One node from `scontrol -o show node NAME` (22.05 has no JSON there): the same fields as
+    its `sinfo --json` gives, read from one node instead of the whole cluster. Reason is last on
+    the line (it may hold spaces), ending in `[user@time]`."""
+    name = re.match(r"NodeName=(\S+)", line)
+    state = _STATE.search(line)
+    if name is None or state is None:
+        return None
+    base, *flags = state.group(1).split("+")
+    parts = _PARTITIONS.search(line)
+    reason = _REASON.search(line)
+    return NodeInfo(
+        name=name.group(1),
+        state=base.rstrip("*").lower(),
+        flags=tuple(flags),
+        reason=reason.group(1) if reason else "",
+        partitions=tuple(p for p in (parts.group(1) if parts else "").split(",") if p),
+    )
+
+
+def _node_4x(name: str, states: list[str], reason: Any, partitions: tuple[str, ...]) -> NodeInfo:
     base = states[0].lower() if states else ""
-    return NodeInfo(name=name, state=base, flags=tuple(states[1:]), reason=_text(reason))
+    return NodeInfo(name=name, state=base, flags=tuple(states[1:]), reason=_text(reason), partitions=partitions)
 
 
 # --- jobs ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ CLUSTER=${GPUHEAL_SLURM_CLUSTER:-sandbox}
 ACTIVE=${GPUHEAL_SLURM_ACTIVE:-3}
 SPARES=${GPUHEAL_SLURM_SPARES:-3}
 INFERENCE=${GPUHEAL_SLURM_INFERENCE:-0}  # inf01..: nodes of an inference pool (FUTURE until borrowed)
+FLEET=${GPUHEAL_SLURM_FLEET:-0}  # fleet0001..: defined in slurm.conf, no slurmd (a fleet's size for benchmarks)
 ROOT=${GPUHEAL_SLURM_ROOT:+$(realpath -m "$GPUHEAL_SLURM_ROOT")}
 REPO=$(realpath -m "$(dirname "$0")/../..")
 CONF="$DIR/slurm.conf"
@@ -200,6 +201,11 @@ CONF
       "$i" $((PORT + 100 + total + i)) >>"$CONF"
   done
   [ "$INFERENCE" -gt 0 ] && members+=",inf[01-$(printf '%02d' "$INFERENCE")]"
+  for i in $(seq 1 "$FLEET"); do
+    printf 'NodeName=fleet%04d NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=4 RealMemory=1000\n' \
+      "$i" $((PORT + 100 + total + INFERENCE + i)) >>"$CONF"
+  done
+  [ "$FLEET" -gt 0 ] && members+=",fleet[0001-$(printf '%04d' "$FLEET")]"
   echo "PartitionName=gpu Nodes=$members Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
 }
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 
 from clients.temporal import connect
+from gpuheal.fleet import coordinator_id
 from gpuheal.models import (
     ActionClass,
     ApprovalPolicy,
@@ -58,6 +59,7 @@ async def scenario(
     remediation: RemediationSettings,
     steer: Callable[[Handle], Awaitable[None]] | None = None,
     kube: KubeSandbox | None = None,
+    approval: ApprovalPolicy | None = None,
 ) -> None:
     sb.start_slurm(clean=True)
     settings = Settings.from_env(sb.env()).model_copy(
@@ -68,7 +70,8 @@ async def scenario(
         settings = settings.model_copy(
             update={"kubeconfig": str(kube.worker_kubeconfig), "sandbox_kubeconfig": str(kube.admin_kubeconfig)}
         )
-    settings = settings.model_copy(update={"remediation": remediation})
+    fleet = settings.fleet.model_copy(update={"approval": approval or ApprovalPolicy()})
+    settings = settings.model_copy(update={"remediation": remediation, "fleet": fleet})
     job = sb.submit_training(name)
     node = sb.wait_for_step(job, 3)
     sb.inject_gpu_fault(node)
@@ -86,7 +89,9 @@ async def scenario(
             await client.get_workflow_handle(recovery).result()
             saved = await client.get_workflow_handle(recovery).fetch_history()
             (HERE / f"{name}.job_recovery{i or ''}.json").write_text(saved.to_json())
+        coordinator = await client.get_workflow_handle(coordinator_id(settings.require_cluster())).fetch_history()
     (HERE / f"{name}.json").write_text(history.to_json())
+    (HERE / f"{name}.fleet.json").write_text(coordinator.to_json())
     print(
         f"recorded {name}: {result.outcome}, {len(history.events)} events, {len(recoveries)} job recoveries", flush=True
     )
@@ -97,15 +102,12 @@ async def main() -> int:
     sb.start_temporal(fresh=True)
     client = await connect(Settings.from_env(sb.env()))
     quick = RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120)
-    approval = RemediationSettings(
-        approval=ApprovalPolicy(required_for=(ActionClass.RESET_GPU,), timeout_s=600),
-        checkpoint_grace_s=1,
-        verify_timeout_s=120,
-    )
+    approval = ApprovalPolicy(required_for=(ActionClass.RESET_GPU,), timeout_s=600)
     try:
         await scenario(sb, client, "xid79_replace_node", 79, quick)
-        await scenario(sb, client, "xid95_approved_reset", 95, approval, lambda h: decide_when_asked(h, "approve"))
-        await scenario(sb, client, "xid48_abort_during_approval", 48, approval, lambda h: decide_when_asked(h, "abort"))
+        approve, abort = (lambda h: decide_when_asked(h, "approve")), (lambda h: decide_when_asked(h, "abort"))
+        await scenario(sb, client, "xid95_approved_reset", 95, quick, approve, approval=approval)
+        await scenario(sb, client, "xid48_abort_during_approval", 48, quick, abort, approval=approval)
         kube = KubeSandbox(sb.root / "k8s", port=20443)
         kube.start()
         try:

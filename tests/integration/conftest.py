@@ -5,9 +5,12 @@ never skip, when one is missing."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,11 @@ from aiohttp import web
 from temporalio.client import Client
 
 from clients.temporal import connect
-from gpuheal.models import RemediationSettings
+from gpuheal.fleet import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
+from gpuheal.models import HealthReport, KubernetesPolicy, RemediationSettings
 from gpuheal.settings import Settings
 from infra.sandbox import HOST_SLURM
+from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
 from tests.conftest import require_binary
 from triggers.webhook import serve
@@ -52,6 +57,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     sb.stop_temporal()
 
 
+@pytest.fixture(scope="session")
+def kube(stack: Sandbox) -> Iterator[KubeSandbox]:
+    """The Kubernetes sandbox (etcd, kube-apiserver, kwok), once per session."""
+    ks = KubeSandbox(stack.root / "k8s", port=26443)
+    ks.start()  # builds the binaries first when the cache is empty
+    yield ks
+    ks.stop()
+
+
 @pytest.fixture
 def slurm(stack: Sandbox, request: pytest.FixtureRequest) -> Sandbox:
     """A fresh Slurm cluster for each test: gpu01-03 idle, gpu04-06 spare. The host's 22.05 over
@@ -67,15 +81,26 @@ async def client(stack: Sandbox) -> Client:
     return await connect(Settings.from_env(stack.env()))
 
 
+ROOMY = FleetPolicy(
+    budget=BudgetPolicy(cluster="100", rate=1000, node_cooldown_s=0),
+    breaker=BreakerPolicy(max_incidents=1000),
+    repeat=RepeatPolicy(incidents=1000),
+    duplicate_window_s=0,
+)
+
+
 @pytest.fixture
 def settings(slurm: Sandbox) -> Settings:
-    """Each test gets its own cluster name (so its own workflow ids) and task queue."""
+    """Each test gets its own cluster name (so its own workflow ids and coordinator) and task
+    queue, and a roomy cluster policy: no budget, breaker or duplicate window gets in the way of
+    a test that is not about them (tests/integration/test_fleet.py is)."""
     base = Settings.from_env(slurm.env())
     return base.model_copy(
         update={
             "cluster": f"t{uuid.uuid4().hex[:8]}",
             "task_queue": f"gpuheal-test-{uuid.uuid4().hex[:8]}",
             "remediation": RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120),
+            "fleet": ROOMY,
         }
     )
 
@@ -91,6 +116,27 @@ async def webhook(client: Client, settings: Settings, slurm: Sandbox) -> AsyncIt
     runner: web.AppRunner = await serve(settings, "127.0.0.1", slurm.webhook_port, client)
     yield slurm
     await runner.cleanup()
+
+
+def report(settings: Settings, node: str, xid: int = 79, gpu: int | None = 0, **kw: Any) -> HealthReport:
+    """A failure report as a trigger would send it, for the test's cluster."""
+    return HealthReport(
+        node=node, cluster=settings.cluster, xid=xid, gpu=gpu, source="test", observed_at=datetime.now(UTC), **kw
+    )
+
+
+async def until(check: Any, what: str, timeout: float = 60) -> Any:
+    """Poll `check` (a coroutine function, or a plain one run in a thread) until it returns
+    something true; fail naming `what` after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        found = await check() if inspect.iscoroutinefunction(check) else await asyncio.to_thread(check)
+        if inspect.isawaitable(found):  # a lambda around a coroutine
+            found = await found
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def slurmctld_log(sb: Sandbox) -> str:
@@ -127,4 +173,22 @@ async def activity_attempts(handle: Any, activity_type: str) -> int:
             and scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id) == activity_type
         ),
         default=0,
+    )
+
+
+@pytest.fixture
+def k8s_settings(settings: Settings, kube: KubeSandbox, slurm: Sandbox) -> Settings:
+    """The test's settings with the Kubernetes half on: the worker's ServiceAccount, the sandbox
+    provider as the platform."""
+    kube.reset_nodes(["gpu01", "gpu02", "gpu03"])
+    return settings.model_copy(
+        update={
+            "kubeconfig": str(kube.worker_kubeconfig),  # the worker runs with its ServiceAccount's RBAC
+            "sandbox_kubeconfig": str(kube.admin_kubeconfig),  # the node group (platform) may create Nodes
+            "remediation": RemediationSettings(
+                checkpoint_grace_s=1,
+                verify_timeout_s=120,
+                kubernetes=KubernetesPolicy(drain_deadline_s=120),
+            ),
+        }
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,10 +15,10 @@ from aiohttp.test_utils import TestServer
 from temporalio.client import Client
 
 from clients.slurm.hostlist import expand
-from gpuheal.models import HealthReport, JobFate, RemediationResult, Stage
+from gpuheal.models import JobFate, RemediationResult, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import max_activity_attempt, slurmctld_log
+from tests.integration.conftest import max_activity_attempt, report, slurmctld_log, until
 from tests.integration.test_loop import wait_for_recovery_stage
 from triggers.start import start_or_join
 from workers.main import make_worker
@@ -27,27 +26,11 @@ from workers.main import make_worker
 pytestmark = pytest.mark.integration
 
 
-def report(settings: Settings, node: str, xid: int = 79) -> HealthReport:
-    return HealthReport(
-        node=node, cluster=settings.cluster, xid=xid, gpu=0, source="test", observed_at=datetime.now(UTC)
-    )
-
-
 def tuned(settings: Settings, **remediation: Any) -> Settings:
     jobs = remediation.pop("jobs", {})
     r = settings.remediation.model_copy(update=remediation)
     r = r.model_copy(update={"jobs": r.jobs.model_copy(update=jobs)})
     return settings.model_copy(update={"remediation": r})
-
-
-async def until(check: Any, what: str, timeout: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        found = await asyncio.to_thread(check)
-        if found:
-            return found
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_only_jobs_that_ask_are_signalled_and_every_job_is_accounted_for(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,13 +24,10 @@ from gpuheal.models import (
     BorrowPolicy,
     CordonRequest,
     EvictRequest,
-    HealthReport,
     KubeEvent,
     KubeNodeRef,
-    KubernetesPolicy,
     MapNodeRequest,
     NodeRef,
-    RemediationSettings,
     Stage,
 )
 from gpuheal.settings import Settings
@@ -38,7 +35,7 @@ from infra.sandbox import K8S, SLURM_SCRIPT
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
 from providers.kubernetes import KubernetesProvider
-from tests.integration.conftest import activity_attempts, nodes_in_service
+from tests.integration.conftest import activity_attempts, nodes_in_service, report
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
@@ -46,38 +43,10 @@ from workflows.remediation import GpuRemediationWorkflow
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="session")
-def kube(stack: Sandbox) -> Iterator[KubeSandbox]:
-    ks = KubeSandbox(stack.root / "k8s", port=26443)
-    ks.start()  # builds the binaries first when the cache is empty
-    yield ks
-    ks.stop()
-
-
-@pytest.fixture
-def k8s_settings(settings: Settings, kube: KubeSandbox, slurm: Sandbox) -> Settings:
-    kube.reset_nodes(["gpu01", "gpu02", "gpu03"])
-    return settings.model_copy(
-        update={
-            "kubeconfig": str(kube.worker_kubeconfig),  # the worker runs with its ServiceAccount's RBAC
-            "sandbox_kubeconfig": str(kube.admin_kubeconfig),  # the node group (platform) may create Nodes
-            "remediation": RemediationSettings(
-                checkpoint_grace_s=1,
-                verify_timeout_s=120,
-                kubernetes=KubernetesPolicy(drain_deadline_s=120),
-            ),
-        }
-    )
-
-
 @pytest.fixture
 async def k8s_worker(client: Client, k8s_settings: Settings) -> AsyncIterator[None]:
     async with make_worker(client, k8s_settings):
         yield
-
-
-def report(settings: Settings, node: str, xid: int) -> HealthReport:
-    return HealthReport(node=node, cluster=settings.cluster, xid=xid, source="test", observed_at=datetime.now(UTC))
 
 
 async def wait_stage(handle: Any, stage: Stage, timeout: float = 60) -> None:
@@ -195,7 +164,7 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     # a job that never confirms its checkpoint: the protect stage lasts the whole 8 s grace
     job = slurm.submit_training("outage", env={"TRAIN_IGNORE_CHECKPOINT_REQUEST": "1"})
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
-    handle = await start_or_join(client, settings, report(settings, target, 48))  # reset_gpu
+    handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
     await wait_stage(handle, Stage.PROTECT)
     await asyncio.to_thread(kube.stop_apiserver)
     try:
@@ -393,7 +362,7 @@ async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
     )
     slurm.inject_gpu_fault(failed)
     async with make_worker(client, settings):
-        handle = await start_or_join(client, settings, report(settings, failed, 79))
+        handle = await start_or_join(client, settings, report(settings, failed, 79, gpu=None))
         await wait_stage(handle, Stage.AWAITING_CAPACITY, timeout=120)
         borrowed_on = await asyncio.to_thread(slurm.wait_for_step, job, 20, 120)  # training on the borrowed node
         assert borrowed_on.startswith("inf")

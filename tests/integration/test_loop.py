@@ -9,17 +9,16 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from gpuheal import policy
-from gpuheal.models import ActionClass, ApprovalPolicy, HealthReport, RemediationSettings, Stage
+from gpuheal.models import ActionClass, ApprovalPolicy, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import across_slurm, max_activity_attempt, nodes_in_service, slurmctld_log
+from tests.integration.conftest import across_slurm, max_activity_attempt, nodes_in_service, report, slurmctld_log
 from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -29,12 +28,6 @@ pytestmark = pytest.mark.integration
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return str(resp.read().decode())
-
-
-def report(settings: Settings, node: str, xid: int = 79, gpu: int = 0) -> HealthReport:
-    return HealthReport(
-        node=node, cluster=settings.cluster, xid=xid, gpu=gpu, source="test", observed_at=datetime.now(UTC)
-    )
 
 
 def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str, object]:
@@ -136,14 +129,8 @@ async def test_job_submitted_with_no_requeue_is_reported_not_dropped(
 async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
-    settings = settings.model_copy(
-        update={
-            "remediation": RemediationSettings(
-                approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
-                checkpoint_grace_s=1,
-            )
-        }
-    )
+    approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600)
+    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"approval": approval})})
     from workers.main import make_worker
 
     job = slurm.submit_training("abort")

@@ -1,0 +1,176 @@
+"""Fleet activities: an incident's side of the coordinator, and the coordinator's own actions.
+
+`admit_incident` finds where the node sits (its pool and topology domains, and the sizes the
+budget's shares are of) and asks the cluster's coordinator, starting it if it is the first
+incident (update-with-start, seeded with this worker's configured policy); the answer carries the
+cluster's policy and its version, which the incident records. The others are one update or one
+start each. Every call is idempotent on the coordinator's side (per incident).
+
+Temporal accepts at most 10 updates in flight per workflow (`history.maxInFlightUpdates`) and
+refuses the rest, so a storm of incidents asking at once would mostly be refused and retried
+with backoff. A worker therefore sends at most MAX_IN_FLIGHT_UPDATES at a time and queues the rest
+here (leaving room for operators' own updates; with several workers, keep workers x this <= 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.client import WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from activities import interface as act
+from activities.interface import implements
+from clients.kube import POOL_LABEL, call
+from clients.slurm import SlurmBackend
+from gpuheal.fleet import (
+    COORDINATOR_WORKFLOW,
+    DOMAIN_INCIDENT_WORKFLOW,
+    Admission,
+    AdmitAnswer,
+    AdmitAsk,
+    AdmitRequest,
+    CapacityDecision,
+    CapacityRequest,
+    CoordinatorInput,
+    DomainDecisionFor,
+    DomainIncident,
+    DomainIncidentInput,
+    FleetPolicy,
+    Placement,
+    ReleaseRequest,
+    coordinator_id,
+)
+from gpuheal.models import NodeInfo, RemediationSettings
+
+MAX_IN_FLIGHT_UPDATES = 8
+PLACEMENT_TTL_S = 10.0
+T = TypeVar("T")
+
+
+class FleetActivities:
+    def __init__(
+        self,
+        slurm: SlurmBackend,
+        kube: Any | None,
+        seed: FleetPolicy,
+        settings: RemediationSettings,
+        domain_labels: tuple[str, ...],
+    ) -> None:
+        self._slurm = slurm
+        self._core = None
+        if kube is not None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(kube)
+        self._seed = seed
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT_UPDATES)
+        self._listing_lock = asyncio.Lock()
+        self._listing: tuple[float, dict[str, NodeInfo], dict[str, dict[str, str]]] | None = None
+        self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
+        self._domain_labels = domain_labels
+
+    @implements(act.ADMIT_INCIDENT)
+    async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
+        placement = await self._placement(ask.node)
+        req = AdmitRequest(
+            incident_id=ask.incident_id,
+            run_id=ask.run_id,
+            cluster=ask.cluster,
+            placement=placement,
+            action=ask.action,
+            what=ask.what,
+            gpu_uuids=ask.gpu_uuids,
+            seed=self._seed,
+        )
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            COORDINATOR_WORKFLOW,
+            CoordinatorInput(cluster=ask.cluster, seed=self._seed),
+            id=coordinator_id(ask.cluster),
+            task_queue=activity.info().task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"Fleet coordinator of cluster {ask.cluster}: policy, disruption budget, circuit breaker",
+        )
+        async with self._in_flight:
+            admission: Admission = await activity.client().execute_update_with_start_workflow(
+                "admit", req, start_workflow_operation=start, result_type=Admission
+            )
+        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
+
+    async def _listings(self) -> tuple[dict[str, NodeInfo], dict[str, dict[str, str]]]:
+        """Slurm's nodes and the Kubernetes Nodes' labels, listed at most once per
+        PLACEMENT_TTL_S by this worker, however many incidents arrive at once: sizes and
+        memberships change slowly, and a storm would otherwise list the whole fleet per incident."""
+        async with self._listing_lock:
+            now = time.monotonic()
+            if self._listing is None or now - self._listing[0] > PLACEMENT_TTL_S:
+                nodes = await self._slurm.nodes()
+                labels: dict[str, dict[str, str]] = {}
+                if self._core is not None:
+                    kube_nodes = (await call(self._core.list_node)).items
+                    labels = {n.metadata.name: n.metadata.labels or {} for n in kube_nodes}
+                self._listing = (now, nodes, labels)
+            return self._listing[1], self._listing[2]
+
+    async def _placement(self, node: str) -> Placement:
+        """The node's pool (Kubernetes label, else its first Slurm partition) and domains (the
+        configured node labels), with the sizes a share is of."""
+        nodes, labels = await self._listings()
+        info = nodes.get(node)
+        pool = info.partitions[0] if info is not None and info.partitions else "default"
+        pool_size = sum(1 for n in nodes.values() if pool in n.partitions) or 1
+        domains: dict[str, int] = {}
+        if self._core is not None:
+            mine = labels.get(node, {})
+            if POOL_LABEL in mine:
+                pool = mine[POOL_LABEL]
+                pool_size = sum(1 for lab in labels.values() if lab.get(POOL_LABEL) == pool)
+            for key in self._domain_labels:
+                if key in mine:
+                    size = sum(1 for lab in labels.values() if lab.get(key) == mine[key])
+                    domains[f"{key}={mine[key]}"] = size
+        return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
+
+    async def _update(self, cluster: str, name: str, arg: object, result_type: type[T]) -> T:
+        """One update of the cluster's coordinator, within this worker's share of its in-flight limit."""
+        handle = activity.client().get_workflow_handle(coordinator_id(cluster))
+        async with self._in_flight:
+            answer: T = await handle.execute_update(name, arg, result_type=result_type)
+        return answer
+
+    @implements(act.REQUEST_CAPACITY)
+    async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
+        return await self._update(req.cluster, "request_capacity", req, CapacityDecision)
+
+    @implements(act.CONFIRM_CAPACITY)
+    async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:
+        """Before a replacement: does the grant still stand (no breaker tripped, no domain
+        incident opened since)?"""
+        return await self._update(req.cluster, "confirm", req, CapacityDecision)
+
+    @implements(act.RELEASE_CAPACITY)
+    async def release_capacity(self, req: ReleaseRequest) -> str:
+        return await self._update(req.cluster, "release", req.incident_id, str)
+
+    @implements(act.OPEN_DOMAIN_INCIDENT)
+    async def open_domain_incident(self, incident: DomainIncident) -> str:
+        try:
+            await activity.client().start_workflow(
+                DOMAIN_INCIDENT_WORKFLOW,
+                DomainIncidentInput(cluster=incident.cluster, incident=incident),
+                id=incident.incident_id,
+                task_queue=activity.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=f"Domain incident: {incident.domain} ({len(incident.nodes)} nodes)",
+            )
+        except WorkflowAlreadyStartedError:
+            return f"{incident.incident_id} already open"
+        return f"{incident.incident_id} opened"
+
+    @implements(act.DECIDE_DOMAIN)
+    async def decide_domain(self, d: DomainDecisionFor) -> str:
+        return await self._update(d.cluster, "domain_decision", d.decision, str)

@@ -1,0 +1,274 @@
+"""A failure storm against the cluster's coordinator: what admitting 1,000 incidents at once costs.
+
+    python -m bench.storm [--reports 1000] [--budget 5%] [--in-flight 50] [--quiet 20]
+
+A Slurm sandbox with --reports nodes (fleet0001.. are defined in slurm.conf without a slurmd: a
+fleet's size, not its daemons), a fresh Temporal dev server and the worker as its own process.
+Each report goes the way `gpuheal report` sends it (already handled? then start or join), at
+most --in-flight at once. Measured: report -> workflow started (the trigger's round trip), the
+coordinator's grant latency (each incident's `request_capacity` activity, scheduled -> completed,
+read from its history), time until every incident is granted or held, the worker's and the
+Temporal server's peak RSS (VmHWM), and the coordinator's history (events, bytes, runs).
+
+The baseline, side by side: the same sandbox, fresh, with --quiet reports sent one at a time,
+each waiting for its decision: the same measures with no storm around them.
+
+The breaker and the rate are opened wide (a storm this size would trip the breaker at once by
+default, which is the point of the breaker but not of this benchmark). XID 79 (replace): granted
+incidents drain their node and wait for a spare, so grants stay put while the storm is admitted.
+Writes bench/results/storm.md. Figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from clients.temporal import connect
+from gpuheal.fleet import FleetStatus, coordinator_id
+from gpuheal.models import HealthReport
+from gpuheal.settings import Settings
+from infra.sandbox import REPO, RUN
+from infra.sandbox.stack import Sandbox
+from triggers.start import already_handled, start_or_join
+
+RESULTS = REPO / "bench" / "results" / "storm.md"
+SPARES = 3
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Run:
+    name: str
+    reports: int
+    starts_ms: list[float] = field(default_factory=list)
+    grants_ms: list[float] = field(default_factory=list)
+    send_s: float = 0.0
+    all_decided_s: float = 0.0
+    granted: int = 0
+    held: int = 0
+    worker_mb: float = 0.0
+    temporal_mb: float = 0.0
+    history_events: int = 0
+    history_kb: float = 0.0
+    coordinator_runs: int = 0
+
+
+def node_names(n: int) -> list[str]:
+    """Every node of the sandbox that can fail: gpu01-03 (with a slurmd) and fleet0001.."""
+    return ["gpu01", "gpu02", "gpu03"] + [f"fleet{i:04d}" for i in range(1, n - 2)]
+
+
+async def fleet(client: Client, cluster: str) -> FleetStatus | None:
+    try:
+        status: FleetStatus = await client.get_workflow_handle(coordinator_id(cluster)).query(
+            "status", result_type=FleetStatus
+        )
+        return status
+    except Exception:
+        return None
+
+
+async def decided(client: Client, cluster: str) -> tuple[int, FleetStatus | None]:
+    """Incidents past admission: granted (out of service now, or closed since) or held."""
+    s = await fleet(client, cluster)
+    if s is None:
+        return 0, None
+    closed = await client.count_workflows(
+        f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND ExecutionStatus!="Running"'
+    )
+    return len(s.out_of_service) + len(s.held) + closed.count, s
+
+
+async def until_decided(client: Client, cluster: str, count: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if (await decided(client, cluster))[0] >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"fewer than {count} incidents granted or held in time")
+
+
+async def send(client: Client, settings: Settings, node: str, run: Run) -> None:
+    report = HealthReport(
+        node=node,
+        cluster=settings.require_cluster(),
+        xid=79,
+        gpu=0,
+        source="bench",
+        observed_at=datetime.now(UTC),
+    )
+    t0 = time.perf_counter()
+    if await already_handled(client, report) is None:
+        await start_or_join(client, settings, report)
+    run.starts_ms.append((time.perf_counter() - t0) * 1000)
+
+
+async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
+    """The incident's first request_capacity activity: scheduled -> completed."""
+    scheduled: dict[int, datetime] = {}
+    async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if e.activity_task_scheduled_event_attributes.activity_type.name == "request_capacity":
+                scheduled[e.event_id] = e.event_time.ToDatetime()
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            at = scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
+            if at is not None:
+                return (e.event_time.ToDatetime() - at).total_seconds() * 1000
+    return None
+
+
+async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_by_one: bool) -> Run:
+    print(f"{name}: {len(nodes)} reports on a {len(node_names(len(nodes)))}-node sandbox", flush=True)
+    sb.start_slurm(clean=True)
+    sb.stop_temporal()
+    sb.start_temporal(fresh=True)
+    settings = Settings.from_env(sb.env())
+    client = await connect(settings)
+    worker = sb.start_worker()
+    run = Run(name, len(nodes))
+    cluster = settings.require_cluster()
+    try:
+        gate = asyncio.Semaphore(in_flight)
+
+        async def gated(node: str) -> None:
+            async with gate:
+                await send(client, settings, node, run)
+
+        t0 = time.monotonic()
+        if one_by_one:
+            for i, node in enumerate(nodes, 1):
+                await send(client, settings, node, run)
+                await until_decided(client, cluster, i, time.monotonic() + 60)
+        else:
+            await asyncio.gather(*(gated(n) for n in nodes))
+        run.send_s = time.monotonic() - t0
+        last = -1.0
+        while True:
+            done, s = await decided(client, cluster)
+            if done >= len(nodes):
+                break
+            waited = time.monotonic() - t0
+            if waited - last >= 5:
+                print(f"  {done}/{len(nodes)} granted or held after {waited:.0f} s", flush=True)
+                last = waited
+            if waited > 900:
+                raise TimeoutError(f"only {done} of {len(nodes)} incidents decided in 900 s")
+            await asyncio.sleep(0.2)
+        run.all_decided_s = time.monotonic() - t0
+        assert s is not None
+        run.granted, run.held = done - len(s.held), len(s.held)
+        print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
+        run.worker_mb = peak_rss_mb(worker.pid)
+        run.temporal_mb = peak_rss_mb(int((sb.root / "temporal" / "server.pid").read_text()))
+        coordinator = client.get_workflow_handle(coordinator_id(cluster))
+        info = (await coordinator.describe()).raw_description.workflow_execution_info
+        run.history_events, run.history_kb = info.history_length, info.history_size_bytes / 1024
+        run.coordinator_runs = (await client.count_workflows(f'WorkflowId="{coordinator.id}"')).count
+        gate = asyncio.Semaphore(16)
+
+        async def latency(node: str) -> None:
+            async with gate:
+                ms = await grant_latency_ms(client, f"gpuheal-{cluster}-{node}")
+                if ms is not None:
+                    run.grants_ms.append(ms)
+
+        await asyncio.gather(*(latency(n) for n in nodes))
+    finally:
+        Sandbox.stop_process(worker)
+        sb.stop_temporal()  # the incidents go with the server's database (fresh next run)
+        sb.stop_slurm()
+    return run
+
+
+def table(runs: list[Run]) -> list[str]:
+    def ms(v: list[float]) -> str:
+        return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} ms" if v else "n/a"
+
+    lines = [
+        "| measure | " + " | ".join(f"{r.name} ({r.reports} reports)" for r in runs) + " | target |",
+        "|---|" + "---|" * len(runs) + "---|",
+        "| report -> workflow started, p50 / p99 | " + " | ".join(ms(r.starts_ms) for r in runs) + " | p99 < 200 ms |",
+        "| coordinator grant latency, p50 / p99 | " + " | ".join(ms(r.grants_ms) for r in runs) + " | p99 < 1 s |",
+        "| all reports sent | " + " | ".join(f"{r.send_s:.1f} s" for r in runs) + " | |",
+        "| every incident granted or held | " + " | ".join(f"{r.all_decided_s:.1f} s" for r in runs) + " | |",
+        "| granted / held | " + " | ".join(f"{r.granted} / {r.held}" for r in runs) + " | |",
+        "| worker peak RSS | " + " | ".join(f"{r.worker_mb:.0f} MB" for r in runs) + " | < 300 MB |",
+        "| Temporal server peak RSS | " + " | ".join(f"{r.temporal_mb:.0f} MB" for r in runs) + " | |",
+        "| coordinator history (this run) | "
+        + " | ".join(f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)
+        + " | |",
+        "| coordinator runs (continue-as-new) | " + " | ".join(str(r.coordinator_runs) for r in runs) + " | |",
+    ]
+    return lines
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reports", type=int, default=1000)
+    ap.add_argument("--budget", default="5%")
+    ap.add_argument("--in-flight", type=int, default=50, help="reports sent at once")
+    ap.add_argument("--quiet", type=int, default=20, help="baseline: reports sent one at a time")
+    args = ap.parse_args()
+    if args.reports < 4:
+        ap.error("--reports: at least 4")
+    env = {
+        "GPUHEAL_SLURM_ACTIVE": "3",
+        "GPUHEAL_SLURM_SPARES": str(SPARES),
+        "GPUHEAL_SLURM_FLEET": str(args.reports - 3),
+        "GPUHEAL_BUDGET": args.budget,
+        "GPUHEAL_RATE": "100000",
+        "GPUHEAL_BREAKER_MAX": "100000",
+        "GPUHEAL_BREAKER_DOMAIN_SHARE": "1",
+        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
+        "GPUHEAL_SLURMD_TIMEOUT": "3600",  # fleet nodes stay "not responding", not DOWN, meanwhile
+    }
+    sb = Sandbox.named("bench", RUN / "bench-storm", extra_env=env)
+    nodes = node_names(args.reports)
+    runs = [
+        await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True),
+        await one_run(sb, "storm", nodes, args.in_flight, one_by_one=False),
+    ]
+    base, storm = runs
+    lines = [
+        f"# Failure storm: the coordinator under {args.reports:,} reports",
+        "",
+        f"Written by `make bench-storm` (bench/storm.py) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{len(nodes)}-node Slurm sandbox (host Slurm), budget {args.budget}, "
+        f"{args.in_flight} reports in flight, breaker and rate opened wide. Figures, not assertions.",
+        "",
+        *table(runs),
+        "",
+        f"Storm / baseline: start p99 x{pct(storm.starts_ms, 0.99) / pct(base.starts_ms, 0.99):.1f}, "
+        f"grant p99 x{pct(storm.grants_ms, 0.99) / pct(base.grants_ms, 0.99):.1f}, "
+        f"worker RSS x{storm.worker_mb / base.worker_mb:.2f}, "
+        f"Temporal RSS x{storm.temporal_mb / base.temporal_mb:.2f}.",
+        "",
+    ]
+    RESULTS.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"written to {RESULTS.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,377 @@
+"""Fleet safety on the real Temporal dev server and Slurm sandbox (and Kubernetes where a step
+involves it): a disruption budget under a storm, a circuit breaker that survives a worker kill
+and a server restart, domain escalation, observe mode, repeat offenders, re-sent alerts, grants
+never counted twice, and one policy whoever sends the report."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, cast
+
+import pytest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from gpuheal.fleet import (
+    BudgetPolicy,
+    CapacityDecision,
+    CapacityRequest,
+    EscalationPolicy,
+    FleetStatus,
+    Placement,
+    RepeatPolicy,
+    coordinator_id,
+)
+from gpuheal.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
+from gpuheal.settings import Settings
+from infra.sandbox.kube import KubeSandbox
+from infra.sandbox.stack import Sandbox
+from tests.integration.conftest import nodes_in_service, report, slurmctld_log, until
+from triggers.start import start_or_join
+from workers.main import make_worker
+from workflows.remediation import GpuRemediationWorkflow
+
+pytestmark = pytest.mark.integration
+GPUHEAL = os.path.join(os.path.dirname(sys.executable), "gpuheal")
+
+
+def with_fleet(settings: Settings, **policy: Any) -> Settings:
+    """The test's roomy policy (conftest), with what this test is about."""
+    return settings.model_copy(update={"fleet": settings.fleet.model_copy(update=policy)})
+
+
+async def fleet_status(client: Client, settings: Settings) -> FleetStatus:
+    status: FleetStatus = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).query(
+        "status", result_type=FleetStatus
+    )
+    return status
+
+
+async def gpuheal(sb: Sandbox, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Our CLI as an operator types it (in a thread: this loop may be running a worker)."""
+    full = {**sb.env(), "GPUHEAL_CLUSTER": settings.cluster or "", "GPUHEAL_TASK_QUEUE": settings.task_queue, **env}
+    return await asyncio.to_thread(
+        subprocess.run, [GPUHEAL, *args], env=full, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture
+def big(slurm: Sandbox) -> Sandbox:
+    """12 nodes in service and 10 spares."""
+    slurm.extra_env.update({"GPUHEAL_SLURM_ACTIVE": "12", "GPUHEAL_SLURM_SPARES": "10"})
+    try:
+        slurm.start_slurm(clean=True)
+    finally:
+        slurm.extra_env.pop("GPUHEAL_SLURM_ACTIVE")
+        slurm.extra_env.pop("GPUHEAL_SLURM_SPARES")
+    return slurm
+
+
+async def test_a_storm_never_takes_more_than_the_budget(big: Sandbox, settings: Settings, client: Client) -> None:
+    # Held incidents touch nothing here, so Slurm's own states show exactly what the budget let
+    # out (with the default containment, held nodes are drained too: nothing new lands on them,
+    # their jobs run on, nothing is replaced; the breaker test below runs that way).
+    settings = with_fleet(
+        settings, budget=BudgetPolicy(cluster="3", rate=1000, node_cooldown_s=0), containment_while_held="none"
+    )
+    out_at_once: list[int] = []
+    sampling = True
+
+    def sample() -> None:  # what Slurm says, every 0.2 s: nodes drained or down
+        while sampling:
+            states = big.nodes()
+            out_at_once.append(sum(1 for n in states.values() if n.drained or n.state == "down"))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    nodes = [f"gpu{i:02d}" for i in range(1, 11)]
+    async with make_worker(client, settings):
+        handles = []
+        for node in nodes:  # 10 replace-class reports within 2 s
+            handles.append(await start_or_join(client, settings, report(settings, node, 79)))
+            await asyncio.sleep(0.15)
+
+        async def held() -> list[Any]:
+            found = []
+            for h in handles:
+                status = await h.query(GpuRemediationWorkflow.status)
+                if status.stage == Stage.HELD:
+                    found.append(status)
+            return found if len(found) >= 5 else []
+
+        waiting = await until(held, "incidents held by the budget")
+        assert all("disruption budget: 3 of 3 nodes out of service (cluster)" in s.done[-1] or s.held for s in waiting)
+        fleet = await fleet_status(client, settings)
+        assert len(fleet.out_of_service) <= 3 and len(fleet.held) >= 5
+        assert fleet.held[0].reason == "disruption budget: 3 of 3 nodes out of service (cluster)"
+        results: list[RemediationResult] = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 240)
+        after = await fleet_status(client, settings)
+    sampling = False
+    sampler.join()
+    assert [r.outcome for r in results] == ["resolved"] * 10  # all, in the end, as the budget freed
+    assert max(out_at_once) <= 3 and len(out_at_once) > 20
+    assert sum(1 for r in results if any(s.stage == Stage.HELD for s in r.stages)) >= 5
+    assert after.out_of_service == () and after.held == ()
+
+
+async def test_the_breaker_trips_holds_survives_a_kill_and_a_restart_and_resumes_only_by_hand(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    env = {
+        "GPUHEAL_CLUSTER": settings.cluster or "",
+        "GPUHEAL_TASK_QUEUE": settings.task_queue,
+        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
+        "GPUHEAL_BREAKER_MAX": "2",
+        "GPUHEAL_BUDGET": "100",
+        "GPUHEAL_NODE_COOLDOWN_S": "0",
+        "GPUHEAL_DUPLICATE_WINDOW_S": "0",
+    }
+    slurm.extra_env.update(env)
+    worker = slurm.start_worker()
+    try:
+        handles = [await start_or_join(client, settings, report(settings, n, 48)) for n in ("gpu01", "gpu02", "gpu03")]
+
+        async def tripped() -> FleetStatus | None:
+            try:
+                s = await fleet_status(client, settings)
+            except Exception:
+                return None
+            return s if s.breaker.tripped and s.held else None
+
+        fleet = await until(tripped, "the breaker to trip")
+        assert "3 new incidents within 300 s (more than 2)" in fleet.breaker.why
+        assert set(fleet.breaker.nodes) == {"gpu01", "gpu02", "gpu03"}
+        held = [h.incident_id for h in fleet.held]
+
+        # Contained while held (the default): drained, so nothing new lands; nothing replaced.
+        def contained() -> bool:
+            states = slurm.nodes()
+            return all(states[h.node].drained and "contained while held" in states[h.node].reason for h in fleet.held)
+
+        await until(contained, "the held incidents' nodes drained (containment)")
+        assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started
+        # A kill and a server restart: the breaker stays tripped, the held stay held.
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        slurm.stop_temporal()
+        slurm.start_temporal()
+        worker = slurm.start_worker()
+        await asyncio.sleep(3)
+        after = await until(tripped, "the coordinator after the restart")
+        assert after.breaker.why == fleet.breaker.why and [h.incident_id for h in after.held] == held
+        for h in handles:
+            if h.id in held:
+                assert (await h.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
+        resumed = await gpuheal(
+            slurm, settings, "resume", "--operator", "alice", "--reason", "false alarm: one rack PDU"
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        assert "resumed by alice" in resumed.stdout
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
+        assert not (await fleet_status(client, settings)).breaker.tripped  # (a query needs the worker)
+    finally:
+        Sandbox.stop_process(worker)
+        for key in env:
+            slurm.extra_env.pop(key)
+    assert [r.outcome for r in results] == ["resolved"] * 3
+
+
+async def test_observe_mode_touches_nothing_and_records_what_it_would_do(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    settings = with_fleet(settings, mode="observe")
+    job = slurm.submit_training("watched")
+    node = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    before = slurmctld_log(slurm)
+    async with make_worker(client, settings):
+        result = await asyncio.wait_for(
+            (await start_or_join(client, settings, report(settings, node, 79))).result(), 60
+        )
+    after = slurmctld_log(slurm)[len(before) :]
+    assert result.outcome == "observed"
+    assert "update_node" not in after and "Requeu" not in after and "kill_job" not in after, after
+    # The only job updates are the training job's own progress comments (the progress contract).
+    updates = [line for line in after.splitlines() if "] _update_job: " in line]
+    assert all("setting comment to gpuheal step=" in line for line in updates), updates
+    observe = next(s for s in result.stages if s.stage == Stage.OBSERVE)
+    assert f"would drain {node}" in observe.outcome and f"would requeue job {job}" in observe.outcome
+    assert f"would replace {node}" in observe.outcome
+    j = slurm.job(job)
+    assert j is not None and j.state == "RUNNING" and j.restart_count == 0 and not slurm.nodes()[node].drained
+
+
+async def test_the_third_incident_on_a_node_within_the_window_replaces_it(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    settings = with_fleet(settings, repeat=RepeatPolicy(incidents=3, window_s=7 * 86400))
+    results = []
+    async with make_worker(client, settings):
+        for _ in range(3):
+            handle = await start_or_join(client, settings, report(settings, "gpu03", 48, gpu=1))
+            results.append(await asyncio.wait_for(handle.result(), 90))
+    actions = [r.action for r in results]
+    assert actions == [ActionClass.RESET_GPU, ActionClass.RESET_GPU, ActionClass.REPLACE_NODE], [
+        r.reason for r in results
+    ]
+    assert "repeat offender: 3 incidents on gpu03 within 7 days" in results[2].reason
+
+
+async def test_the_same_alert_posted_again_after_its_incident_closed_starts_nothing(
+    webhook: Sandbox, settings: Settings, client: Client
+) -> None:
+    settings = with_fleet(settings, duplicate_window_s=600)
+    payload = webhook.alertmanager_payload("gpu02", 48, cluster=settings.cluster)
+    async with make_worker(client, settings):
+        status, body = await asyncio.to_thread(webhook.post_alert, payload)
+        assert status == 200, body
+        incident = body["started_or_joined"][0]["workflow_id"]  # type: ignore[index]
+        await asyncio.wait_for(client.get_workflow_handle(incident).result(), 90)
+        await asyncio.sleep(1)
+        status, again = await asyncio.to_thread(webhook.post_alert, payload)  # Alertmanager's repeat_interval
+    assert status == 200 and again["started_or_joined"] == []
+    (handled,) = cast("list[dict[str, str]]", again["already_handled"])
+    assert handled["by"] == incident and "gpu02" in handled["report"]
+    count = await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')
+    assert count.count == 1
+
+
+async def test_a_grant_is_counted_once_whatever_the_retries_and_kills(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """Granted, then slurmctld stops answering (so the incident cannot drain yet), the worker is
+    SIGKILLed, and the same capacity request arrives again as a retried activity would send it:
+    the grant stands once, and is given back once."""
+    env = {
+        "GPUHEAL_CLUSTER": settings.cluster or "",
+        "GPUHEAL_TASK_QUEUE": settings.task_queue,
+        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
+        "GPUHEAL_BUDGET": "100",
+        "GPUHEAL_NODE_COOLDOWN_S": "0",
+        "GPUHEAL_DUPLICATE_WINDOW_S": "0",
+        "GPUHEAL_HELD_CONTAINMENT": "none",
+    }
+    slurm.extra_env.update(env)
+    worker = slurm.start_worker()
+    ctld = int((slurm.slurm_dir / "run" / "slurmctld.pid").read_text())
+    try:
+        first = await start_or_join(client, settings, report(settings, "gpu03", 48))  # starts the coordinator
+        assert (await asyncio.wait_for(first.result(), 120)).outcome == "resolved"
+        paused = await gpuheal(slurm, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
+        assert paused.returncode == 0, paused.stderr
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
+        await until(lambda: _in_stage(handle, Stage.HELD), "the incident held by the paused breaker")
+        os.kill(ctld, signal.SIGSTOP)  # from here the incident cannot reach Slurm: it cannot drain
+        resumed = await gpuheal(slurm, settings, "resume", "--operator", "alice", "--reason", "go")
+        assert resumed.returncode == 0, resumed.stderr
+
+        async def granted() -> FleetStatus | None:
+            s = await fleet_status(client, settings)
+            return s if [g.incident_id for g in s.out_of_service] == [handle.id] else None
+
+        await until(granted, "the grant")
+        await asyncio.sleep(1)
+        assert not drained_by(slurm, "gpu01", handle.id)
+        worker.send_signal(signal.SIGKILL)  # between the grant and the drain
+        worker.wait()
+        worker = slurm.start_worker()
+        fleet = await fleet_status(client, settings)
+        grant = fleet.out_of_service[0]
+        again = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).execute_update(
+            "request_capacity",
+            CapacityRequest(
+                cluster=settings.cluster or "",
+                incident_id=handle.id,
+                placement=Placement(node="gpu01", cluster_size=3, pool=grant.pool),
+                action=ActionClass.RESET_GPU,
+            ),
+            result_type=CapacityDecision,
+        )
+        assert again.granted and again.already
+        after = await fleet_status(client, settings)
+        assert [g.incident_id for g in after.out_of_service] == [handle.id]  # once
+        assert after.remediations_in_window == 2  # gpu03's and gpu01's, each once
+        os.kill(ctld, signal.SIGCONT)
+        result = await asyncio.wait_for(handle.result(), 120)
+        end = await fleet_status(client, settings)
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+        Sandbox.stop_process(worker)
+        for key in env:
+            slurm.extra_env.pop(key)
+    assert result.outcome == "resolved"
+    assert any(st.stage == Stage.HELD for st in result.stages) and drained_by(slurm, "gpu01", handle.id)
+    assert end.out_of_service == () and end.remediations_in_window == 2
+
+
+def drained_by(sb: Sandbox, node: str, incident_id: str) -> bool:
+    """Whether slurmctld has drained `node` for the incident (its log: it can be read while
+    slurmctld is stopped)."""
+    return f"update_node: node {node} reason set to: {incident_id}" in slurmctld_log(sb)
+
+
+async def _in_stage(handle: Any, stage: Stage) -> bool:
+    return bool((await handle.query(GpuRemediationWorkflow.status)).stage == stage)
+
+
+async def _awaiting(handle: Any) -> bool:
+    return bool((await handle.query(GpuRemediationWorkflow.status)).awaiting_approval)
+
+
+async def test_a_cli_report_runs_under_the_clusters_approval_policy(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """The worker (the cluster) asks for approval of replacements; a report typed in a shell
+    without that setting still waits for a human."""
+    settings = with_fleet(settings, approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600))
+    async with make_worker(client, settings):
+        typed = await gpuheal(slurm, settings, "report", "--node", "gpu02", "--xid", "79", GPUHEAL_APPROVAL_REQUIRED="")
+        assert typed.returncode == 0, typed.stderr
+        handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, f"gpuheal-{settings.cluster}-gpu02")
+        await until(lambda: _awaiting(handle), "the approval wait")
+        aborted = await gpuheal(slurm, settings, "abort", "gpu02", "--operator", "carol", "--reason", "not today")
+        assert aborted.returncode == 0, aborted.stderr
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert result.outcome == "aborted" and result.policy_version == 1
+
+
+async def test_half_a_rack_is_one_domain_incident_not_two_replacements(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
+) -> None:
+    slurm.extra_env["GPUHEAL_SLURM_ACTIVE"] = "4"
+    try:
+        slurm.start_slurm(clean=True)
+    finally:
+        slurm.extra_env.pop("GPUHEAL_SLURM_ACTIVE")
+    kube.reset_nodes(["gpu01", "gpu02", "gpu03", "gpu04"])
+    core: Any = kube.core()
+    for n in ("gpu01", "gpu02", "gpu03", "gpu04"):
+        core.patch_node(n, {"metadata": {"labels": {"gpuheal.io/rack": "r1"}}})
+    settings = with_fleet(k8s_settings, escalation=EscalationPolicy(domain_share=0.5, window_s=300, min_nodes=2))
+    async with make_worker(client, settings):
+        a = await start_or_join(client, settings, report(settings, "gpu01", 79))
+        b = await start_or_join(client, settings, report(settings, "gpu02", 79))
+
+        async def escalated() -> FleetStatus | None:
+            try:
+                s = await fleet_status(client, settings)
+            except RPCError:  # no coordinator yet
+                return None
+            return s if s.domain_incidents and len(s.held) == 2 else None
+
+        fleet = await until(escalated, "a domain incident holding both", timeout=90)
+        (domain,) = fleet.domain_incidents
+        assert domain.domain == "gpuheal.io/rack=r1" and set(domain.nodes) == {"gpu01", "gpu02"}
+        assert all("domain incident" in h.reason for h in fleet.held)
+        dismissed = await gpuheal(
+            slurm, settings, "domain", "dismiss", "gpuheal.io/rack=r1", "--operator", "dana", "--reason", "PDU swap"
+        )
+        assert dismissed.returncode == 0, dismissed.stderr
+        results = await asyncio.wait_for(asyncio.gather(a.result(), b.result()), 90)
+    assert [r.outcome for r in results] == ["escalated", "escalated"]
+    assert all(r.replacement_node is None for r in results)  # one domain incident, not two replacements
+    assert domain.incident_id in results[0].node_state

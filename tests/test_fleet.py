@@ -1,0 +1,156 @@
+"""The coordinator's decisions (gpuheal.fleet): budget, rate, cooldown, breaker, escalation,
+repeat offenders, modes. Pure functions of the state and the time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuheal import fleet
+from gpuheal.fleet import (
+    Arrival,
+    BreakerPolicy,
+    BudgetPolicy,
+    CapacityRequest,
+    EscalationPolicy,
+    FleetPolicy,
+    FleetState,
+    Grant,
+    Placement,
+    RepeatPolicy,
+    VersionedPolicy,
+)
+from gpuheal.models import ActionClass, ApprovalPolicy
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def state(**policy: object) -> FleetState:
+    p = FleetPolicy.model_validate(policy)
+    return FleetState(cluster="c", policy=VersionedPolicy(version=1, policy=p, changed_by="t", reason="t", at=T0))
+
+
+def place(node: str, pool: str = "h100", domains: dict[str, int] | None = None, size: int = 100) -> Placement:
+    return Placement(node=node, cluster_size=size, pool=pool, pool_size=20, domains=domains or {})
+
+
+def ask(node: str, **kw: object) -> CapacityRequest:
+    return CapacityRequest(
+        cluster="c", incident_id=f"i-{node}", placement=place(node, **kw), action=ActionClass.REPLACE_NODE
+    )  # type: ignore[arg-type]
+
+
+def grant(s: FleetState, node: str, pool: str = "h100", domains: tuple[str, ...] = ()) -> None:
+    s.grants[f"i-{node}"] = Grant(incident_id=f"i-{node}", node=node, pool=pool, domains=domains, at=T0)
+
+
+@pytest.mark.parametrize(("spec", "total", "limit"), [("3", 100, 3), ("5%", 1000, 50), ("5%", 10, 1), ("0", 10, 0)])
+def test_a_limit_is_a_count_or_a_share(spec: str, total: int, limit: int) -> None:
+    assert fleet.limit_of(spec, total) == limit
+
+
+def test_a_bad_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a count"):
+        BudgetPolicy(cluster="lots")
+
+
+def test_the_cluster_budget_holds_the_fourth_node() -> None:
+    s = state(budget=BudgetPolicy(cluster="3", rate=100, node_cooldown_s=0))
+    for n in ("gpu01", "gpu02", "gpu03"):
+        assert fleet.capacity_decision(s, ask(n), T0)[0]
+        grant(s, n)
+    granted, why = fleet.capacity_decision(s, ask("gpu04"), T0)
+    assert not granted and why == "disruption budget: 3 of 3 nodes out of service (cluster)"
+
+
+def test_pool_and_domain_budgets_hold_only_their_own() -> None:
+    s = state(budget=BudgetPolicy(cluster="50%", per_pool="1", per_domain="1", rate=100, node_cooldown_s=0))
+    grant(s, "gpu01", pool="h100", domains=("rack=r1",))
+    held, why = fleet.capacity_decision(s, ask("gpu02", pool="h100"), T0)
+    assert not held and "(pool h100)" in why
+    held, why = fleet.capacity_decision(s, ask("gpu03", pool="a100", domains={"rack=r1": 4}), T0)
+    assert not held and "(domain rack=r1)" in why
+    assert fleet.capacity_decision(s, ask("gpu04", pool="a100", domains={"rack=r2": 4}), T0)[0]
+
+
+def test_the_rate_and_a_nodes_cooldown_hold_too() -> None:
+    s = state(budget=BudgetPolicy(cluster="100", rate=2, rate_window_s=3600, node_cooldown_s=1800))
+    s.remediations = [T0 - timedelta(minutes=10), T0 - timedelta(minutes=5)]
+    granted, why = fleet.capacity_decision(s, ask("gpu01"), T0)
+    assert not granted and why.startswith("rate: 2 remediations within 3600 s")
+    s.remediations = []
+    s.last_release["gpu01"] = T0 - timedelta(minutes=10)
+    granted, why = fleet.capacity_decision(s, ask("gpu01"), T0)
+    assert not granted and "cooling down" in why
+    assert fleet.capacity_decision(s, ask("gpu01"), T0 + timedelta(minutes=21))[0]
+
+
+def arrivals(nodes: list[str], at: datetime = T0, domain: str = "") -> list[Arrival]:
+    return [Arrival(at=at, incident_id=f"i-{n}", node=n, domains=(domain,) if domain else ()) for n in nodes]
+
+
+def test_the_breaker_trips_on_a_burst_and_on_a_share_of_one_domain() -> None:
+    s = state(breaker=BreakerPolicy(max_incidents=3, window_s=300, domain_share=0.75))
+    s.arrivals = arrivals(["a", "b", "c"])
+    assert fleet.breaker_trip(s, place("c"), T0) is None
+    s.arrivals += arrivals(["d"])
+    assert fleet.breaker_trip(s, place("d"), T0) == "4 new incidents within 300 s (more than 3)"
+    s.arrivals = arrivals(["a", "b", "c", "d"], T0 - timedelta(minutes=10))  # outside the window
+    assert fleet.breaker_trip(s, place("d"), T0) is None
+    s = state(breaker=BreakerPolicy(max_incidents=100, domain_share=0.5))
+    s.arrivals = arrivals(["a", "b", "c"], domain="rack=r1")
+    why = fleet.breaker_trip(s, place("c", domains={"rack=r1": 4}), T0)
+    assert why is not None and "3 of 4 nodes of rack=r1" in why
+
+
+def test_half_a_domain_within_the_window_is_one_domain_incident() -> None:
+    s = state(escalation=EscalationPolicy(domain_share=0.5, window_s=300, min_nodes=2))
+    s.arrivals = arrivals(["gpu01"], domain="rack=r1")
+    assert fleet.escalation(s, place("gpu01", domains={"rack=r1": 4}), T0) is None
+    s.arrivals += arrivals(["gpu02"], domain="rack=r1")
+    assert fleet.escalation(s, place("gpu02", domains={"rack=r1": 4}), T0) == ("rack=r1", ["gpu01", "gpu02"])
+
+
+def test_the_third_incident_within_the_window_makes_a_repeat_offender() -> None:
+    policy = RepeatPolicy(incidents=3, window_s=7 * 86400)
+    # Each incident of a node is a new run of the same workflow id: runs count, not ids.
+    wid = "gpuheal-c-gpu03"
+    past = [
+        Arrival(
+            at=T0 - timedelta(days=d), incident_id=wid, run_id=f"r{d}", node="gpu03", gpu_uuids=("GPU-1",), domains=()
+        )
+        for d in (1, 2)
+    ]
+    assert fleet.repeat_offender(past, "gpu03", [], T0, policy) is None
+    now = [*past, Arrival(at=T0, incident_id=wid, run_id="r0", node="gpu03", domains=())]
+    assert fleet.repeat_offender([*past, past[0]], "gpu03", [], T0, policy) is None  # one run asking twice
+    why = fleet.repeat_offender(now, "gpu03", [], T0, policy)
+    assert why == "repeat offender: 3 incidents on gpu03 within 7 days"
+    moved = [*past, Arrival(at=T0, incident_id="gpuheal-c-gpu09", node="gpu09", domains=(), gpu_uuids=("GPU-1",))]
+    why = fleet.repeat_offender(moved, "gpu09", ["GPU-1"], T0, policy)  # the GPU moved: its record did too
+    assert why == "repeat offender: 3 incidents on GPU GPU-1 within 7 days"
+    old = [*[a.model_copy(update={"at": T0 - timedelta(days=9)}) for a in past], now[-1]]
+    assert fleet.repeat_offender(old, "gpu03", [], T0, policy) is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "action", "required", "asks"),
+    [
+        ("auto", ActionClass.REPLACE_NODE, (), False),
+        ("auto", ActionClass.REPLACE_NODE, (ActionClass.REPLACE_NODE,), True),
+        ("approve", ActionClass.RESET_GPU, (), True),
+        ("approve", ActionClass.IGNORE, (), False),
+    ],
+)
+def test_approve_mode_asks_a_human_for_every_action(
+    mode: fleet.Mode, action: ActionClass, required: tuple[ActionClass, ...], asks: bool
+) -> None:
+    assert fleet.needs_approval(mode, action, ApprovalPolicy(required_for=required)) is asks
+
+
+def test_old_arrivals_are_forgotten_but_what_a_window_needs_is_kept() -> None:
+    s = state(repeat=RepeatPolicy(incidents=3, window_s=86400))
+    s.arrivals = arrivals(["a"], T0 - timedelta(days=2)) + arrivals(["b"], T0 - timedelta(hours=2))
+    fleet.forget_before(s, T0)
+    assert [a.node for a in s.arrivals] == ["b"]
