@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm histories k8s stop clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
 	@touch $(STAMP)
 
@@ -54,6 +54,7 @@ k8s: $(STAMP)
 	bash infra/k8s/build.sh
 
 stop:
+	-@[ -x $(PY) ] && $(PY) -m infra.sandbox.stack stop .run
 	-@GPUHEAL_K8S_DIR=.run/k8s infra/k8s/cluster.sh stop
 	-@GPUHEAL_SLURM_DIR=.run/slurm infra/slurm/sandbox.sh stop
 	-@for v in 24.11 26.05; do [ -d .run/slurm-$$v ] && GPUHEAL_SLURM_DIR=.run/slurm-$$v \

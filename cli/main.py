@@ -56,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     hi = sub.add_parser("history", help="a node's incidents: when, which XID, what was done, how it ended")
     hi.add_argument("node")
 
+    li = sub.add_parser("incidents", help="open and recent incidents, one line each (or --json)")
+    li.add_argument("--node", help="only this node's")
+    li.add_argument("--stage", help="only those in this stage now (e.g. held, approval, close)")
+    li.add_argument("--outcome", help="only those closed with this outcome (resolved, aborted, escalated, ...)")
+    li.add_argument("--open", action="store_true", help="only open incidents")
+    li.add_argument("--since", default="7d", help="started within this long: 30m, 24h, 7d (default 7d)")
+    li.add_argument("--limit", type=int, default=50)
+    li.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+
+    pm = sub.add_parser("postmortem", help="a closed incident's record: Markdown, HTML and a timeline picture")
+    pm.add_argument("target", help="node name or incident id")
+    pm.add_argument("--out", default=".", help="directory for INCIDENT.md, .html and .svg (default: here)")
+
     s = sub.add_parser("status", help="an incident's stage, timeline and result")
     s.add_argument("target", help="node name or incident id")
 
@@ -88,6 +101,8 @@ COMMANDS = {
     "approve": ("cli.incident", "decide"),
     "abort": ("cli.incident", "decide"),
     "status": ("cli.incident", "show_status"),
+    "incidents": ("cli.incident", "list_incidents"),
+    "postmortem": ("cli.postmortem", "write_postmortem"),
     "give-back": ("cli.incident", "give_back"),
     "fleet": ("cli.fleet", "show_fleet"),
     "pause": ("cli.fleet", "pause"),
@@ -112,22 +127,23 @@ def run(argv: list[str] | None = None) -> int:
     import importlib
     import inspect
 
-    from pydantic import ValidationError
-
+    from cli.errors import explain
     from gpuheal.settings import Settings
 
+    address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS", "127.0.0.1:7233")
     try:
         settings = Settings.from_env()
+        address = settings.temporal_address
         module, name = COMMANDS[args.command]
         command = getattr(importlib.import_module(module), name)
         result = command(settings, args)
         return int(asyncio.run(result) if inspect.iscoroutine(result) else result)
-    except ValidationError as err:
-        print(f"gpuheal: invalid input: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # SettingsError included: it names the variable to set
-        print(f"gpuheal: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        answer = explain(err, getattr(args, "target", None) or getattr(args, "node", None), address)
+        if answer is None:
+            raise
+        print("\n".join(answer.lines), file=sys.stderr)
+        return answer.code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,10 @@ the names from here.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ValidationError
+
 # The node is not a node this cluster can remediate: retrying cannot help.
 UNKNOWN_NODE = "UnknownNode"
 # A requeued job came back on the failed node: a wrong placement, not a transient error.
@@ -17,3 +21,23 @@ NON_RETRYABLE = (UNKNOWN_NODE, NOT_RESUMED)
 
 class SettingsError(ValueError):
     """A setting is missing or wrong; the message names the variable and what to set."""
+
+
+def quote(value: Any, limit: int = 60) -> str:
+    """A value a user sent, as it may be shown back: escaped (no control characters reach a
+    terminal or a log) and cut to `limit` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    shown = text.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+    return f"'{shown[:limit]}...'" if len(shown) > limit else f"'{shown}'"
+
+
+def describe_error(err: Exception, what: str = "input") -> str:
+    """One line per invalid field: where, what is wrong, and the offending value (quoted)."""
+    if not isinstance(err, ValidationError):
+        return str(err)
+    parts = []
+    for e in err.errors():
+        where = ".".join(map(str, e["loc"])) or what
+        given = f" (got {quote(e['input'])})" if "input" in e and not isinstance(e["input"], dict) else ""
+        parts.append(f"{where}: {e['msg']}{given}")
+    return "; ".join(parts)

@@ -336,3 +336,11 @@ def render_result(result: RemediationResult, url: str | None = None) -> str:
     if url:
         lines.append(f"Temporal   {url}")
     return "\n".join(lines)
+
+
+def ago(seconds: float) -> str:
+    """A duration as a person reads it at a glance: 45s, 12m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(0, seconds):.0f}s"

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager debootstrap; do
+for pkg in slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager debootstrap chromium-headless-shell; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

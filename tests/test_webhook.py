@@ -110,3 +110,17 @@ async def test_a_give_back_alert_asks_the_borrowing_incident_and_starts_nothing(
     finally:
         await client.close()
     assert asked == ["inf02"] and started == []
+
+
+async def test_a_refused_alert_quotes_the_offending_value_escaped_and_cut() -> None:
+    started: list[HealthReport] = []
+    client = await client_for(started)
+    try:
+        resp = await client.post("/alertmanager", json=body(node="gpu01;reboot\n" + "x" * 200, xid="79"), headers=AUTH)
+        assert resp.status == 400
+        (rejected,) = (await resp.json())["rejected"]
+        assert "node: String should match pattern" in rejected["reason"]
+        assert "(got 'gpu01;reboot\\n" in rejected["reason"] and "...')" in rejected["reason"]  # escaped, cut
+        assert len(rejected["reason"]) < 200 and started == []
+    finally:
+        await client.close()

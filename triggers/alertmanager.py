@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuheal.errors import describe_error
 from gpuheal.models import HealthReport
 
 NODE_LABELS = ("node", "Hostname", "hostname", "instance")
@@ -117,7 +118,7 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
                 gpu_uuid=_first(alert.labels, UUID_LABELS),
             )
         except (ValidationError, ValueError) as err:
-            rejected.append(Rejected(alert=name, reason=describe_error(err)))
+            rejected.append(Rejected(alert=name, reason=describe_error(err, "alert")))
             continue
         key = (report.cluster, report.node, report.xid, report.signal, report.gpu)
         # Fifty alerts for one failure are one report: keep the earliest observation.
@@ -170,9 +171,3 @@ def _alert_key(alert: Alert) -> str | None:
         return None
     key = f"{alert.fingerprint}@{alert.startsAt.astimezone(UTC):%Y%m%dT%H%M%S}"
     return re.sub(r"[^A-Za-z0-9@:+._-]", "-", key)[:100]
-
-
-def describe_error(err: Exception) -> str:
-    if isinstance(err, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'alert'}: {e['msg']}" for e in err.errors())
-    return str(err)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuheal.fleet import FleetStatus
-from gpuheal.models import RemediationResult
+from gpuheal.models import ActionClass, RemediationResult, Stage
 
 _BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
 
@@ -28,8 +28,21 @@ MTTR_SECONDS = Histogram(
     ["action"],
     buckets=_BUCKETS,
 )
+DETECTION_SECONDS = Histogram(
+    "gpuheal_detection_seconds",
+    "Failure observed (the first report's time) to its incident starting",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
 STEPS_LOST = Counter("gpuheal_training_steps_lost_total", "Training steps redone after failures")
 GPU_SECONDS_LOST = Counter("gpuheal_gpu_seconds_lost_total", "GPU time lost to failures")
+
+
+# Every label set exists (at zero) from the start, so increase() over a window counts the first
+# incident too (a series that appears at 1 has no increase to Prometheus).
+for _action in ActionClass:
+    MTTR_SECONDS.labels(_action.value)
+for _stage in Stage:
+    STAGE_SECONDS.labels(_stage.value)
 
 
 def observe_incident(result: RemediationResult) -> None:
@@ -39,6 +52,8 @@ def observe_incident(result: RemediationResult) -> None:
             STAGE_SECONDS.labels(stage.stage.value).observe(stage.duration_s)
     if result.mttr_s is not None:
         MTTR_SECONDS.labels(result.action.value).observe(result.mttr_s)
+    if result.stages:
+        DETECTION_SECONDS.observe(max(0.0, (result.stages[0].started_at - result.failure_observed_at).total_seconds()))
     STEPS_LOST.inc(result.steps_lost)
     GPU_SECONDS_LOST.inc(result.gpu_seconds_lost)
 

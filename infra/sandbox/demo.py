@@ -182,6 +182,8 @@ def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes
     finally:
         Sandbox.stop_process(webhook)
         Sandbox.stop_process(worker)
+        sb.stop_recorded("webhook")  # (their pid files go with them)
+        sb.stop_recorded("worker")
     parts = "Temporal, Slurm" + (" and Kubernetes" if ks is not None else "")
     say(
         f"demo took {time.monotonic() - t0:.0f} s. {parts} keep running so you can browse {sb.ui_url}; "

@@ -3,9 +3,11 @@ from infra/monitoring, for the tests and the detection-latency benchmark."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ class Monitoring:
     webhook_url: str
     token_file: Path
     agents: dict[str, int]  # node -> agent metrics port
+    workers: tuple[int, ...] = ()  # worker metrics ports to scrape (gpuheal's and the SDK's)
     prometheus_port: int = 29090
     alertmanager_port: int = 29093
     interval: str = "1s"
@@ -33,9 +36,12 @@ class Monitoring:
 
     def render(self) -> tuple[Path, Path]:
         self.root.mkdir(parents=True, exist_ok=True)
-        targets = "\n".join(
-            f'        - targets: ["127.0.0.1:{port}"]\n          labels: {{node: "{node}"}}'
-            for node, port in self.agents.items()
+        targets = (
+            "\n".join(
+                f'        - targets: ["127.0.0.1:{port}"]\n          labels: {{node: "{node}"}}'
+                for node, port in self.agents.items()
+            )
+            or "      []"
         )
         prom = self.root / "prometheus.yml"
         prom.write_text(
@@ -44,6 +50,7 @@ class Monitoring:
                 RULES=MONITORING / "rules.yml",
                 AM_PORT=self.alertmanager_port,
                 AGENT_TARGETS=targets,
+                WORKER_JOBS=self._worker_jobs(),
             )
         )
         am = self.root / "alertmanager.yml"
@@ -56,6 +63,22 @@ class Monitoring:
             )
         )
         return prom, am
+
+    def _worker_jobs(self) -> str:
+        if not self.workers:
+            return ""
+        targets = ", ".join(f'"127.0.0.1:{port}"' for port in self.workers)
+        return f"  - job_name: gpuheal-worker\n    static_configs:\n      - targets: [{targets}]"
+
+    def query(self, promql: str) -> list[dict[str, object]]:
+        """One instant query against this Prometheus: the result vector (empty: no data)."""
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise MonitoringError(f"query {promql!r} failed: {body}")
+        result: list[dict[str, object]] = body["data"]["result"]
+        return result
 
     def start(self) -> None:
         for binary in ("prometheus", "prometheus-alertmanager"):

@@ -206,14 +206,41 @@ class Sandbox:
     def stop_slurm(self) -> None:
         self.run(SLURM_SCRIPT, "stop", check=False)
 
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+    def _ours(self, pid: int) -> bool:
+        """Whether `pid` is still a gpuheal process of this sandbox (PIDs are reused: a pid file
+        alone proves nothing). Its command line runs gpuheal, its environment names this run
+        directory."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        mine = f"GPUHEAL_TEMPORAL_DIR={self.root / 'temporal'}".encode()
+        return any(a.endswith(b"/gpuheal") for a in argv[:2]) and mine in environ
+
+    def stop_recorded(self, name: str, sig: int = signal.SIGTERM) -> str:
+        """Stop the `name` process (worker, webhook) this sandbox recorded, if it is still ours,
+        and forget its pid file. Says what it did."""
         pidfile = self.root / f"{name}.pid"
-        if pidfile.exists():  # a leftover from an interrupted run would serve old code
-            try:
-                os.kill(int(pidfile.read_text()), signal.SIGTERM)
-                time.sleep(0.5)
-            except (ProcessLookupError, ValueError):
-                pass
+        try:
+            pid = int(pidfile.read_text())
+        except (OSError, ValueError):
+            return f"{name}: not running"
+        said = f"{name}: pid {pid} is no longer ours; left alone"
+        if self._ours(pid):
+            os.kill(pid, sig)
+            for _ in range(150):
+                if not self._ours(pid):
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            said = f"{name}: stopped (pid {pid})"
+        pidfile.unlink(missing_ok=True)
+        return said
+
+    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        self.stop_recorded(name)  # a leftover from an interrupted run would serve old code
         log = open(self.root / f"{name}.log", "ab")
         proc = subprocess.Popen(
             [str(BIN / "gpuheal"), *argv],
@@ -223,7 +250,7 @@ class Sandbox:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        pidfile.write_text(str(proc.pid))
+        (self.root / f"{name}.pid").write_text(str(proc.pid))
         return proc
 
     def start_worker(self) -> subprocess.Popen[bytes]:
@@ -390,3 +417,13 @@ class Sandbox:
                 return err.code, json.loads(raw or b"{}")
             except json.JSONDecodeError:
                 return err.code, {"error": raw.decode(errors="replace")}
+
+
+if __name__ == "__main__":  # `make stop`: python -m infra.sandbox.stack stop RUN_DIR
+    if len(sys.argv) != 3 or sys.argv[1] != "stop":
+        sys.exit("usage: python -m infra.sandbox.stack stop RUN_DIR")
+    run_dir = Path(sys.argv[2])
+    if run_dir.is_dir():
+        sandbox = Sandbox(run_dir)
+        for process in ("webhook", "worker"):
+            print(f"sandbox: {sandbox.stop_recorded(process)}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -116,6 +118,17 @@ async def webhook(client: Client, settings: Settings, slurm: Sandbox) -> AsyncIt
     runner: web.AppRunner = await serve(settings, "127.0.0.1", slurm.webhook_port, client)
     yield slurm
     await runner.cleanup()
+
+
+GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
+
+
+async def gpuheal(sb: Sandbox, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Our CLI as an operator types it (in a thread: this loop may be running a worker)."""
+    full = {**sb.env(), "GPUHEAL_CLUSTER": settings.cluster or "", "GPUHEAL_TASK_QUEUE": settings.task_queue, **env}
+    return await asyncio.to_thread(
+        subprocess.run, [GPUHEAL, *args], env=full, capture_output=True, text=True, timeout=60
+    )
 
 
 def report(settings: Settings, node: str, xid: int = 79, gpu: int | None = 0, **kw: Any) -> HealthReport:

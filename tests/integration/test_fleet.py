@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 from typing import Any, cast
 
@@ -31,13 +29,12 @@ from gpuheal.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import nodes_in_service, report, slurmctld_log, until
+from tests.integration.conftest import gpuheal, nodes_in_service, report, slurmctld_log, until
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
-GPUHEAL = os.path.join(os.path.dirname(sys.executable), "gpuheal")
 
 
 def with_fleet(settings: Settings, **policy: Any) -> Settings:
@@ -50,14 +47,6 @@ async def fleet_status(client: Client, settings: Settings) -> FleetStatus:
         "status", result_type=FleetStatus
     )
     return status
-
-
-async def gpuheal(sb: Sandbox, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Our CLI as an operator types it (in a thread: this loop may be running a worker)."""
-    full = {**sb.env(), "GPUHEAL_CLUSTER": settings.cluster or "", "GPUHEAL_TASK_QUEUE": settings.task_queue, **env}
-    return await asyncio.to_thread(
-        subprocess.run, [GPUHEAL, *args], env=full, capture_output=True, text=True, timeout=60
-    )
 
 
 @pytest.fixture

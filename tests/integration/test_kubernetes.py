@@ -156,29 +156,31 @@ async def test_whole_loop_with_kubernetes(
 
 
 async def test_apiserver_outage_mid_remediation_is_ridden_out(
-    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client, k8s_worker: None
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
+    # The worker's settings rule (not the trigger's): its checkpoint grace is 8 s, and a job that
+    # never confirms its checkpoint keeps the protect stage open that long.
     settings = k8s_settings.model_copy(
         update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 8})}
     )
-    # a job that never confirms its checkpoint: the protect stage lasts the whole 8 s grace
     job = slurm.submit_training("outage", env={"TRAIN_IGNORE_CHECKPOINT_REQUEST": "1"})
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
-    handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
-    await wait_stage(handle, Stage.PROTECT)
-    await asyncio.to_thread(kube.stop_apiserver)
-    try:
-        status = await handle.query(GpuRemediationWorkflow.status)
-        assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
-        await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
-        await asyncio.sleep(3)
-        # Read the clock *before* the apiserver starts: the retried cordon may succeed while
-        # start_apiserver() is still waiting for /readyz, so a reading after it could come later
-        # than the cordon (the race this test once lost on a loaded machine).
-        restart_at = datetime.now(UTC)
-    finally:
-        await asyncio.to_thread(kube.start_apiserver)  # whatever happened: the next tests need it
-    result = await asyncio.wait_for(handle.result(), 180)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
+        await wait_stage(handle, Stage.PROTECT)
+        await asyncio.to_thread(kube.stop_apiserver)
+        try:
+            status = await handle.query(GpuRemediationWorkflow.status)
+            assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
+            await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
+            await asyncio.sleep(3)
+            # Read the clock *before* the apiserver starts: the retried cordon may succeed while
+            # start_apiserver() is still waiting for /readyz, so a reading after it could come later
+            # than the cordon (the race this test once lost on a loaded machine).
+            restart_at = datetime.now(UTC)
+        finally:
+            await asyncio.to_thread(kube.start_apiserver)  # whatever happened: the next tests need it
+        result = await asyncio.wait_for(handle.result(), 180)
     assert result.outcome == "resolved"
     cordon = next(s for s in result.stages if s.stage == Stage.CORDON)
     assert cordon.ended_at is not None and cordon.ended_at >= restart_at  # the Kubernetes steps waited it out
@@ -234,13 +236,8 @@ async def test_worker_rbac_allows_its_actions_and_nothing_else(kube: KubeSandbox
 
 def test_manifests_pass_server_side_dry_run(kube: KubeSandbox) -> None:
     dyn = dynamic.DynamicClient(kube.api())
-    docs = [
-        d
-        for f in ("rbac.yaml", "rbac-force-delete.yaml", "deploy/gpuheal.yaml")
-        for d in yaml.safe_load_all((K8S / f).read_text())
-        if d
-    ]
-    assert {d["kind"] for d in docs} >= {"ClusterRole", "Deployment", "Service", "ConfigMap", "ServiceAccount"}
+    docs = [d for f in ("rbac.yaml", "rbac-force-delete.yaml") for d in yaml.safe_load_all((K8S / f).read_text()) if d]
+    assert {d["kind"] for d in docs} >= {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"}  # chart: test_helm
     for doc in docs:
         resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
         ns = doc["metadata"].get("namespace")
