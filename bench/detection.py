@@ -86,7 +86,8 @@ async def main() -> int:
     ap.add_argument("--production-runs", type=int, default=3)
     args = ap.parse_args()
     sb = Sandbox.named("detect", RUN / "detect", cluster="detect")
-    sb.start_temporal()
+    sb.stop_temporal()  # incidents left by an earlier run (maybe of older code) must not join this one
+    sb.start_temporal(fresh=True)
     client = await connect(Settings.from_env(sb.env()))
     webhook = sb.start_webhook()
     rows = []

@@ -125,7 +125,8 @@ async def main() -> int:
 
     sb = Sandbox.named("bench", RUN / "bench", extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "30"})
     sb.start_slurm(clean=True)
-    sb.start_temporal()
+    sb.stop_temporal()  # incidents left by an earlier run (maybe of older code) must not join this one
+    sb.start_temporal(fresh=True)
     client = await connect(Settings.from_env(sb.env()))
     worker, webhook = sb.start_worker(), sb.start_webhook()
     results: list[RemediationResult] = []

@@ -57,6 +57,8 @@ def installed(kube: KubeSandbox) -> Iterator[KubeSandbox]:
         "--set", "agent.enabled=true",
         "--set", "temporal.tls.secretName=temporal-tls",
         "--set", "policy.mode=observe",
+        # No pods: the sandbox schedules onto its kwok nodes, and other tests count what runs there.
+        "--set", "worker.replicas=0", "--set", "webhook.replicas=0",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     yield kube
