@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from infra.sandbox.stack import Sandbox
 
 
 def spawn(exe: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([str(exe), "60"], env=env)
+    """`exe 60`, once it runs: until the child has exec'd, /proc shows the forking Python."""
+    proc = subprocess.Popen([str(exe), "60"], env=env)
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(str(exe).encode()):
+        assert time.monotonic() < deadline, "the child never ran"
+        time.sleep(0.01)
+    return proc
 
 
 def test_a_reused_pid_is_left_alone_and_the_stale_pid_file_goes(tmp_path: Path) -> None:
