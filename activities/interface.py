@@ -61,6 +61,7 @@ from gpuheal.models import (
     RemediationResult,
     RepairRequest,
     RepairResult,
+    ReplacementLookup,
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
@@ -89,6 +90,7 @@ def implements(ref: Activity[Any, Any]) -> Callable[[F], F]:
 
 # --- Slurm nodes, providers, notifications (activities/remediation.py) -----------------------
 LOOK_UP_SLURM_NODE = Activity("look_up_slurm_node", NodeRef, NodeInfo)
+FIND_EARLIER_REPLACEMENT = Activity("find_earlier_replacement", NodeRef, ReplacementLookup)
 NOTIFY_OPERATORS = Activity("notify_operators", Notification, type(None))
 LIST_JOBS_ON_NODE = Activity("list_jobs_on_node", NodeRef, JobList)
 DRAIN_SLURM_NODE = Activity("drain_slurm_node", DrainRequest, DrainResult)
@@ -132,6 +134,7 @@ GIVE_BACK_NODE = Activity("give_back_node", BorrowedNode, str)
 
 REMEDIATION = (
     LOOK_UP_SLURM_NODE,
+    FIND_EARLIER_REPLACEMENT,
     NOTIFY_OPERATORS,
     LIST_JOBS_ON_NODE,
     DRAIN_SLURM_NODE,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import interface as act
@@ -17,11 +18,14 @@ from activities.interface import implements
 from clients.notify import Notifier
 from clients.slurm import NodeOutOfService, SlurmBackend, UnknownNode
 from gpuheal import policy
+from gpuheal import search_attributes as sa
 from gpuheal.errors import UNKNOWN_NODE
 from gpuheal.models import (
+    ActionClass,
     BorrowedNode,
     DrainRequest,
     DrainResult,
+    EarlierReplacement,
     HealthCheckResult,
     JobList,
     NodeInfo,
@@ -30,6 +34,7 @@ from gpuheal.models import (
     RemediationResult,
     RepairRequest,
     RepairResult,
+    ReplacementLookup,
     ReplacementResult,
 )
 from providers.base import NodeProvider, NoSpareCapacity
@@ -56,6 +61,31 @@ class RemediationActivities:
             return await self._slurm.node(ref.node)
         except (UnknownNode, NodeOutOfService) as err:
             raise ApplicationError(f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True) from err
+
+    @implements(act.FIND_EARLIER_REPLACEMENT)
+    async def find_earlier_replacement(self, ref: NodeRef) -> ReplacementLookup:
+        """For a node Slurm no longer has in service: the last incident of it that replaced it,
+        from Temporal (visibility, then that run's result), so a late report can say so."""
+        client = activity.client()
+        query = (
+            f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND {sa.CLUSTER.name}="{ref.cluster}" '
+            f'AND {sa.NODE.name}="{ref.node}" AND {sa.ACTION.name}="{ActionClass.REPLACE_NODE.value}" '
+            'AND ExecutionStatus="Completed"'
+        )
+        found = [wf async for wf in client.list_workflows(query, limit=20)]
+        for wf in sorted(found, key=lambda w: w.close_time or w.start_time, reverse=True):
+            handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=RemediationResult)
+            result = await handle.result()
+            if result.replacement_node:
+                earlier = EarlierReplacement(
+                    node=ref.node,
+                    replacement_node=result.replacement_node,
+                    incident_id=wf.id,
+                    run_id=wf.run_id,
+                    closed_at=result.closed_at,
+                )
+                return ReplacementLookup(earlier=earlier)
+        return ReplacementLookup()
 
     @implements(act.NOTIFY_OPERATORS)
     async def notify_operators(self, note: Notification) -> None:

@@ -98,7 +98,7 @@ async def node_history(settings: Settings, args: argparse.Namespace) -> int:
     """Every incident of a node, from Temporal's visibility: when, which XID, what it did, how it ended."""
     client = await connect(settings)
     cluster = settings.require_cluster()
-    query = f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND NodeName="{args.node}"'
+    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND NodeName="{args.node}"'
     rows = 0
     async for wf in client.list_workflows(query):
         attrs = wf.typed_search_attributes

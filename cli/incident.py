@@ -117,7 +117,9 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
     age, outcome, MTTR. Outcome and MTTR come from each closed incident's result."""
     cluster = settings.require_cluster()
     since = datetime.now(UTC) - parse_since(args.since)
-    query = f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND StartTime > "{since.isoformat()}"'
+    query = (
+        f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND StartTime > "{since.isoformat()}"'
+    )
     if args.node:
         query += f' AND {sa.NODE.name}="{check_node_name(args.node)}"'
     if args.stage:

@@ -37,8 +37,12 @@ Verdict = Literal["approve", "abort"]
 # do), aborted (by an operator), no_capacity (the node is drained and out, no replacement came
 # within the bound; its jobs wait in Slurm without it), observed (observe mode: what it would
 # have done is in its history; nothing touched), escalated (its domain incident handles the
-# node with the rest of its domain), not_granted (held past the bound: the budget never freed).
-Outcome = Literal["resolved", "ignored", "aborted", "no_capacity", "observed", "escalated", "not_granted"]
+# node with the rest of its domain), not_granted (held past the bound: the budget never freed),
+# already_replaced (a late report for a node gpuheal replaced earlier: the result names by which
+# node and in which incident; nothing touched).
+Outcome = Literal[
+    "resolved", "ignored", "aborted", "no_capacity", "observed", "escalated", "not_granted", "already_replaced"
+]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
 LIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
@@ -342,6 +346,22 @@ class ReplacementResult(Frozen):
     new_node: str | None  # None: no capacity now (no_capacity says why)
     already_done: bool = False
     no_capacity: str = ""
+
+
+class EarlierReplacement(Frozen):
+    """An earlier incident of this node replaced it (the most recent that did)."""
+
+    node: str
+    replacement_node: str
+    incident_id: str
+    run_id: str
+    closed_at: datetime
+
+
+class ReplacementLookup(Frozen):
+    """What the incident history says of a node Slurm no longer has in service."""
+
+    earlier: EarlierReplacement | None = None
 
 
 class HealthCheckResult(Frozen):

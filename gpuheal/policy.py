@@ -144,6 +144,10 @@ def plan_for(action: ActionClass) -> Plan:
     return PLANS[action]
 
 
+# The incident workflow's type, as visibility queries name it (`WorkflowType="GpuRemediation"`).
+REMEDIATION_WORKFLOW = "GpuRemediation"
+
+
 def workflow_id(cluster: str, node: str) -> str:
     """One workflow per failed node: a second report for the node joins the running one."""
     return f"gpuheal-{cluster}-{node}"

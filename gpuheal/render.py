@@ -7,7 +7,7 @@ keeps the workflow thin and lets the CLI, the demo and the notifications say the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gpuheal.fleet import Placement, VersionedPolicy
 from gpuheal.job_policy import JobCost
@@ -20,6 +20,7 @@ from gpuheal.models import (
     CordonResult,
     Decision,
     DrainResult,
+    EarlierReplacement,
     EvictResult,
     HealthReport,
     JobAccount,
@@ -233,6 +234,14 @@ def evicted(result: EvictResult) -> str:
 
 def replaced(new_node: str, node: str) -> str:
     return f"{new_node} joined in place of {node}"
+
+
+def replaced_earlier(e: EarlierReplacement) -> str:
+    when = e.closed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        f"{e.node} is no longer in service: gpuheal replaced it by {e.replacement_node} in incident "
+        f"{e.incident_id} (run {e.run_id}, closed {when}); this late report changes nothing"
+    )
 
 
 def resumed(jobs: Sequence[ResumedJob]) -> str:

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from temporalio.exceptions import ApplicationError
+
 from activities import interface as act
 from activities.interface import implements
 from activities.jobs import JobActivities
 from clients.owners import LogOwnerNotifier
+from gpuheal.errors import UNKNOWN_NODE
 from gpuheal.fleet import (
     Admission,
     AdmitAnswer,
@@ -39,6 +42,7 @@ from gpuheal.models import (
     CheckpointWait,
     DrainRequest,
     DrainResult,
+    EarlierReplacement,
     HealthCheckResult,
     JobList,
     JobProgress,
@@ -52,6 +56,7 @@ from gpuheal.models import (
     RemediationSettings,
     RepairRequest,
     RepairResult,
+    ReplacementLookup,
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
@@ -71,11 +76,15 @@ class FakeCluster:
         settings: RemediationSettings | None = None,
         policy: FleetPolicy | None = None,
         grant: bool = True,
+        gone: frozenset[str] = frozenset(),
+        replaced: EarlierReplacement | None = None,
     ) -> None:
         self.calls: list[str] = []
         self.settings = settings or RemediationSettings(checkpoint_grace_s=30)
         self.policy = policy or FleetPolicy()
         self.grant = grant
+        self.gone = gone  # nodes Slurm has not (in service)
+        self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
@@ -131,7 +140,14 @@ class FakeCluster:
         @implements(act.LOOK_UP_SLURM_NODE)
         async def look_up(ref: NodeRef) -> NodeInfo:
             c.calls.append("look_up")
+            if ref.node in c.gone:
+                raise ApplicationError(f"node {ref.node!r} is not in service", type=UNKNOWN_NODE, non_retryable=True)
             return NodeInfo(name=ref.node, state="allocated")
+
+        @implements(act.FIND_EARLIER_REPLACEMENT)
+        async def find_earlier(ref: NodeRef) -> ReplacementLookup:
+            c.calls.append("find_earlier_replacement")
+            return ReplacementLookup(earlier=c.replaced if c.replaced and c.replaced.node == ref.node else None)
 
         @implements(act.NOTIFY_OPERATORS)
         async def notify(note: Notification) -> None:
@@ -191,6 +207,7 @@ class FakeCluster:
 
         return [
             look_up,
+            find_earlier,
             notify,
             list_jobs,
             drain,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -22,6 +22,7 @@ from gpuheal.models import (
     ActionClass,
     ApprovalPolicy,
     Decision,
+    EarlierReplacement,
     HealthReport,
     JobFate,
     RemediationResult,
@@ -331,3 +332,38 @@ async def test_held_incident_ends_not_granted_at_its_bound(env: WorkflowEnvironm
     assert "drained by this incident" in result.node_state
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
     assert "release_capacity" in fake.calls  # its place in line is given back
+
+
+async def test_late_report_for_a_node_gpuheal_replaced_names_the_replacement(env: WorkflowEnvironment) -> None:
+    """22.05 answers "not found" for a FUTURE node: not a failed workflow but a named outcome
+    that says by which node and in which incident it was replaced; nothing is touched."""
+    earlier = EarlierReplacement(
+        node="gpu01",
+        replacement_node="gpu04",
+        incident_id="gpuheal-test-gpu01",
+        run_id="run-1",
+        closed_at=datetime(2026, 11, 30, 3, 4, 5, tzinfo=UTC),
+    )
+    fake, s = FakeCluster(gone=frozenset({"gpu01"}), replaced=earlier), settings()
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "already_replaced"
+    assert "replaced it by gpu04 in incident gpuheal-test-gpu01 (run run-1, closed 2026-11-30 03:04:05 UTC)" in (
+        result.reason
+    )
+    assert result.node_state == "replaced earlier by gpu04"
+    assert fake.calls == ["look_up", "find_earlier_replacement", "notify:closed_already_replaced", "metrics"]
+    assert fake.notes[-1].severity == "warning" and "gpu04" in fake.notes[-1].message
+    assert result.mttr_s is None and result.jobs == []
+
+
+async def test_report_for_a_node_slurm_has_not_and_gpuheal_never_replaced_fails_fast(
+    env: WorkflowEnvironment,
+) -> None:
+    fake, s = FakeCluster(gone=frozenset({"gpu01"})), settings()
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        with pytest.raises(WorkflowFailureError) as err:
+            await handle.result()
+    assert "gpu01" in str(err.value.cause) and "not in service" in str(err.value.cause)
+    assert fake.calls == ["look_up", "find_earlier_replacement"]

@@ -55,7 +55,7 @@ async def give_back_borrowed(client: Client, cluster: str, node: str, operator: 
     """Demand shifted back: the running incident that borrowed `node` from inference gives it back
     now (its jobs move off first). Says so when no incident holds that node."""
     query = (
-        f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND {sa.BORROWED.name}="{node}" '
+        f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND {sa.BORROWED.name}="{node}" '
         'AND ExecutionStatus="Running"'
     )
     async for execution in client.list_workflows(query):
@@ -73,7 +73,7 @@ async def already_handled(client: Client, report: HealthReport) -> str | None:
     """The incident that already handled this report, or None (then start or join). Read-only:
     the same alert (fingerprint@startsAt) in any earlier incident of the node, or any report
     within the cluster's duplicate window after the node's last incident closed."""
-    base = f'WorkflowType="GpuRemediation" AND Cluster="{report.cluster}" AND NodeName="{report.node}"'
+    base = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{report.cluster}" AND NodeName="{report.node}"'
     async for _ in client.list_workflows(f'{base} AND ExecutionStatus="Running"', limit=1):
         return None  # running: the report joins it
     if report.alert_key:

@@ -32,6 +32,7 @@ from clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
 from clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
 from clients.slurm import build_slurm
 from clients.temporal import connect
+from gpuheal import policy
 from gpuheal import search_attributes as sa
 from gpuheal.errors import SettingsError
 from gpuheal.fleet import FleetStatus, coordinator_id
@@ -70,6 +71,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     fleet = FleetActivities(slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels)
     found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,
+        acts.find_earlier_replacement,
         acts.notify_operators,
         acts.list_jobs_on_node,
         acts.drain_slurm_node,
@@ -130,7 +132,7 @@ def make_worker(client: Client, settings: Settings, activities: list[Callable[..
 async def _refresh_gauges(client: Client, cluster: str) -> None:
     """Open incidents (visibility) and the fleet's state (its coordinator), every 15 s: right
     across worker restarts and with several workers."""
-    query = 'WorkflowType="GpuRemediation" AND ExecutionStatus="Running"'
+    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND ExecutionStatus="Running"'
     while True:
         try:
             metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import interface as act
     from gpuheal import fleet, job_policy, policy, render
     from gpuheal import search_attributes as sa
+    from gpuheal.errors import UNKNOWN_NODE
     from gpuheal.fleet import (
         CAPACITY_SIGNAL,
         AdmitAsk,
@@ -63,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         Decision,
         DrainRequest,
         DrainResult,
+        EarlierReplacement,
         EvictRequest,
         HealthReport,
         JobAccount,
@@ -111,7 +113,7 @@ class Progress:
     node_state: str = "untouched"
 
 
-@workflow.defn(name="GpuRemediation")
+@workflow.defn(name=policy.REMEDIATION_WORKFLOW)
 class GpuRemediationWorkflow:
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
@@ -139,12 +141,16 @@ class GpuRemediationWorkflow:
         self._granted = False
         self._grant: GrantNotice | None = None
         self._held_for = ""
+        self._earlier: EarlierReplacement | None = None  # a late report for a node gpuheal replaced
 
     # --- run: the stages in order ---------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
         action = await self._triage()
+        if self._earlier is not None:
+            self._p.node_state = f"replaced earlier by {self._earlier.replacement_node}"
+            return await self._close("already_replaced", render.replaced_earlier(self._earlier))
         if action == ActionClass.IGNORE:
             return await self._close("ignored", self._reason())
         if self._cluster_policy.mode == "observe":
@@ -196,12 +202,23 @@ class GpuRemediationWorkflow:
                     req = MapNodeRequest(ref=self._ref, node_label=k8s.node_label)
                     self._kube = await act_run(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
             except ActivityError as err:
-                msg = err.cause.message if isinstance(err.cause, ApplicationError) else str(err)
+                cause = err.cause if isinstance(err.cause, ApplicationError) else None
+                if cause is not None and cause.type == UNKNOWN_NODE:
+                    self._earlier = await self._earlier_replacement()
+                if self._earlier is not None:  # a late report: a named outcome, nothing touched
+                    rec.outcome = render.replaced_earlier(self._earlier)
+                    return self._current_action()
+                msg = cause.message if cause is not None else str(err)
                 raise ApplicationError(f"cannot remediate {self._input.report.describe()}: {msg}") from err
             action = self._current_action()
             self._set_action(action)
             rec.outcome = render.triaged(action, self._reason()) + render.admitted(self._policy, self._placement)
         return action
+
+    async def _earlier_replacement(self) -> EarlierReplacement | None:
+        """Slurm has no such node in service: did gpuheal replace it in an earlier incident?"""
+        found = await act_run(act.FIND_EARLIER_REPLACEMENT, self._ref, summary="did gpuheal replace this node?")
+        return found.earlier
 
     async def _admit(self, action: ActionClass) -> None:
         report = self._input.report

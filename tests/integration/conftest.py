@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,28 @@ def settings(slurm: Sandbox) -> Settings:
             "fleet": ROOMY,
         }
     )
+
+
+@contextmanager
+def worker_env(sb: Sandbox, settings: Settings, **extra: str) -> Iterator[None]:
+    """What a worker started as its own process (`sb.start_worker()`) runs with: the test's
+    cluster and task queue, a short checkpoint grace and a roomy cluster policy (as ROOMY), then
+    `extra` (GPUHEAL_* settings); taken off the sandbox afterwards."""
+    env = {
+        "GPUHEAL_CLUSTER": settings.cluster or "",
+        "GPUHEAL_TASK_QUEUE": settings.task_queue,
+        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
+        "GPUHEAL_BUDGET": "100",
+        "GPUHEAL_NODE_COOLDOWN_S": "0",
+        "GPUHEAL_DUPLICATE_WINDOW_S": "0",
+        **extra,
+    }
+    sb.extra_env.update(env)
+    try:
+        yield
+    finally:
+        for key in env:
+            sb.extra_env.pop(key, None)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from gpuheal.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import gpuheal, nodes_in_service, report, slurmctld_log, until
+from tests.integration.conftest import gpuheal, nodes_in_service, report, slurmctld_log, until, worker_env
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
@@ -111,62 +111,55 @@ async def test_a_storm_never_takes_more_than_the_budget(big: Sandbox, settings: 
 async def test_the_breaker_trips_holds_survives_a_kill_and_a_restart_and_resumes_only_by_hand(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
-    env = {
-        "GPUHEAL_CLUSTER": settings.cluster or "",
-        "GPUHEAL_TASK_QUEUE": settings.task_queue,
-        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
-        "GPUHEAL_BREAKER_MAX": "2",
-        "GPUHEAL_BUDGET": "100",
-        "GPUHEAL_NODE_COOLDOWN_S": "0",
-        "GPUHEAL_DUPLICATE_WINDOW_S": "0",
-    }
-    slurm.extra_env.update(env)
-    worker = slurm.start_worker()
-    try:
-        handles = [await start_or_join(client, settings, report(settings, n, 48)) for n in ("gpu01", "gpu02", "gpu03")]
-
-        async def tripped() -> FleetStatus | None:
-            try:
-                s = await fleet_status(client, settings)
-            except Exception:
-                return None
-            return s if s.breaker.tripped and s.held else None
-
-        fleet = await until(tripped, "the breaker to trip")
-        assert "3 new incidents within 300 s (more than 2)" in fleet.breaker.why
-        assert set(fleet.breaker.nodes) == {"gpu01", "gpu02", "gpu03"}
-        held = [h.incident_id for h in fleet.held]
-
-        # Contained while held (the default): drained, so nothing new lands; nothing replaced.
-        def contained() -> bool:
-            states = slurm.nodes()
-            return all(states[h.node].drained and "contained while held" in states[h.node].reason for h in fleet.held)
-
-        await until(contained, "the held incidents' nodes drained (containment)")
-        assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started
-        # A kill and a server restart: the breaker stays tripped, the held stay held.
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-        slurm.stop_temporal()
-        slurm.start_temporal()
+    with worker_env(slurm, settings, GPUHEAL_BREAKER_MAX="2"):
         worker = slurm.start_worker()
-        await asyncio.sleep(3)
-        after = await until(tripped, "the coordinator after the restart")
-        assert after.breaker.why == fleet.breaker.why and [h.incident_id for h in after.held] == held
-        for h in handles:
-            if h.id in held:
-                assert (await h.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
-        resumed = await gpuheal(
-            slurm, settings, "resume", "--operator", "alice", "--reason", "false alarm: one rack PDU"
-        )
-        assert resumed.returncode == 0, resumed.stderr
-        assert "resumed by alice" in resumed.stdout
-        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
-        assert not (await fleet_status(client, settings)).breaker.tripped  # (a query needs the worker)
-    finally:
-        Sandbox.stop_process(worker)
-        for key in env:
-            slurm.extra_env.pop(key)
+        try:
+            handles = [
+                await start_or_join(client, settings, report(settings, n, 48)) for n in ("gpu01", "gpu02", "gpu03")
+            ]
+
+            async def tripped() -> FleetStatus | None:
+                try:
+                    s = await fleet_status(client, settings)
+                except Exception:
+                    return None
+                return s if s.breaker.tripped and s.held else None
+
+            fleet = await until(tripped, "the breaker to trip")
+            assert "3 new incidents within 300 s (more than 2)" in fleet.breaker.why
+            assert set(fleet.breaker.nodes) == {"gpu01", "gpu02", "gpu03"}
+            held = [h.incident_id for h in fleet.held]
+
+            # Contained while held (the default): drained, so nothing new lands; nothing replaced.
+            def contained() -> bool:
+                states = slurm.nodes()
+                return all(
+                    states[h.node].drained and "contained while held" in states[h.node].reason for h in fleet.held
+                )
+
+            await until(contained, "the held incidents' nodes drained (containment)")
+            assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started
+            # A kill and a server restart: the breaker stays tripped, the held stay held.
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            slurm.stop_temporal()
+            slurm.start_temporal()
+            worker = slurm.start_worker()
+            await asyncio.sleep(3)
+            after = await until(tripped, "the coordinator after the restart")
+            assert after.breaker.why == fleet.breaker.why and [h.incident_id for h in after.held] == held
+            for h in handles:
+                if h.id in held:
+                    assert (await h.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
+            resumed = await gpuheal(
+                slurm, settings, "resume", "--operator", "alice", "--reason", "false alarm: one rack PDU"
+            )
+            assert resumed.returncode == 0, resumed.stderr
+            assert "resumed by alice" in resumed.stdout
+            results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
+            assert not (await fleet_status(client, settings)).breaker.tripped  # (a query needs the worker)
+        finally:
+            Sandbox.stop_process(worker)
     assert [r.outcome for r in results] == ["resolved"] * 3
 
 
@@ -235,63 +228,52 @@ async def test_a_grant_is_counted_once_whatever_the_retries_and_kills(
     """Granted, then slurmctld stops answering (so the incident cannot drain yet), the worker is
     SIGKILLed, and the same capacity request arrives again as a retried activity would send it:
     the grant stands once, and is given back once."""
-    env = {
-        "GPUHEAL_CLUSTER": settings.cluster or "",
-        "GPUHEAL_TASK_QUEUE": settings.task_queue,
-        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
-        "GPUHEAL_BUDGET": "100",
-        "GPUHEAL_NODE_COOLDOWN_S": "0",
-        "GPUHEAL_DUPLICATE_WINDOW_S": "0",
-        "GPUHEAL_HELD_CONTAINMENT": "none",
-    }
-    slurm.extra_env.update(env)
-    worker = slurm.start_worker()
-    ctld = int((slurm.slurm_dir / "run" / "slurmctld.pid").read_text())
-    try:
-        first = await start_or_join(client, settings, report(settings, "gpu03", 48))  # starts the coordinator
-        assert (await asyncio.wait_for(first.result(), 120)).outcome == "resolved"
-        paused = await gpuheal(slurm, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
-        assert paused.returncode == 0, paused.stderr
-        handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
-        await until(lambda: _in_stage(handle, Stage.HELD), "the incident held by the paused breaker")
-        os.kill(ctld, signal.SIGSTOP)  # from here the incident cannot reach Slurm: it cannot drain
-        resumed = await gpuheal(slurm, settings, "resume", "--operator", "alice", "--reason", "go")
-        assert resumed.returncode == 0, resumed.stderr
-
-        async def granted() -> FleetStatus | None:
-            s = await fleet_status(client, settings)
-            return s if [g.incident_id for g in s.out_of_service] == [handle.id] else None
-
-        await until(granted, "the grant")
-        await asyncio.sleep(1)
-        assert not drained_by(slurm, "gpu01", handle.id)
-        worker.send_signal(signal.SIGKILL)  # between the grant and the drain
-        worker.wait()
+    with worker_env(slurm, settings, GPUHEAL_HELD_CONTAINMENT="none"):
         worker = slurm.start_worker()
-        fleet = await fleet_status(client, settings)
-        grant = fleet.out_of_service[0]
-        again = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).execute_update(
-            "request_capacity",
-            CapacityRequest(
-                cluster=settings.cluster or "",
-                incident_id=handle.id,
-                placement=Placement(node="gpu01", cluster_size=3, pool=grant.pool),
-                action=ActionClass.RESET_GPU,
-            ),
-            result_type=CapacityDecision,
-        )
-        assert again.granted and again.already
-        after = await fleet_status(client, settings)
-        assert [g.incident_id for g in after.out_of_service] == [handle.id]  # once
-        assert after.remediations_in_window == 2  # gpu03's and gpu01's, each once
-        os.kill(ctld, signal.SIGCONT)
-        result = await asyncio.wait_for(handle.result(), 120)
-        end = await fleet_status(client, settings)
-    finally:
-        os.kill(ctld, signal.SIGCONT)
-        Sandbox.stop_process(worker)
-        for key in env:
-            slurm.extra_env.pop(key)
+        ctld = int((slurm.slurm_dir / "run" / "slurmctld.pid").read_text())
+        try:
+            first = await start_or_join(client, settings, report(settings, "gpu03", 48))  # starts the coordinator
+            assert (await asyncio.wait_for(first.result(), 120)).outcome == "resolved"
+            paused = await gpuheal(slurm, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
+            assert paused.returncode == 0, paused.stderr
+            handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
+            await until(lambda: _in_stage(handle, Stage.HELD), "the incident held by the paused breaker")
+            os.kill(ctld, signal.SIGSTOP)  # from here the incident cannot reach Slurm: it cannot drain
+            resumed = await gpuheal(slurm, settings, "resume", "--operator", "alice", "--reason", "go")
+            assert resumed.returncode == 0, resumed.stderr
+
+            async def granted() -> FleetStatus | None:
+                s = await fleet_status(client, settings)
+                return s if [g.incident_id for g in s.out_of_service] == [handle.id] else None
+
+            await until(granted, "the grant")
+            await asyncio.sleep(1)
+            assert not drained_by(slurm, "gpu01", handle.id)
+            worker.send_signal(signal.SIGKILL)  # between the grant and the drain
+            worker.wait()
+            worker = slurm.start_worker()
+            fleet = await fleet_status(client, settings)
+            grant = fleet.out_of_service[0]
+            again = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).execute_update(
+                "request_capacity",
+                CapacityRequest(
+                    cluster=settings.cluster or "",
+                    incident_id=handle.id,
+                    placement=Placement(node="gpu01", cluster_size=3, pool=grant.pool),
+                    action=ActionClass.RESET_GPU,
+                ),
+                result_type=CapacityDecision,
+            )
+            assert again.granted and again.already
+            after = await fleet_status(client, settings)
+            assert [g.incident_id for g in after.out_of_service] == [handle.id]  # once
+            assert after.remediations_in_window == 2  # gpu03's and gpu01's, each once
+            os.kill(ctld, signal.SIGCONT)
+            result = await asyncio.wait_for(handle.result(), 120)
+            end = await fleet_status(client, settings)
+        finally:
+            os.kill(ctld, signal.SIGCONT)
+            Sandbox.stop_process(worker)
     assert result.outcome == "resolved"
     assert any(st.stage == Stage.HELD for st in result.stages) and drained_by(slurm, "gpu01", handle.id)
     assert end.out_of_service == () and end.remediations_in_window == 2

@@ -18,7 +18,7 @@ from clients.slurm.hostlist import expand
 from gpuheal.models import JobFate, RemediationResult, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import max_activity_attempt, report, slurmctld_log, until
+from tests.integration.conftest import max_activity_attempt, report, slurmctld_log, until, worker_env
 from tests.integration.test_loop import wait_for_recovery_stage
 from triggers.start import start_or_join
 from workers.main import make_worker
@@ -104,14 +104,7 @@ async def test_owners_hear_once_per_job_per_stage_across_a_worker_kill(
     slurm: Sandbox, settings: Settings, client: Client, owner_inbox: tuple[str, list[tuple[str, dict[str, Any]]]]
 ) -> None:
     url, received = owner_inbox
-    env = {
-        "GPUHEAL_CLUSTER": settings.cluster,
-        "GPUHEAL_TASK_QUEUE": settings.task_queue,
-        "GPUHEAL_CHECKPOINT_GRACE_S": "5",
-        "GPUHEAL_OWNER_ROUTES": json.dumps({"*": url}),
-    }
-    slurm.extra_env.update(env)
-    try:
+    with worker_env(slurm, settings, GPUHEAL_CHECKPOINT_GRACE_S="5", GPUHEAL_OWNER_ROUTES=json.dumps({"*": url})):
         job = slurm.submit_training("owned", step_s=1.5, env={"TRAIN_NOTIFY": "alice@example.com"})
         node = await asyncio.to_thread(slurm.wait_for_step, job, 2)
         worker = slurm.start_worker()
@@ -125,9 +118,6 @@ async def test_owners_hear_once_per_job_per_stage_across_a_worker_kill(
             result = await asyncio.wait_for(handle.result(), 150)
         finally:
             Sandbox.stop_process(worker)
-    finally:
-        for key in env:
-            slurm.extra_env.pop(key)
     events = [body["event"] for _, body in received]
     assert events == ["job_hit", "job_running_again"]  # once each, across the kill
     assert len({key for key, _ in received}) == len(received)

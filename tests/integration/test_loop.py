@@ -18,7 +18,14 @@ from gpuheal import policy
 from gpuheal.models import ActionClass, ApprovalPolicy, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import across_slurm, max_activity_attempt, nodes_in_service, report, slurmctld_log
+from tests.integration.conftest import (
+    across_slurm,
+    max_activity_attempt,
+    nodes_in_service,
+    report,
+    slurmctld_log,
+    worker_env,
+)
 from triggers.start import start_or_join
 from workflows.remediation import GpuRemediationWorkflow
 
@@ -84,6 +91,15 @@ async def test_whole_loop_from_alert_to_resumed_training(
     assert f"node {node} reason set to: {result.incident_id}:" in log
     assert result.mttr_s is not None and 0 < result.mttr_s < 60
     assert [s.stage for s in result.stages][-1] == Stage.CLOSE
+
+    # A late report for the node it replaced (an agent that lagged): a named outcome that says
+    # by which node and in which incident, not "no node named"; nothing is touched.
+    late = await start_or_join(client, settings, report(settings, node, 79))
+    again = await asyncio.wait_for(late.result(), 60)
+    assert again.outcome == "already_replaced", again.reason
+    assert f"replaced it by {result.replacement_node} in incident {result.incident_id}" in again.reason
+    assert slurmctld_log(sb).count(f"node {node} state set to DRAINING") == 1
+    assert result.replacement_node in nodes_in_service(sb)
 
 
 @across_slurm
@@ -176,13 +192,7 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
 async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
-    env_settings = {
-        "GPUHEAL_CLUSTER": settings.cluster,
-        "GPUHEAL_TASK_QUEUE": settings.task_queue,
-        "GPUHEAL_CHECKPOINT_GRACE_S": "1",
-    }
-    slurm.extra_env.update(env_settings)
-    try:
+    with worker_env(slurm, settings):
         job = slurm.submit_training("crash", step_s=2.0)
         node = await asyncio.to_thread(slurm.wait_for_step, job, 2)
         worker = slurm.start_worker()
@@ -201,9 +211,6 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
         finally:
             Sandbox.stop_process(worker)
         assert worker.returncode == 0  # SIGTERM: a graceful shutdown
-    finally:
-        for key in env_settings:
-            slurm.extra_env.pop(key)
     assert result.outcome == "resolved"
     log = slurmctld_log(slurm)
     assert log.count(f"node {node} state set to DRAINING") == 1
