@@ -80,7 +80,9 @@ async def already_handled(client: Client, report: HealthReport) -> str | None:
         async for wf in client.list_workflows(f'{base} AND {sa.ALERT_KEYS.name}="{report.alert_key}"', limit=1):
             return f"{wf.id} (the same alert, {report.alert_key})"
     # Only a node with a closed incident asks the coordinator for the window (a storm of new
-    # nodes costs the coordinator nothing here).
+    # nodes costs the coordinator nothing here). The first closed run is the last to close:
+    # visibility's documented default order is CloseTime DESC, StartTime DESC (an explicit
+    # ORDER BY is refused by Temporal Cloud).
     last = None
     async for wf in client.list_workflows(f'{base} AND ExecutionStatus!="Running"', limit=1):
         last = wf
