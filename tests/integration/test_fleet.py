@@ -119,11 +119,14 @@ async def test_the_breaker_trips_holds_survives_a_kill_and_a_restart_and_resumes
             ]
 
             async def tripped() -> FleetStatus | None:
+                """The coordinator once every incident has had its answer (none still in
+                triage, where it asks): the breaker tripped, and the held ones in line."""
                 try:
+                    stages = [(await h.query(GpuRemediationWorkflow.status)).stage for h in handles]
                     s = await fleet_status(client, settings)
                 except Exception:
                     return None
-                return s if s.breaker.tripped and s.held else None
+                return s if Stage.TRIAGE not in stages and s.breaker.tripped and s.held else None
 
             fleet = await until(tripped, "the breaker to trip")
             assert "3 new incidents within 300 s (more than 2)" in fleet.breaker.why
