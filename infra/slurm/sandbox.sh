@@ -279,6 +279,16 @@ kill_job_steps() {
   done
 }
 
+kill_forked_daemons() {
+  # A slurmd forks to send its epilog-complete message and, the controller gone, retries it for
+  # minutes; no pid file names that child. Find this sandbox's by the config on its command line.
+  local p
+  for p in $(pgrep -x slurmd || true); do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "-f $CONF " || continue
+    kill -9 "$p" 2>/dev/null || true
+  done
+}
+
 cmd_stop() {
   [ -d "$DIR/run" ] || { [ -n "$ROOT" ] && release_root; return 0; }
   local f
@@ -290,6 +300,7 @@ cmd_stop() {
   for f in "$DIR"/run/*.pid; do pid_alive "$f" && kill "$(pid_of "$f")" 2>/dev/null || true; done
   for f in "$DIR"/run/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   kill_job_steps
+  kill_forked_daemons
   [ -n "$ROOT" ] && release_root
   log "stopped ($DIR)"
 }
