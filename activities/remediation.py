@@ -72,8 +72,8 @@ class RemediationActivities:
             f'AND {sa.NODE.name}="{ref.node}" AND {sa.ACTION.name}="{ActionClass.REPLACE_NODE.value}" '
             'AND ExecutionStatus="Completed"'
         )
-        found = [wf async for wf in client.list_workflows(query, limit=20)]
-        for wf in sorted(found, key=lambda w: w.close_time or w.start_time, reverse=True):
+        # Most recently closed first: visibility's documented default order (as already_handled).
+        async for wf in client.list_workflows(query, limit=20):
             handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=RemediationResult)
             result = await handle.result()
             if result.replacement_node:

@@ -15,6 +15,7 @@ from temporalio.service import RPCError
 
 from clients.temporal import connect
 from gpuheal import policy
+from gpuheal import search_attributes as sa
 from gpuheal.fleet import (
     DomainDecision,
     FleetStatus,
@@ -101,9 +102,8 @@ async def node_history(settings: Settings, args: argparse.Namespace) -> int:
     query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND NodeName="{args.node}"'
     rows = 0
     async for wf in client.list_workflows(query):
-        attrs = wf.typed_search_attributes
-        xid = next((p.value for p in attrs if p.key.name == "Xid"), None)
-        action = next((p.value for p in attrs if p.key.name == "Action"), "-")
+        xid = wf.typed_search_attributes.get(sa.XID)
+        action = wf.typed_search_attributes.get(sa.ACTION, "-")
         closed = f"closed {wf.close_time:%Y-%m-%d %H:%M}" if wf.close_time else "running"
         outcome = ""
         if wf.close_time is not None:

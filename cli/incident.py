@@ -85,10 +85,10 @@ async def show_status(settings: Settings, args: argparse.Namespace) -> int:
     try:
         status = await handle.query(GpuRemediationWorkflow.status, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
     except RPCError as err:
-        attrs = {p.key.name: p.value for p in described.typed_search_attributes}
+        attrs = described.typed_search_attributes
         print(
             f"incident {incident}: open since {described.start_time:%Y-%m-%d %H:%M:%S} UTC, "
-            f"stage {attrs.get(sa.STAGE.name, '?')}, action {attrs.get(sa.ACTION.name, '?')} (Temporal's record)"
+            f"stage {attrs.get(sa.STAGE, '?')}, action {attrs.get(sa.ACTION, '?')} (Temporal's record)"
         )
         print(f"gpuheal: no worker answered within {QUERY_TIMEOUT_S:g} s ({err.message[:80]}): is it running?")
         return errors.NO_WORKER
@@ -131,7 +131,7 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
     client = await connect(settings)
     rows: list[dict[str, object]] = []
     async for wf in client.list_workflows(query):
-        attrs = {p.key.name: p.value for p in wf.typed_search_attributes}
+        attrs = wf.typed_search_attributes
         outcome, mttr = "open", None
         if wf.status != WorkflowExecutionStatus.RUNNING:
             try:
@@ -147,10 +147,10 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
             {
                 "incident_id": wf.id,
                 "run_id": wf.run_id,
-                "node": attrs.get(sa.NODE.name, "?"),
-                "xid": attrs.get(sa.XID.name),
-                "stage": attrs.get(sa.STAGE.name, "?"),
-                "action": attrs.get(sa.ACTION.name, "-"),
+                "node": attrs.get(sa.NODE, "?"),
+                "xid": attrs.get(sa.XID),
+                "stage": attrs.get(sa.STAGE, "?"),
+                "action": attrs.get(sa.ACTION, "-"),
                 "started_at": wf.start_time.isoformat(),
                 "closed_at": wf.close_time.isoformat() if wf.close_time else None,
                 "outcome": outcome,

@@ -130,7 +130,8 @@ def run(argv: list[str] | None = None) -> int:
     from cli.errors import explain
     from gpuheal.settings import Settings
 
-    address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS", "127.0.0.1:7233")
+    # (before the settings parse: an error in them is explained with the address too)
+    address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS", Settings.model_fields["temporal_address"].default)
     try:
         settings = Settings.from_env()
         address = settings.temporal_address

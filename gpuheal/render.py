@@ -236,6 +236,10 @@ def replaced(new_node: str, node: str) -> str:
     return f"{new_node} joined in place of {node}"
 
 
+def replaced_earlier_state(e: EarlierReplacement) -> str:
+    return f"replaced earlier by {e.replacement_node}"
+
+
 def replaced_earlier(e: EarlierReplacement) -> str:
     when = e.closed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (

@@ -149,7 +149,7 @@ class GpuRemediationWorkflow:
     async def run(self, inp: RemediationInput) -> RemediationResult:
         action = await self._triage()
         if self._earlier is not None:
-            self._p.node_state = f"replaced earlier by {self._earlier.replacement_node}"
+            self._p.node_state = render.replaced_earlier_state(self._earlier)
             return await self._close("already_replaced", render.replaced_earlier(self._earlier))
         if action == ActionClass.IGNORE:
             return await self._close("ignored", self._reason())

@@ -23,14 +23,16 @@ from temporalio.client import Client
 
 from clients.temporal import connect
 from gpuheal.fleet import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
-from gpuheal.models import HealthReport, KubernetesPolicy, RemediationSettings
+from gpuheal.models import HealthReport, KubernetesPolicy, RemediationSettings, Stage
 from gpuheal.settings import Settings
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
 from tests.conftest import require_binary
+from triggers.start import start_or_join
 from triggers.webhook import serve
 from workers.main import make_worker
+from workflows.remediation import GpuRemediationWorkflow
 
 # The Slurm releases and backends the remediation loop is proven against; test ids carry them
 # (`[cli-22.05]`, `[rest-26.05]`, ...). 22.05's slurmrestd cannot update nodes: no rest-22.05.
@@ -152,6 +154,22 @@ async def gpuheal(sb: Sandbox, settings: Settings, *args: str, **env: str) -> su
     return await asyncio.to_thread(
         subprocess.run, [GPUHEAL, *args], env=full, capture_output=True, text=True, timeout=60
     )
+
+
+async def held_behind_paused_breaker(sb: Sandbox, settings: Settings, client: Client, node: str) -> Any:
+    """An incident for `node` waiting in the held stage: a first one (gpu03) starts the cluster's
+    coordinator and resolves, then an operator pauses the breaker. A worker must be running."""
+    first = await start_or_join(client, settings, report(settings, "gpu03", 48))
+    assert (await asyncio.wait_for(first.result(), 120)).outcome == "resolved"
+    paused = await gpuheal(sb, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
+    assert paused.returncode == 0, paused.stderr
+    handle = await start_or_join(client, settings, report(settings, node, 48))
+
+    async def held() -> bool:
+        return (await handle.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
+
+    await until(held, "the incident held by the paused breaker")
+    return handle
 
 
 def report(settings: Settings, node: str, xid: int = 79, gpu: int | None = 0, **kw: Any) -> HealthReport:

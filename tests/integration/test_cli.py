@@ -18,7 +18,7 @@ from gpuheal.fleet import coordinator_id
 from gpuheal.models import Stage
 from gpuheal.settings import Settings
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import gpuheal, report, until
+from tests.integration.conftest import gpuheal, held_behind_paused_breaker, report
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
@@ -99,22 +99,18 @@ async def test_a_closed_incident_answers_from_its_history_and_lists_itself(
     assert data[0]["mttr_s"] == pytest.approx(result.mttr_s) and data[0]["incident_id"] == handle.id
     none = await gpuheal(slurm, settings, "incidents", "--json", "--open")
     assert json.loads(none.stdout) == []
+    # A node's history: when, which XID, what was done, how it ended.
+    history = await gpuheal(slurm, settings, "history", "gpu02")
+    assert history.returncode == 0, history
+    (line,) = history.stdout.strip().splitlines()
+    assert "XID 48" in line and "reset_gpu" in line and "resolved" in line and handle.id in line, line
 
 
 async def test_approving_an_incident_that_is_not_waiting_is_refused_with_its_stage(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
     async with make_worker(client, settings):
-        first = await start_or_join(client, settings, report(settings, "gpu03", 48))  # starts the coordinator
-        assert (await asyncio.wait_for(first.result(), 90)).outcome == "resolved"
-        paused = await gpuheal(slurm, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
-        assert paused.returncode == 0, paused.stderr
-        handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
-
-        async def held() -> bool:
-            return (await handle.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
-
-        await until(held, "the incident held by the paused breaker")
+        handle = await held_behind_paused_breaker(slurm, settings, client, "gpu01")
         for verb in ("approve", "abort"):
             done = await gpuheal(slurm, settings, verb, "gpu01", "--operator", "bob", "--reason", "go")
             assert done.returncode == errors.REFUSED, done

@@ -29,7 +29,15 @@ from gpuheal.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
 from gpuheal.settings import Settings
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import gpuheal, nodes_in_service, report, slurmctld_log, until, worker_env
+from tests.integration.conftest import (
+    gpuheal,
+    held_behind_paused_breaker,
+    nodes_in_service,
+    report,
+    slurmctld_log,
+    until,
+    worker_env,
+)
 from triggers.start import start_or_join
 from workers.main import make_worker
 from workflows.remediation import GpuRemediationWorkflow
@@ -235,12 +243,7 @@ async def test_a_grant_is_counted_once_whatever_the_retries_and_kills(
         worker = slurm.start_worker()
         ctld = int((slurm.slurm_dir / "run" / "slurmctld.pid").read_text())
         try:
-            first = await start_or_join(client, settings, report(settings, "gpu03", 48))  # starts the coordinator
-            assert (await asyncio.wait_for(first.result(), 120)).outcome == "resolved"
-            paused = await gpuheal(slurm, settings, "pause", "--operator", "alice", "--reason", "hold the next one")
-            assert paused.returncode == 0, paused.stderr
-            handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
-            await until(lambda: _in_stage(handle, Stage.HELD), "the incident held by the paused breaker")
+            handle = await held_behind_paused_breaker(slurm, settings, client, "gpu01")
             os.kill(ctld, signal.SIGSTOP)  # from here the incident cannot reach Slurm: it cannot drain
             resumed = await gpuheal(slurm, settings, "resume", "--operator", "alice", "--reason", "go")
             assert resumed.returncode == 0, resumed.stderr
@@ -286,10 +289,6 @@ def drained_by(sb: Sandbox, node: str, incident_id: str) -> bool:
     """Whether slurmctld has drained `node` for the incident (its log: it can be read while
     slurmctld is stopped)."""
     return f"update_node: node {node} reason set to: {incident_id}" in slurmctld_log(sb)
-
-
-async def _in_stage(handle: Any, stage: Stage) -> bool:
-    return bool((await handle.query(GpuRemediationWorkflow.status)).stage == stage)
 
 
 async def _awaiting(handle: Any) -> bool:
