@@ -158,10 +158,11 @@ async def test_whole_loop_with_kubernetes(
 async def test_apiserver_outage_mid_remediation_is_ridden_out(
     slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
-    # The worker's settings rule (not the trigger's): its checkpoint grace is 8 s, and a job that
-    # never confirms its checkpoint keeps the protect stage open that long.
+    # The worker's settings rule (not the trigger's): its checkpoint grace is 20 s, and a job that
+    # never confirms its checkpoint keeps the protect stage open that long: time to stop the
+    # apiserver (up to 5 s, and once on a loaded machine more than 8 s with the query after it).
     settings = k8s_settings.model_copy(
-        update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 8})}
+        update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 20})}
     )
     job = slurm.submit_training("outage", env={"TRAIN_IGNORE_CHECKPOINT_REQUEST": "1"})
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
