@@ -24,6 +24,7 @@ from gpuheal.fleet import (
     Override,
     coordinator_id,
 )
+from gpuheal.models import check_node_name
 from gpuheal.settings import Settings
 
 
@@ -99,7 +100,8 @@ async def node_history(settings: Settings, args: argparse.Namespace) -> int:
     """Every incident of a node, from Temporal's visibility: when, which XID, what it did, how it ended."""
     client = await connect(settings)
     cluster = settings.require_cluster()
-    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND NodeName="{args.node}"'
+    node = check_node_name(args.node)  # before it reaches the query (as `gpuheal incidents --node`)
+    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND {sa.NODE.name}="{node}"'
     rows = 0
     async for wf in client.list_workflows(query):
         xid = wf.typed_search_attributes.get(sa.XID)

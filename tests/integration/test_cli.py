@@ -50,6 +50,9 @@ async def test_bad_input_quotes_the_offending_value(slurm: Sandbox, settings: Se
     assert done.returncode == errors.BAD_INPUT, done
     assert "node" in done.stderr and "'gpu01;reboot'" in done.stderr
     plain(done.stderr)
+    done = await gpuheal(slurm, settings, "history", 'gpu"01')  # never reaches the visibility query
+    assert done.returncode == errors.BAD_INPUT and "invalid node name 'gpu\"01'" in done.stderr, done
+    plain(done.stderr)
     done = await gpuheal(slurm, settings, "incidents", "--since", "forever")
     assert done.returncode == errors.BAD_INPUT and "'forever' is not a duration" in done.stderr, done
     done = await gpuheal(slurm, settings, "incidents", "--stage", "nap")
