@@ -23,11 +23,11 @@ from temporalio.client import WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from activities import interface as act
-from activities.interface import implements
-from clients.kube import POOL_LABEL, call
-from clients.slurm import SlurmBackend
-from gpuheal.fleet import (
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients.kube import POOL_LABEL, call
+from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.core.fleet import (
     COORDINATOR_WORKFLOW,
     DOMAIN_INCIDENT_WORKFLOW,
     Admission,
@@ -45,7 +45,7 @@ from gpuheal.fleet import (
     ReleaseRequest,
     coordinator_id,
 )
-from gpuheal.models import NodeInfo, RemediationSettings
+from gpuheal.core.models import NodeInfo, RemediationSettings
 
 MAX_IN_FLIGHT_UPDATES = 8
 PLACEMENT_TTL_S = 10.0

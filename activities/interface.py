@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 
-from gpuheal.fleet import (
+from gpuheal.core.fleet import (
     AdmitAnswer,
     AdmitAsk,
     CapacityDecision,
@@ -25,7 +25,7 @@ from gpuheal.fleet import (
     DomainIncident,
     ReleaseRequest,
 )
-from gpuheal.jobs import (
+from gpuheal.core.jobs import (
     HoldRequest,
     JobHistory,
     JobHistoryRequest,
@@ -35,7 +35,7 @@ from gpuheal.jobs import (
     VerifyJobRequest,
     VerifyOutcome,
 )
-from gpuheal.models import (
+from gpuheal.core.models import (
     BorrowedNode,
     BorrowRequest,
     BorrowResult,

@@ -17,15 +17,15 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from activities import interface as act
-from activities.interface import implements
-from clients.owners import OwnerNotifier
-from clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
-from clients.slurm.hostlist import expand
-from gpuheal import job_policy, policy
-from gpuheal import search_attributes as sa
-from gpuheal.errors import NOT_RESUMED
-from gpuheal.jobs import (
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients.owners import OwnerNotifier
+from gpuheal.clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
+from gpuheal.clients.slurm.hostlist import expand
+from gpuheal.core import job_policy, policy
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.errors import NOT_RESUMED
+from gpuheal.core.jobs import (
     ABNORMAL_ENDS,
     ENDED_STATES,
     JOB_RECOVERY_WORKFLOW,
@@ -42,7 +42,7 @@ from gpuheal.jobs import (
     VerifyJobRequest,
     VerifyOutcome,
 )
-from gpuheal.models import (
+from gpuheal.core.models import (
     REQUEUE_STATES,
     CheckpointOutcome,
     CheckpointRequest,

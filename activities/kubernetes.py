@@ -22,11 +22,11 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import interface as act
-from activities.interface import implements
-from clients.kube import POOL_LABEL, call, node_ready
-from gpuheal.errors import UNKNOWN_NODE
-from gpuheal.models import (
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients.kube import POOL_LABEL, call, node_ready
+from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.models import (
     BorrowedNode,
     BorrowPolicy,
     BorrowRequest,

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import interface as act
-from activities.interface import implements
-from clients.notify import Notifier
-from clients.slurm import NodeOutOfService, SlurmBackend, UnknownNode
-from gpuheal import policy
-from gpuheal import search_attributes as sa
-from gpuheal.errors import UNKNOWN_NODE
-from gpuheal.models import (
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients.notify import Notifier
+from gpuheal.clients.slurm import NodeOutOfService, SlurmBackend, UnknownNode
+from gpuheal.core import policy
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.models import (
     ActionClass,
     BorrowedNode,
     DrainRequest,
@@ -37,7 +37,7 @@ from gpuheal.models import (
     ReplacementLookup,
     ReplacementResult,
 )
-from providers.base import NodeProvider, NoSpareCapacity
+from gpuheal.providers.base import NodeProvider, NoSpareCapacity
 
 IncidentObserver = Callable[[RemediationResult], None]
 

@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from clients.temporal import connect
-from gpuheal import policy
-from gpuheal.settings import Settings
+from gpuheal.clients.temporal import connect
+from gpuheal.core import policy
+from gpuheal.core.settings import Settings
 from infra.sandbox import REPO, RUN
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import BIN, Sandbox

@@ -30,14 +30,14 @@ from datetime import UTC, datetime
 
 from temporalio.client import Client
 
-from clients.temporal import connect
-from gpuheal import policy
-from gpuheal.models import RemediationResult
-from gpuheal.settings import Settings
+from gpuheal.clients.temporal import connect
+from gpuheal.core import policy
+from gpuheal.core.models import RemediationResult
+from gpuheal.core.settings import Settings
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import REPO, RUN, SLURM_SCRIPT
 from infra.sandbox.demo import follow
 from infra.sandbox.stack import Sandbox
-from workflows.remediation import GpuRemediationWorkflow
 
 RESULTS = REPO / "bench" / "results" / "mttr.md"
 

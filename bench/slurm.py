@@ -27,11 +27,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from activities.remediation import RemediationActivities
-from clients.notify import LogNotifier
-from clients.slurm import build_slurm
-from gpuheal.models import DrainRequest, NodeRef
-from gpuheal.settings import Settings
+from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.clients.notify import LogNotifier
+from gpuheal.clients.slurm import build_slurm
+from gpuheal.core.models import DrainRequest, NodeRef
+from gpuheal.core.settings import Settings
 from infra.sandbox import REPO, RUN
 from infra.sandbox.stack import Sandbox
 

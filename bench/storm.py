@@ -33,13 +33,13 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from clients.temporal import connect
-from gpuheal.fleet import FleetStatus, coordinator_id
-from gpuheal.models import HealthReport
-from gpuheal.settings import Settings
+from gpuheal.clients.temporal import connect
+from gpuheal.core.fleet import FleetStatus, coordinator_id
+from gpuheal.core.models import HealthReport
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import already_handled, start_or_join
 from infra.sandbox import REPO, RUN
 from infra.sandbox.stack import Sandbox
-from triggers.start import already_handled, start_or_join
 
 RESULTS = REPO / "bench" / "results" / "storm.md"
 SPARES = 3

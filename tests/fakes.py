@@ -16,12 +16,12 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
-from activities import interface as act
-from activities.interface import implements
-from activities.jobs import JobActivities
-from clients.owners import LogOwnerNotifier
-from gpuheal.errors import UNKNOWN_NODE
-from gpuheal.fleet import (
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.activities.jobs import JobActivities
+from gpuheal.clients.owners import LogOwnerNotifier
+from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.fleet import (
     Admission,
     AdmitAnswer,
     AdmitAsk,
@@ -32,8 +32,8 @@ from gpuheal.fleet import (
     ReleaseRequest,
     VersionedPolicy,
 )
-from gpuheal.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
-from gpuheal.models import (
+from gpuheal.core.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
+from gpuheal.core.models import (
     BorrowedNode,
     CheckpointOutcome,
     CheckpointRequest,

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from triggers.agent import Agent, AgentMetrics, Finding, findings_from
-from triggers.healthcheck import check
-from triggers.kmsg import normalise_pci, parse_xid_line
-from triggers.nvml import GpuReading, Nvml
+from gpuheal.triggers.agent import Agent, AgentMetrics, Finding, findings_from
+from gpuheal.triggers.healthcheck import check
+from gpuheal.triggers.kmsg import normalise_pci, parse_xid_line
+from gpuheal.triggers.nvml import GpuReading, Nvml
 
 # Lines in the format the NVIDIA driver writes (kernel log, 5xx drivers).
 KERNEL_LINES = [

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from triggers.alertmanager import AlertmanagerPayload, to_reports
+from gpuheal.triggers.alertmanager import AlertmanagerPayload, to_reports
 
 
 def alert(labels: dict[str, str], status: str = "firing", at: str = "2026-11-30T01:00:00Z") -> dict[str, Any]:

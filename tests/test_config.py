@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpuheal.models import ActionClass
-from gpuheal.settings import Settings
+from gpuheal.core.models import ActionClass
+from gpuheal.core.settings import Settings
 
 
 def test_defaults_have_no_kubernetes_and_no_approval() -> None:

@@ -1,4 +1,4 @@
-"""The coordinator's decisions (gpuheal.fleet): budget, rate, cooldown, breaker, escalation,
+"""The coordinator's decisions (gpuheal.core.fleet): budget, rate, cooldown, breaker, escalation,
 repeat offenders, modes. Pure functions of the state and the time."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal import fleet
-from gpuheal.fleet import (
+from gpuheal.core import fleet
+from gpuheal.core.fleet import (
     Arrival,
     BreakerPolicy,
     BudgetPolicy,
@@ -21,7 +21,7 @@ from gpuheal.fleet import (
     RepeatPolicy,
     VersionedPolicy,
 )
-from gpuheal.models import ActionClass, ApprovalPolicy
+from gpuheal.core.models import ActionClass, ApprovalPolicy
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

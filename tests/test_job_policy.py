@@ -1,4 +1,4 @@
-"""Decisions about jobs (gpuheal.job_policy): which signal, who owns it, how many requeues left."""
+"""Decisions about jobs (gpuheal.core.job_policy): which signal, who owns it, how many requeues left."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal import job_policy
-from gpuheal.jobs import PastRecovery
-from gpuheal.models import JobProgress, JobSnapshot
+from gpuheal.core import job_policy
+from gpuheal.core.jobs import PastRecovery
+from gpuheal.core.models import JobProgress, JobSnapshot
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -11,11 +11,11 @@ import typing
 
 import pytest
 
-from activities import interface as act
-from activities.fleet import FleetActivities
-from activities.jobs import JobActivities
-from activities.kubernetes import KubernetesActivities
-from activities.remediation import RemediationActivities
+from gpuheal.activities import interface as act
+from gpuheal.activities.fleet import FleetActivities
+from gpuheal.activities.jobs import JobActivities
+from gpuheal.activities.kubernetes import KubernetesActivities
+from gpuheal.activities.remediation import RemediationActivities
 from tests.fakes import FakeCluster
 
 
@@ -55,10 +55,10 @@ def test_the_fakes_implement_the_same_interface() -> None:
 @pytest.mark.parametrize(
     ("module", "heavy"),
     [
-        ("workflows.remediation", {"kubernetes", "prometheus_client", "aiohttp"}),
-        ("cli.main", {"kubernetes", "prometheus_client", "aiohttp", "temporalio", "pydantic"}),
-        ("cli.incident", {"kubernetes", "prometheus_client", "aiohttp"}),
-        ("triggers.webhook", {"kubernetes", "prometheus_client"}),
+        ("gpuheal.workflows.remediation", {"kubernetes", "prometheus_client", "aiohttp"}),
+        ("gpuheal.cli.main", {"kubernetes", "prometheus_client", "aiohttp", "temporalio", "pydantic"}),
+        ("gpuheal.cli.incident", {"kubernetes", "prometheus_client", "aiohttp"}),
+        ("gpuheal.triggers.webhook", {"kubernetes", "prometheus_client"}),
     ],
 )
 def test_light_modules_load_no_heavy_client(module: str, heavy: set[str]) -> None:

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from gpuheal.models import Decision, HealthReport
-from gpuheal.progress import format_progress, parse_progress
+from gpuheal.core.models import Decision, HealthReport
+from gpuheal.core.progress import format_progress, parse_progress
 
 NOW = datetime.now(UTC)
 

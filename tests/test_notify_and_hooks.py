@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from clients import proc
-from clients.notify import WebhookNotifier
-from gpuheal.models import ActionClass, Notification
-from providers.base import NoSpareCapacity
-from providers.exec_hook import ExecHookProvider
+from gpuheal.clients import proc
+from gpuheal.clients.notify import WebhookNotifier
+from gpuheal.core.models import ActionClass, Notification
+from gpuheal.providers.base import NoSpareCapacity
+from gpuheal.providers.exec_hook import ExecHookProvider
 
 NOTE = Notification(
     incident_id="gpuheal-c-gpu01",

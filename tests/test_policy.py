@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal import policy
-from gpuheal.models import ActionClass as A
-from gpuheal.models import HealthReport, RequeueResult, ResumedJob
+from gpuheal.core import policy
+from gpuheal.core.models import ActionClass as A
+from gpuheal.core.models import HealthReport, RequeueResult, ResumedJob
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

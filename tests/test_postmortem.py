@@ -5,8 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
-from gpuheal import postmortem
-from gpuheal.models import ActionClass, HealthReport, RecordedDecision, RemediationResult, Stage, StageRecord
+from gpuheal.core import postmortem
+from gpuheal.core.models import ActionClass, HealthReport, RecordedDecision, RemediationResult, Stage, StageRecord
 
 T0 = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 

@@ -14,10 +14,10 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from clients.temporal import DATA_CONVERTER
-from workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
-from workflows.job_recovery import JobRecoveryWorkflow
-from workflows.remediation import GpuRemediationWorkflow
+from gpuheal.clients.temporal import DATA_CONVERTER
+from gpuheal.workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
+from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from clients.slurm.base import UnknownSchema
-from clients.slurm.hostlist import expand
-from clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, schema_of
-from gpuheal.models import NodeInfo
+from gpuheal.clients.slurm.base import UnknownSchema
+from gpuheal.clients.slurm.hostlist import expand
+from gpuheal.clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, schema_of
+from gpuheal.core.models import NodeInfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}

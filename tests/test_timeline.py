@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuheal.models import Stage, StageRecord
-from gpuheal.render import render_timeline
+from gpuheal.core.models import Stage, StageRecord
+from gpuheal.core.render import render_timeline
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 

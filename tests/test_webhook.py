@@ -8,9 +8,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from gpuheal.models import HealthReport
-from gpuheal.settings import Settings
-from triggers.webhook import make_app
+from gpuheal.core.models import HealthReport
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.webhook import make_app
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -15,10 +15,10 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from clients.temporal import DATA_CONVERTER
-from gpuheal import search_attributes as sa
-from gpuheal.fleet import FleetPolicy, GrantNotice
-from gpuheal.models import (
+from gpuheal.clients.temporal import DATA_CONVERTER
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import FleetPolicy, GrantNotice
+from gpuheal.core.models import (
     ActionClass,
     ApprovalPolicy,
     Decision,
@@ -28,12 +28,12 @@ from gpuheal.models import (
     RemediationResult,
     Stage,
 )
-from gpuheal.settings import Settings
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from tests.conftest import require_binary
 from tests.fakes import FakeCluster
-from triggers.start import start_or_join
-from workflows.job_recovery import JobRecoveryWorkflow
-from workflows.remediation import GpuRemediationWorkflow
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
 NODE_SIDE = {

@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuheal import policy
-from gpuheal.models import ActionClass, HealthReport
-from triggers.alertmanager import firing_payload
-from triggers.kmsg import follow, normalise_pci, parse_xid_line
-from triggers.nvml import GpuReading, Nvml, NvmlUnavailable
+from gpuheal.core import policy
+from gpuheal.core.models import ActionClass, HealthReport
+from gpuheal.triggers.alertmanager import firing_payload
+from gpuheal.triggers.kmsg import follow, normalise_pci, parse_xid_line
+from gpuheal.triggers.nvml import GpuReading, Nvml, NvmlUnavailable
 
 log = logging.getLogger("gpuheal.agent")
 

@@ -8,10 +8,10 @@ import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpuheal.models import NodeName
-from gpuheal.settings import Settings
-from triggers.agent import Agent, AgentMetrics, WebhookReporter
-from triggers.nvml import Nvml
+from gpuheal.core.models import NodeName
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.agent import Agent, AgentMetrics, WebhookReporter
+from gpuheal.triggers.nvml import Nvml
 
 log = logging.getLogger("gpuheal.agent")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuheal.errors import describe_error
-from gpuheal.models import HealthReport
+from gpuheal.core.errors import describe_error
+from gpuheal.core.models import HealthReport
 
 NODE_LABELS = ("node", "Hostname", "hostname", "instance")
 XID_LABELS = ("xid", "err_code", "XID")

@@ -8,10 +8,10 @@ its findings go to stdout for slurmd's log.
 
 from __future__ import annotations
 
-from gpuheal.settings import Settings
-from triggers.agent import Finding, findings_from
-from triggers.agent_main import build_reporter
-from triggers.nvml import Nvml, NvmlUnavailable
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.agent import Finding, findings_from
+from gpuheal.triggers.agent_main import build_reporter
+from gpuheal.triggers.nvml import Nvml, NvmlUnavailable
 
 
 def check(nvml: Nvml, expect_gpus: int) -> list[Finding]:

@@ -18,12 +18,12 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
-from gpuheal import policy
-from gpuheal import search_attributes as sa
-from gpuheal.fleet import VersionedPolicy, coordinator_id
-from gpuheal.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
-from gpuheal.settings import Settings
-from workflows.remediation import GpuRemediationWorkflow
+from gpuheal.core import policy
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import VersionedPolicy, coordinator_id
+from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
+from gpuheal.core.settings import Settings
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 
 async def start_or_join(

@@ -18,11 +18,11 @@ from aiohttp import web
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from gpuheal.errors import describe_error
-from gpuheal.models import HealthReport
-from gpuheal.settings import Settings
-from triggers.alertmanager import AlertmanagerPayload, GiveBack, to_reports
-from triggers.start import already_handled, give_back_borrowed, start_or_join
+from gpuheal.core.errors import describe_error
+from gpuheal.core.models import HealthReport
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.alertmanager import AlertmanagerPayload, GiveBack, to_reports
+from gpuheal.triggers.start import already_handled, give_back_borrowed, start_or_join
 
 log = logging.getLogger("gpuheal.webhook")
 

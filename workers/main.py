@@ -25,24 +25,24 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.fleet import FleetActivities
-from activities.jobs import JobActivities
-from activities.remediation import RemediationActivities
-from clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
-from clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
-from clients.slurm import build_slurm
-from clients.temporal import connect
-from gpuheal import policy
-from gpuheal import search_attributes as sa
-from gpuheal.errors import SettingsError
-from gpuheal.fleet import FleetStatus, coordinator_id
-from gpuheal.settings import Settings
-from providers import build_provider
-from providers.base import ProviderContext
-from workers import metrics
-from workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
-from workflows.job_recovery import JobRecoveryWorkflow
-from workflows.remediation import GpuRemediationWorkflow
+from gpuheal.activities.fleet import FleetActivities
+from gpuheal.activities.jobs import JobActivities
+from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
+from gpuheal.clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
+from gpuheal.clients.slurm import build_slurm
+from gpuheal.clients.temporal import connect
+from gpuheal.core import policy
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.errors import SettingsError
+from gpuheal.core.fleet import FleetStatus, coordinator_id
+from gpuheal.core.settings import Settings
+from gpuheal.providers import build_provider
+from gpuheal.providers.base import ProviderContext
+from gpuheal.workers import metrics
+from gpuheal.workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
+from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 log = logging.getLogger("gpuheal.worker")
 MAX_CACHED_WORKFLOWS = 300
@@ -55,7 +55,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     slurm = build_slurm(settings)
     kube_api = None
     if settings.kubernetes_enabled:
-        from clients.kube import load_api
+        from gpuheal.clients.kube import load_api
 
         kube_api = load_api(settings.kubeconfig)
     provider = build_provider(ProviderContext(settings=settings, slurm=slurm, kube=kube_api))
@@ -101,7 +101,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.decide_domain,
     ]
     if kube_api is not None:
-        from activities.kubernetes import KubernetesActivities
+        from gpuheal.activities.kubernetes import KubernetesActivities
 
         k = KubernetesActivities(kube_api)
         found += [

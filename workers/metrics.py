@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gpuheal.fleet import FleetStatus
-from gpuheal.models import ActionClass, RemediationResult, Stage
+from gpuheal.core.fleet import FleetStatus
+from gpuheal.core.models import ActionClass, RemediationResult, Stage
 
 _BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
 

@@ -14,8 +14,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.interface import Activity
-    from gpuheal.errors import NON_RETRYABLE
+    from gpuheal.activities.interface import Activity
+    from gpuheal.core.errors import NON_RETRYABLE
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741

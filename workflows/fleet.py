@@ -4,7 +4,7 @@ Every incident is admitted by it (the cluster's policy and version, the circuit 
 node's domain, repeat offenders) and asks it before taking capacity out of service; it grants
 within the disruption budget or holds the incident in line, and grants held ones as capacity
 comes back. Everything it decides is an update (recorded in its history, idempotent per incident:
-a retried or replayed request never counts twice) and every decision comes from gpuheal.fleet
+a retried or replayed request never counts twice) and every decision comes from gpuheal.core.fleet
 (pure). Operators steer it with updates too: pause, resume, set the mode or the policy,
 override a hold. It continues as new when its history grows long, carrying its whole state.
 
@@ -19,12 +19,12 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from workflows.activity import run
+from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
-    from activities import interface as act
-    from gpuheal import fleet as policy
-    from gpuheal.fleet import (
+    from gpuheal.activities import interface as act
+    from gpuheal.core import fleet as policy
+    from gpuheal.core.fleet import (
         CAPACITY_SIGNAL,
         COORDINATOR_WORKFLOW,
         DOMAIN_INCIDENT_WORKFLOW,
@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         PolicyChange,
         VersionedPolicy,
     )
-    from gpuheal.models import ActionClass, Notification, Severity
+    from gpuheal.core.models import ActionClass, Notification, Severity
 
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 

@@ -22,12 +22,12 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
-from workflows.activity import run
+from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
-    from activities import interface as act
-    from gpuheal import job_policy, render
-    from gpuheal.jobs import (
+    from gpuheal.activities import interface as act
+    from gpuheal.core import job_policy, render
+    from gpuheal.core.jobs import (
         JOB_RECOVERY_WORKFLOW,
         JOIN_SIGNAL,
         RECOVERED_SIGNAL,
@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         VerifyJobRequest,
         VerifyOutcome,
     )
-    from gpuheal.models import JobFate, RequeueRequest, RequeueResult
+    from gpuheal.core.models import JobFate, RequeueRequest, RequeueResult
 
 RecoveryStage = Literal["gathering", "deciding", "requeueing", "verifying", "answering", "done"]
 

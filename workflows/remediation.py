@@ -1,7 +1,7 @@
 """GpuRemediation: one durable workflow per failed node.
 
-Thin and deterministic: decisions come from gpuheal.policy and gpuheal.job_policy (pure
-functions), words from gpuheal.render, and every external action is an activity called through
+Thin and deterministic: decisions come from gpuheal.core.policy and gpuheal.core.job_policy (pure
+functions), words from gpuheal.core.render, and every external action is an activity called through
 its typed reference (workflows/activity.py), so this module never loads a Slurm, Kubernetes or
 HTTP client. The stages, in order, each a method below:
 
@@ -33,14 +33,14 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.activity import run as act_run
+from gpuheal.workflows.activity import run as act_run
 
 with workflow.unsafe.imports_passed_through():
-    from activities import interface as act
-    from gpuheal import fleet, job_policy, policy, render
-    from gpuheal import search_attributes as sa
-    from gpuheal.errors import UNKNOWN_NODE
-    from gpuheal.fleet import (
+    from gpuheal.activities import interface as act
+    from gpuheal.core import fleet, job_policy, policy, render
+    from gpuheal.core import search_attributes as sa
+    from gpuheal.core.errors import UNKNOWN_NODE
+    from gpuheal.core.fleet import (
         CAPACITY_SIGNAL,
         AdmitAsk,
         CapacityDecision,
@@ -51,8 +51,8 @@ with workflow.unsafe.imports_passed_through():
         ReleaseRequest,
         VersionedPolicy,
     )
-    from gpuheal.jobs import RECOVERED_SIGNAL, JobRecoveryResult, RecoveryJoin
-    from gpuheal.models import (
+    from gpuheal.core.jobs import RECOVERED_SIGNAL, JobRecoveryResult, RecoveryJoin
+    from gpuheal.core.models import (
         ActionClass,
         BorrowedNode,
         BorrowRequest,

@@ -20,15 +20,15 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from clients.temporal import connect
-from gpuheal import policy
-from gpuheal.models import RemediationResult, RemediationStatus
-from gpuheal.render import render_result, render_timeline
-from gpuheal.settings import Settings
+from gpuheal.clients.temporal import connect
+from gpuheal.core import policy
+from gpuheal.core.models import RemediationResult, RemediationStatus
+from gpuheal.core.render import render_result, render_timeline
+from gpuheal.core.settings import Settings
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import NEWEST_SLURM, RUN, SLURM_VERSIONS
 from infra.sandbox.kube import KubeSandbox, binaries_built
 from infra.sandbox.stack import Sandbox
-from workflows.remediation import GpuRemediationWorkflow
 
 XID = 79
 

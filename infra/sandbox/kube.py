@@ -15,9 +15,9 @@ import yaml
 from kubernetes import client, config, utils
 from kubernetes.client.exceptions import ApiException
 
-from clients.kube import node_ready
+from gpuheal.clients.kube import node_ready
+from gpuheal.providers.sandbox import kwok_node
 from infra.sandbox import K8S
-from providers.sandbox import kwok_node
 
 
 def binaries_built() -> bool:

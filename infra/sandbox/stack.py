@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.slurm.parsers import parse_jobs, parse_nodes
-from gpuheal.models import JobProgress, JobSnapshot, NodeInfo
+from gpuheal.clients.slurm.parsers import parse_jobs, parse_nodes
+from gpuheal.core.models import JobProgress, JobSnapshot, NodeInfo
+from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TEMPORAL_SCRIPT, TRAIN_JOB
-from triggers.alertmanager import firing_payload
 
 BIN = Path(sys.executable).parent
 

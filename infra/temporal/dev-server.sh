@@ -24,7 +24,7 @@ healthy() {
 register_attributes() {
   # A database from an older gpuheal lacks the attributes added since: add what is missing.
   local name type
-  for pair in $("$PY" -m gpuheal.search_attributes | tr ' ' '\n' | grep '='); do
+  for pair in $("$PY" -m gpuheal.core.search_attributes | tr ' ' '\n' | grep '='); do
     name=${pair%%=*} type=${pair#*=}
     "$BIN" operator search-attribute create --address "127.0.0.1:$PORT" --name "$name" --type "$type" \
       >/dev/null 2>&1 || true
@@ -47,7 +47,7 @@ start() {
   # The project's search attributes (the one list: gpuheal/search_attributes.py) must exist
   # before any workflow upserts them, or its workflow tasks fail over and over.
   local attrs
-  attrs=$("$PY" -m gpuheal.search_attributes)
+  attrs=$("$PY" -m gpuheal.core.search_attributes)
   # shellcheck disable=SC2086  # one word per flag
   setsid "$BIN" server start-dev --ip 127.0.0.1 --port "$PORT" --ui-port "$UI_PORT" \
     --http-port $((PORT + 10)) --metrics-port $((PORT + 20)) \

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle
 
-from clients.temporal import connect
-from gpuheal.fleet import coordinator_id
-from gpuheal.models import (
+from gpuheal.clients.temporal import connect
+from gpuheal.core.fleet import coordinator_id
+from gpuheal.core.models import (
     ActionClass,
     ApprovalPolicy,
     Decision,
@@ -29,13 +29,13 @@ from gpuheal.models import (
     RemediationResult,
     RemediationSettings,
 )
-from gpuheal.settings import Settings
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import RUN
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from triggers.start import start_or_join
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 HERE = Path(__file__).parent
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]

@@ -21,18 +21,18 @@ import pytest
 from aiohttp import web
 from temporalio.client import Client
 
-from clients.temporal import connect
-from gpuheal.fleet import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
-from gpuheal.models import HealthReport, KubernetesPolicy, RemediationSettings, Stage
-from gpuheal.settings import Settings
+from gpuheal.clients.temporal import connect
+from gpuheal.core.fleet import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
+from gpuheal.core.models import HealthReport, KubernetesPolicy, RemediationSettings, Stage
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.triggers.webhook import serve
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
 from tests.conftest import require_binary
-from triggers.start import start_or_join
-from triggers.webhook import serve
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 # The Slurm releases and backends the remediation loop is proven against; test ids carry them
 # (`[cli-22.05]`, `[rest-26.05]`, ...). 22.05's slurmrestd cannot update nodes: no rest-22.05.

@@ -16,8 +16,8 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from gpuheal import policy
-from gpuheal.settings import Settings
+from gpuheal.core import policy
+from gpuheal.core.settings import Settings
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import Sandbox
 

@@ -1,7 +1,7 @@
 """The operator's CLI on the real stack: answers, not tracebacks; the incident list.
 
 Each error a user can cause gets one or two plain lines naming the thing and what to do, and its
-own exit code (cli/errors.py); `status` answers from the history when the incident is closed or
+own exit code (gpuheal/cli/errors.py); `status` answers from the history when the incident is closed or
 no worker answers."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import time
 import pytest
 from temporalio.client import Client
 
-from cli import errors
-from gpuheal.fleet import coordinator_id
-from gpuheal.models import Stage
-from gpuheal.settings import Settings
+from gpuheal.cli import errors
+from gpuheal.core.fleet import coordinator_id
+from gpuheal.core.models import Stage
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import gpuheal, held_behind_paused_breaker, report
-from triggers.start import start_or_join
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
 

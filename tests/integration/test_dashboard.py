@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from gpuheal.triggers.start import start_or_join
 from infra.sandbox import MONITORING
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import report, until, worker_env
-from triggers.start import start_or_join
 
 pytestmark = pytest.mark.integration
 

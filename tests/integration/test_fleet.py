@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from gpuheal.fleet import (
+from gpuheal.core.fleet import (
     BudgetPolicy,
     CapacityDecision,
     CapacityRequest,
@@ -25,8 +25,11 @@ from gpuheal.fleet import (
     RepeatPolicy,
     coordinator_id,
 )
-from gpuheal.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
-from gpuheal.settings import Settings
+from gpuheal.core.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import (
@@ -38,9 +41,6 @@ from tests.integration.conftest import (
     until,
     worker_env,
 )
-from triggers.start import start_or_join
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
 

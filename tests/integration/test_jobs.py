@@ -14,14 +14,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from temporalio.client import Client
 
-from clients.slurm.hostlist import expand
-from gpuheal.models import JobFate, RemediationResult, Stage
-from gpuheal.settings import Settings
+from gpuheal.clients.slurm.hostlist import expand
+from gpuheal.core.models import JobFate, RemediationResult, Stage
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import max_activity_attempt, report, slurmctld_log, until, worker_env
 from tests.integration.test_loop import wait_for_recovery_stage
-from triggers.start import start_or_join
-from workers.main import make_worker
 
 pytestmark = pytest.mark.integration
 

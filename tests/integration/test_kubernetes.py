@@ -18,9 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
-from clients.slurm.cli import SlurmCli
-from gpuheal.models import (
+from gpuheal.activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
+from gpuheal.clients.slurm.cli import SlurmCli
+from gpuheal.core.models import (
     BorrowPolicy,
     CordonRequest,
     EvictRequest,
@@ -30,15 +30,15 @@ from gpuheal.models import (
     NodeRef,
     Stage,
 )
-from gpuheal.settings import Settings
+from gpuheal.core.settings import Settings
+from gpuheal.providers.kubernetes import KubernetesProvider
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import K8S, SLURM_SCRIPT
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from providers.kubernetes import KubernetesProvider
 from tests.integration.conftest import activity_attempts, nodes_in_service, report
-from triggers.start import start_or_join
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
 

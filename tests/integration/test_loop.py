@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from gpuheal import policy
-from gpuheal.models import ActionClass, ApprovalPolicy, Stage
-from gpuheal.settings import Settings
+from gpuheal.core import policy
+from gpuheal.core.models import ActionClass, ApprovalPolicy, Stage
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import (
     across_slurm,
@@ -26,8 +28,6 @@ from tests.integration.conftest import (
     slurmctld_log,
     worker_env,
 )
-from triggers.start import start_or_join
-from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +147,7 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
 ) -> None:
     approval = ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600)
     settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"approval": approval})})
-    from workers.main import make_worker
+    from gpuheal.workers.main import make_worker
 
     job = slurm.submit_training("abort")
     node = await asyncio.to_thread(slurm.wait_for_step, job, 3)

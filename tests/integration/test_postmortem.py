@@ -17,13 +17,13 @@ import aiohttp
 import pytest
 from temporalio.client import Client
 
-from gpuheal.models import ActionClass, ApprovalPolicy
-from gpuheal.settings import Settings
+from gpuheal.core.models import ActionClass, ApprovalPolicy
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import start_or_join
+from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import gpuheal, report, until
-from triggers.start import start_or_join
-from workers.main import make_worker
-from workflows.remediation import GpuRemediationWorkflow
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from clients.slurm import SlurmError, build_slurm
-from gpuheal.settings import Settings
+from gpuheal.clients.slurm import SlurmError, build_slurm
+from gpuheal.core.settings import Settings
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import SLURM_IDS, SLURM_MATRIX
 

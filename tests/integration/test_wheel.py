@@ -16,7 +16,7 @@ from infra.sandbox import REPO
 
 pytestmark = pytest.mark.integration
 
-PRODUCT = {"gpuheal", "clients", "providers", "activities", "workflows", "triggers", "workers", "cli"}
+FLOORS = {"core", "clients", "providers", "activities", "workflows", "triggers", "workers", "cli"}
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,17 @@ def gpuheal(venv: Path, *args: str, env: dict[str, str] | None = None) -> subpro
     )
 
 
-def test_the_wheel_holds_the_product_and_not_the_harness(installed: Path) -> None:
+def test_the_wheel_installs_one_import_name_with_every_floor_inside(installed: Path) -> None:
     site = next((installed / "lib").glob("python3*/site-packages"))
-    top = {p.name for p in site.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert PRODUCT <= top
-    assert not {"infra", "tests", "bench"} & top
+    (dist,) = site.glob("gpuheal-*.dist-info")
+    paths = [line.split(",")[0] for line in (dist / "RECORD").read_text().splitlines()]
+    top = {p.split("/")[0] for p in paths if not p.startswith("..") and ".dist-info/" not in p}
+    assert top == {"gpuheal"}, f"the wheel installs more than one top-level name: {sorted(top)}"
+    floors = {p.split("/")[1] for p in paths if p.startswith("gpuheal/") and p.count("/") >= 2} - {"__pycache__"}
+    assert floors == FLOORS
+    # The floors linked in from the checkout's top level arrive as real files, not links.
+    module = site / "gpuheal" / "workflows" / "remediation.py"
+    assert module.is_file() and not module.is_symlink() and not module.parent.is_symlink()
 
 
 @pytest.mark.parametrize("command", ["worker", "report", "agent"])

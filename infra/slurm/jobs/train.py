@@ -1,10 +1,10 @@
 """A small checkpointing training job for the sandbox (CPU only, Python's standard library).
 
 It runs on the sandbox's slurmd, so with a newer Slurm inside that Slurm's Debian root and its
-python3: no third-party package, and only gpuheal.progress from the repository (PYTHONPATH).
+python3: no third-party package, and only gpuheal.core.progress from the repository (PYTHONPATH).
 It fits a linear model by SGD, one step every STEP_S seconds, checkpoints every CKPT_EVERY steps
 and on SIGUSR1, resumes from its checkpoint when Slurm restarts it, and publishes its progress in
-its job comment (gpuheal.progress). The sandbox's fault injection marks a node's "GPU" as failed
+its job comment (gpuheal.core.progress). The sandbox's fault injection marks a node's "GPU" as failed
 by creating $GPUHEAL_FAULT_DIR/<node>; a job on that node then hangs, as training does when a
 GPU falls off the bus.
 """
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuheal.progress import report_progress
+from gpuheal.core.progress import report_progress
 
 STEP_S = float(os.environ.get("TRAIN_STEP_S", "0.5"))
 CKPT_EVERY = int(os.environ.get("TRAIN_CKPT_EVERY", "10"))

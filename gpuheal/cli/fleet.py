@@ -1,0 +1,121 @@
+"""`gpuheal fleet | pause | resume | mode | override | domain | history`: the cluster as a whole.
+
+Every command that steers (pause, resume, mode, override, domain) is an update on the
+cluster's coordinator (or a domain incident), with the operator and the reason in its history;
+the same updates work from the plain `temporal` CLI (README, "Fleet safety").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from gpuheal.clients.temporal import connect
+from gpuheal.core import policy
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import (
+    DomainDecision,
+    FleetStatus,
+    ModeChange,
+    OperatorAction,
+    Override,
+    coordinator_id,
+)
+from gpuheal.core.models import check_node_name
+from gpuheal.core.settings import Settings
+
+
+async def _coordinator(settings: Settings) -> tuple[Client, str]:
+    return await connect(settings), coordinator_id(settings.require_cluster())
+
+
+async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
+    client, fleet_id = await _coordinator(settings)
+    try:
+        s: FleetStatus = await client.get_workflow_handle(fleet_id).query("status", result_type=FleetStatus)
+    except RPCError as err:
+        print(f"no coordinator for cluster {settings.cluster!r} yet (it starts with the first incident): {err}")
+        return 1
+    print(f"cluster {s.cluster}: mode {s.mode}, policy version {s.policy_version}")
+    breaker = f"TRIPPED at {s.breaker.at:%H:%M:%S} ({s.breaker.why})" if s.breaker.tripped else "closed"
+    print(f"breaker     {breaker}")
+    for use in s.budget:
+        print(f"budget      {use.name}: {use.used} of {use.limit} out of service, {max(0, use.limit - use.used)} left")
+    print(f"rate        {s.remediations_in_window} remediations in the rate window")
+    for g in s.out_of_service:
+        print(f"out         {g.node:<12} {g.incident_id}" + (f" (override {g.override})" if g.override else ""))
+    for i, h in enumerate(s.held, 1):
+        print(f"held {i:>3}    {h.node:<12} {h.incident_id}: {h.reason}")
+    for d in s.domain_incidents:
+        print(f"domain      {d.domain}: {', '.join(d.nodes)} -> {d.incident_id} ({d.decided or 'open'})")
+    return 0
+
+
+async def _update(settings: Settings, name: str, arg: object, target: str | None = None) -> int:
+    client, fleet_id = await _coordinator(settings)
+    print(await client.get_workflow_handle(target or fleet_id).execute_update(name, arg, result_type=str))
+    return 0
+
+
+async def pause(settings: Settings, args: argparse.Namespace) -> int:
+    return await _update(settings, "pause", OperatorAction(operator=args.operator, reason=args.reason))
+
+
+async def resume(settings: Settings, args: argparse.Namespace) -> int:
+    return await _update(settings, "resume", OperatorAction(operator=args.operator, reason=args.reason))
+
+
+async def set_mode(settings: Settings, args: argparse.Namespace) -> int:
+    return await _update(settings, "set_mode", ModeChange(operator=args.operator, reason=args.reason, mode=args.mode))
+
+
+async def override(settings: Settings, args: argparse.Namespace) -> int:
+    incident = (
+        args.target
+        if args.target.startswith("gpuheal-")
+        else policy.workflow_id(settings.require_cluster(), args.target)
+    )
+    return await _update(
+        settings, "override", Override(incident_id=incident, operator=args.operator, reason=args.reason)
+    )
+
+
+async def decide_domain(settings: Settings, args: argparse.Namespace) -> int:
+    """Release or dismiss the node incidents a domain incident holds (the domain incident records it)."""
+    client, fleet_id = await _coordinator(settings)
+    s: FleetStatus = await client.get_workflow_handle(fleet_id).query("status", result_type=FleetStatus)
+    found = [d for d in s.domain_incidents if d.domain == args.domain and not d.decided]
+    if not found:
+        open_ = [d.domain for d in s.domain_incidents if not d.decided]
+        print(f"no open domain incident for {args.domain!r} (open: {open_ or 'none'})", file=sys.stderr)
+        return 1
+    decision = DomainDecision(domain=args.domain, decision=args.decision, operator=args.operator, reason=args.reason)
+    return await _update(settings, "decide", decision, target=found[0].incident_id)
+
+
+async def node_history(settings: Settings, args: argparse.Namespace) -> int:
+    """Every incident of a node, from Temporal's visibility: when, which XID, what it did, how it ended."""
+    client = await connect(settings)
+    cluster = settings.require_cluster()
+    node = check_node_name(args.node)  # before it reaches the query (as `gpuheal incidents --node`)
+    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND {sa.NODE.name}="{node}"'
+    rows = 0
+    async for wf in client.list_workflows(query):
+        xid = wf.typed_search_attributes.get(sa.XID)
+        action = wf.typed_search_attributes.get(sa.ACTION, "-")
+        closed = f"closed {wf.close_time:%Y-%m-%d %H:%M}" if wf.close_time else "running"
+        outcome = ""
+        if wf.close_time is not None:
+            try:
+                result = await client.get_workflow_handle(wf.id, run_id=wf.run_id).result()
+                outcome = str(result.get("outcome", "")) if isinstance(result, dict) else ""
+            except Exception as err:  # a failed run: say so
+                outcome = f"failed: {err}"[:80]
+        print(f"{wf.start_time:%Y-%m-%d %H:%M}  XID {xid or '-':<4} {action:<12} {closed:<24} {outcome}  {wf.id}")
+        rows += 1
+    if rows == 0:
+        print(f"no incident on {args.node} in cluster {cluster}")
+    return 0

@@ -1,0 +1,149 @@
+"""The Slurm backend over Slurm's own commands (sinfo, squeue, scontrol, scancel), 22.05 to 26.05.
+
+For a worker where Slurm's commands and munge are at hand (a login or admin node). The commands
+must be the cluster's own version (22.05's client cannot talk to a 24.11 controller): set
+SLURM_CONF, and GPUHEAL_SLURM_CLI_WRAPPER when they run elsewhere (e.g. ``chroot ROOT env ...``
+in the sandbox's newer-Slurm roots, or ``ssh login01``).
+
+At scale: one command per question, never one per job. From the v0.0.4x family on (23.11+)
+``squeue -w NODE`` and ``squeue -j IDS`` filter in JSON mode, so only the jobs asked about come
+back; 22.05 ignores filters in JSON mode, so there a question costs one full ``squeue --json``.
+Hostlists are expanded in Python (clients/slurm/hostlist.py).
+
+Every argument goes to the program as its own argv element (no shell), and node names are
+validated before they get here (gpuheal.core.models.NodeName, check_node_name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from gpuheal.clients import proc
+from gpuheal.clients.slurm.base import JobUpdate, NodeOutOfService, NodeState, SlurmError, UnknownNode
+from gpuheal.clients.slurm.hostlist import expand
+from gpuheal.clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, schema_of
+from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
+
+
+class SlurmCli:
+    def __init__(
+        self, slurm_conf: str | None = None, wrapper: list[str] | None = None, timeout_s: float = 20.0
+    ) -> None:
+        self._env = dict(os.environ)
+        if slurm_conf:
+            self._env["SLURM_CONF"] = slurm_conf
+        self._wrapper = wrapper or []
+        self._timeout = timeout_s
+        self._schema: str | None = None  # learnt from the first JSON answer
+        self.calls = 0
+
+    # --- running commands ------------------------------------------------------------------
+
+    async def run(self, *argv: str, check: bool = True) -> tuple[int, str, str]:
+        self.calls += 1
+        try:
+            done = await proc.run([*self._wrapper, *argv], timeout_s=self._timeout, env=self._env, check=False)
+        except proc.CommandTimedOut as err:
+            raise SlurmError(str(err)) from err
+        if check and done.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])} failed (exit {done.returncode}): {done.stderr}")
+        return done.returncode, done.stdout, done.stderr
+
+    async def _json(self, *argv: str, check: bool = True) -> dict[str, Any] | None:
+        rc, out, _ = await self.run(*argv, "--json", check=check)
+        if rc != 0 or not out.strip():
+            return None
+        data: dict[str, Any] = json.loads(out)
+        self._schema = schema_of(data)
+        return data
+
+    async def _filters(self) -> bool:
+        """Whether squeue filters in JSON mode (not 22.05's v0.0.38)."""
+        if self._schema is None:
+            await self._json("sinfo")
+        return self._schema != V0038
+
+    async def version(self) -> str:
+        _, out, _ = await self.run("sinfo", "--version")
+        return out.split()[-1]
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    async def nodes(self) -> dict[str, NodeInfo]:
+        data = await self._json("sinfo")
+        return parse_nodes(data or {})
+
+    async def node(self, name: str) -> NodeInfo:
+        check_node_name(name)
+        if not await self._filters():  # 22.05: scontrol has no --json; its one-line text then
+            rc, out, err = await self.run("scontrol", "-o", "show", "node", name, check=False)
+            if "State=FUTURE" in out:
+                raise NodeOutOfService(f"node {name!r} is not in service (State=FUTURE)")
+            if rc != 0 and "not found" in (out + err):
+                raise UnknownNode(f"Slurm has no node named {name!r}")
+            info = parse_node_line(out.strip())
+            if rc != 0 or info is None or info.name != name:
+                raise SlurmError(f"scontrol show node {name} gave no node: {(out + err).strip()[:200]}")
+            return info
+        found = parse_nodes(await self._json("scontrol", "show", "node", name) or {})
+        if name in found:
+            return found[name]
+        # Not in service: a FUTURE node (a spare, or one already replaced) or no node at all.
+        future = parse_nodes(await self._json("scontrol", "--future", "show", "node", name) or {})
+        if name in future:
+            raise NodeOutOfService(f"node {name!r} is not in service (State={future[name].state.upper()})")
+        raise UnknownNode(f"Slurm has no node named {name!r}")
+
+    async def update_node(self, name: str, state: NodeState, reason: str | None = None) -> None:
+        fields = [f"state={state}", *([f"reason={reason}"] if reason else [])]
+        await self.run("scontrol", "update", f"nodename={check_node_name(name)}", *fields)
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    async def jobs_on_node(self, node: str) -> list[JobSnapshot]:
+        check_node_name(node)
+        if await self._filters():
+            data = await self._json("squeue", "-w", node, check=False)  # exit 1: no such node in service
+            jobs = parse_jobs(data) if data else []
+        else:
+            jobs = parse_jobs(await self._json("squeue") or {})
+        return [j for j in jobs if j.state in LIVE_JOB_STATES and node in expand(j.nodes)]
+
+    async def job(self, job_id: int) -> JobSnapshot | None:
+        found = await self.jobs([job_id])
+        return found[0] if found else None
+
+    async def jobs(self, job_ids: Iterable[int]) -> list[JobSnapshot]:
+        wanted = sorted(set(job_ids))
+        if not wanted:
+            return []
+        if await self._filters():
+            data = await self._json("squeue", "-j", ",".join(map(str, wanted)), check=False)
+            if data is None and len(wanted) > 1:  # one unknown id fails the whole query
+                return [j for i in wanted for j in await self.jobs([i])]
+            jobs = parse_jobs(data) if data else []
+        else:
+            jobs = parse_jobs(await self._json("squeue") or {})
+        return [j for j in jobs if j.job_id in wanted]
+
+    async def update_job(self, job_id: int, update: JobUpdate) -> None:
+        fields = []
+        if update.start_now:
+            fields.append("starttime=now")
+        if update.excluded_nodes is not None:
+            fields.append("excnodelist=" + ",".join(check_node_name(n) for n in update.excluded_nodes))
+        if fields:
+            await self.run("scontrol", "update", f"jobid={job_id}", *fields)
+
+    async def requeue(self, job_id: int, failed_node: str, hold: bool = False) -> None:
+        await self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    async def hold(self, job_id: int) -> None:
+        await self.run("scontrol", "hold", str(job_id))
+
+    async def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        # scancel signals the job's steps by default; --batch only its batch script.
+        await self.run("scancel", f"--signal={signal}", *(["--batch"] if batch_only else []), str(job_id))

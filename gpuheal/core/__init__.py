@@ -1,0 +1,1 @@
+"""The core: models, pure decisions and wording. Imports nothing but pydantic and the standard library."""

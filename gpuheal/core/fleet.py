@@ -1,0 +1,439 @@
+"""Fleet safety: the cluster's policy and the decisions its coordinator takes. Pure, no I/O.
+
+One coordinator per cluster (workflows/fleet.py) holds the cluster's policy and answers every
+incident: may it take capacity out of service now (the disruption budget: nodes out at once, as a
+count and a share, per cluster, pool and topology domain; a rate; a cooldown per node), is the
+circuit breaker tripped, is the node's domain failing as a whole (escalation), is the node a
+repeat offender. Everything here is a function of the coordinator's state and the time it is
+given, so every decision is replay-safe and unit-tested (tests/test_fleet.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from gpuheal.core.models import ActionClass, ApprovalPolicy, Frozen, NodeName, OperatorName, RemediationSettings
+
+Mode = Literal["observe", "approve", "auto"]
+_LIMIT = re.compile(r"^\d+(\.\d+)?%?$")
+
+
+def limit_of(spec: str, total: int) -> int:
+    """ "3" is 3 nodes; "5%" is 5 % of `total`, rounded down, and at least 1 (a budget of 0 would
+    hold every incident forever: say "0" to mean that)."""
+    if spec.endswith("%"):
+        return max(1, math.floor(float(spec[:-1]) / 100 * total))
+    return int(spec)
+
+
+class BudgetPolicy(Frozen):
+    """How much capacity gpuheal may have out of service at once, and how fast it may take it."""
+
+    cluster: str = "10%"  # nodes out because of gpuheal at once: a count ("3") or a share ("5%")
+    per_pool: str | None = None  # the same per pool (Kubernetes label gpuheal.io/pool, or Slurm partition)
+    per_domain: str | None = None  # the same per topology domain (rack, NVLink domain, switch)
+    rate: int = Field(default=20, ge=1)  # new remediations ...
+    rate_window_s: float = Field(default=3600.0, gt=0)  # ... per window
+    node_cooldown_s: float = Field(default=1800.0, ge=0)  # a node's next remediation waits this long
+
+    @field_validator("cluster", "per_pool", "per_domain")
+    @classmethod
+    def _limit(cls, v: str | None) -> str | None:
+        if v is not None and not _LIMIT.match(v):
+            raise ValueError(f"{v!r} is not a count (3) or a share (5%)")
+        return v
+
+
+class BreakerPolicy(Frozen):
+    """Trips when more than `max_incidents` new incidents arrive within `window_s`, or more than
+    `domain_share` of one domain; never resets by itself."""
+
+    max_incidents: int = Field(default=10, ge=1)
+    window_s: float = Field(default=300.0, gt=0)
+    domain_share: float = Field(default=0.75, gt=0, le=1)
+
+
+class EscalationPolicy(Frozen):
+    """At least `domain_share` of a domain's nodes reporting within `window_s` (and at least
+    `min_nodes` of them) is one domain incident (switch, power, cooling), not N replacements."""
+
+    domain_share: float = Field(default=0.5, gt=0, le=1)
+    window_s: float = Field(default=300.0, gt=0)
+    min_nodes: int = Field(default=2, ge=2)
+
+
+class RepeatPolicy(Frozen):
+    """A node (or a GPU, by its UUID) with `incidents` incidents within `window_s` is replaced."""
+
+    incidents: int = Field(default=3, ge=2)
+    window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+
+
+class FleetPolicy(Frozen):
+    """The cluster's policy: every incident runs under it, whoever sent the report."""
+
+    mode: Mode = "auto"
+    approval: ApprovalPolicy = ApprovalPolicy()
+    budget: BudgetPolicy = BudgetPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+    escalation: EscalationPolicy = EscalationPolicy()
+    repeat: RepeatPolicy = RepeatPolicy()
+    # While held: drain the node (nothing new lands on it; not counted in the budget) or touch nothing.
+    containment_while_held: Literal["drain", "none"] = "drain"
+    # A report for a node whose incident closed this recently starts nothing (re-sent alerts).
+    duplicate_window_s: float = Field(default=600.0, ge=0)
+    # A held incident waits at most this long for capacity, then ends `not_granted`.
+    max_hold_s: float = Field(default=6 * 3600.0, gt=0)
+
+
+class PolicyChange(Frozen):
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+    policy: FleetPolicy
+
+
+class ModeChange(Frozen):
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+    mode: Mode
+
+
+class VersionedPolicy(Frozen):
+    version: int
+    policy: FleetPolicy
+    changed_by: str
+    reason: str
+    at: datetime
+
+
+# --- what the coordinator is told about a node ------------------------------------------------
+
+
+class Placement(Frozen):
+    """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
+
+    node: NodeName
+    cluster_size: int = Field(ge=1)
+    pool: str = "default"
+    pool_size: int = Field(default=1, ge=1)
+    domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
+
+
+class AdmitRequest(Frozen):
+    incident_id: str
+    run_id: str = ""  # one incident of the node (its workflow id is the node's, run after run)
+    cluster: str
+    placement: Placement
+    action: ActionClass
+    what: str  # the failure, for the breaker's and the escalation's notices
+    gpu_uuids: tuple[str, ...] = ()
+    seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
+
+
+class Admission(Frozen):
+    """What the cluster says to a new incident: its policy and what it knows of the node."""
+
+    policy: VersionedPolicy
+    repeat_offender: str | None = None  # why the node (or GPU) must be replaced this time
+    domain_incident: str | None = None  # the node's domain is failing as a whole: held there
+    breaker: str | None = None  # tripped: why
+
+
+class AdmitAsk(Frozen):
+    """An incident introducing itself to its cluster's coordinator."""
+
+    incident_id: str
+    run_id: str = ""
+    cluster: str
+    node: NodeName
+    action: ActionClass
+    what: str
+    gpu_uuids: tuple[str, ...] = ()
+
+
+class AdmitAnswer(Frozen):
+    admission: Admission
+    settings: RemediationSettings  # the worker's (timeouts, grace, Kubernetes): not the policy
+    placement: Placement
+
+
+class CapacityRequest(Frozen):
+    cluster: str
+    incident_id: str
+    placement: Placement
+    action: ActionClass
+
+
+class ReleaseRequest(Frozen):
+    cluster: str
+    incident_id: str
+
+
+class CapacityDecision(Frozen):
+    granted: bool
+    reason: str
+    position: int | None = None  # in line, while held
+    already: bool = False
+
+
+class Grant(Frozen):
+    incident_id: str
+    node: str
+    pool: str
+    domains: tuple[str, ...]
+    at: datetime
+    override: str | None = None  # operator: reason, when granted past the budget
+
+
+class Held(Frozen):
+    incident_id: str
+    node: str
+    placement: Placement
+    since: datetime
+    reason: str
+
+
+class Arrival(Frozen):
+    at: datetime
+    incident_id: str
+    run_id: str = ""
+    node: str
+    domains: tuple[str, ...]
+    gpu_uuids: tuple[str, ...] = ()
+
+
+class Breaker(Frozen):
+    tripped: bool = False
+    at: datetime | None = None
+    why: str = ""
+    nodes: tuple[str, ...] = ()
+    by: str = ""  # "gpuheal" (it tripped) or the operator who paused or resumed
+
+
+class DomainIncident(Frozen):
+    cluster: str
+    domain: str
+    incident_id: str  # the domain incident's workflow id
+    nodes: tuple[str, ...]
+    opened_at: datetime
+    decided: Literal["", "release", "dismiss"] = ""
+
+
+class OperatorAction(Frozen):
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class Override(Frozen):
+    incident_id: str
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class DomainDecision(Frozen):
+    domain: str
+    decision: Literal["release", "dismiss"]
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class DomainDecisionFor(Frozen):
+    cluster: str
+    decision: DomainDecision
+
+
+class GrantNotice(Frozen):
+    """The coordinator to a held incident: go (granted), or stop (its domain incident dismissed it)."""
+
+    granted: bool
+    reason: str
+
+
+class BudgetUse(Frozen):
+    name: str
+    used: int
+    limit: int
+
+
+class FleetState(BaseModel):
+    """The coordinator's state: carried whole across continue-as-new."""
+
+    cluster: str
+    policy: VersionedPolicy
+    breaker: Breaker = Breaker()
+    grants: dict[str, Grant] = {}
+    queue: list[Held] = []
+    arrivals: list[Arrival] = []  # within the longest window that needs them
+    remediations: list[datetime] = []  # grants, for the rate
+    last_release: dict[str, datetime] = {}  # node -> when gpuheal last gave it back (cooldown)
+    domain_incidents: dict[str, DomainIncident] = {}
+    decisions: int = 0
+
+
+class FleetStatus(Frozen):
+    cluster: str
+    mode: Mode
+    policy_version: int
+    breaker: Breaker
+    out_of_service: tuple[Grant, ...]
+    held: tuple[Held, ...]
+    budget: tuple[BudgetUse, ...]
+    domain_incidents: tuple[DomainIncident, ...]
+    remediations_in_window: int
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+def budget_uses(state: FleetState, placement: Placement | None = None) -> list[BudgetUse]:
+    """Use against every limit that applies (to `placement`, or to every grant's pool and domain)."""
+    b = state.policy.policy.budget
+    grants = list(state.grants.values())
+    size = placement.cluster_size if placement else max((1, *(1 for _ in grants)))
+    uses = [BudgetUse(name="cluster", used=len(grants), limit=limit_of(b.cluster, size))]
+    if placement is not None and b.per_pool is not None:
+        used = sum(1 for g in grants if g.pool == placement.pool)
+        uses.append(
+            BudgetUse(name=f"pool {placement.pool}", used=used, limit=limit_of(b.per_pool, placement.pool_size))
+        )
+    if placement is not None and b.per_domain is not None:
+        for domain, dsize in placement.domains.items():
+            used = sum(1 for g in grants if domain in g.domains)
+            uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
+    return uses
+
+
+def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) -> tuple[bool, str]:
+    """(granted, why): the breaker, the node's cooldown, the rate, then every budget limit."""
+    policy = state.policy.policy
+    if state.breaker.tripped:
+        return False, f"circuit breaker tripped ({state.breaker.why}); `gpuheal resume` resets it"
+    domain = escalated_domain(state, req.placement)
+    if domain is not None:
+        return (
+            False,
+            f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)",
+        )
+    last = state.last_release.get(req.placement.node)
+    cooldown = policy.budget.node_cooldown_s
+    if last is not None and (now - last).total_seconds() < cooldown:
+        ready = last + timedelta(seconds=cooldown)
+        return False, f"{req.placement.node} is cooling down after its last remediation (until {ready:%H:%M:%S})"
+    recent = [t for t in state.remediations if (now - t).total_seconds() < policy.budget.rate_window_s]
+    if len(recent) >= policy.budget.rate:
+        return (
+            False,
+            f"rate: {len(recent)} remediations within {policy.budget.rate_window_s:g} s (limit {policy.budget.rate})",
+        )
+    for use in budget_uses(state, req.placement):
+        if use.used >= use.limit:
+            return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
+    return True, "within the disruption budget"
+
+
+def escalated_domain(state: FleetState, placement: Placement) -> DomainIncident | None:
+    for domain in placement.domains:
+        incident = state.domain_incidents.get(domain)
+        if incident is not None and incident.decided != "release":
+            return incident
+    return None
+
+
+def within(arrivals: Iterable[Arrival], now: datetime, window_s: float) -> list[Arrival]:
+    return [a for a in arrivals if (now - a.at).total_seconds() <= window_s]
+
+
+def breaker_trip(state: FleetState, placement: Placement, now: datetime) -> str | None:
+    """Why the breaker trips now (after this arrival), or None."""
+    p = state.policy.policy.breaker
+    recent = within(state.arrivals, now, p.window_s)
+    if len(recent) > p.max_incidents:
+        return f"{len(recent)} new incidents within {p.window_s:g} s (more than {p.max_incidents})"
+    for domain, size in placement.domains.items():
+        nodes = {a.node for a in recent if domain in a.domains}
+        if size > 1 and len(nodes) / size > p.domain_share:
+            return f"{len(nodes)} of {size} nodes of {domain} within {p.window_s:g} s (more than {p.domain_share:.0%})"
+    return None
+
+
+def escalation(state: FleetState, placement: Placement, now: datetime) -> tuple[str, list[str]] | None:
+    """The domain (and its reporting nodes) that fails as a whole, or None."""
+    p = state.policy.policy.escalation
+    recent = within(state.arrivals, now, p.window_s)
+    for domain, size in placement.domains.items():
+        if domain in state.domain_incidents:
+            continue
+        nodes = sorted({a.node for a in recent if domain in a.domains})
+        if len(nodes) >= p.min_nodes and len(nodes) >= p.domain_share * size:
+            return domain, nodes
+    return None
+
+
+def repeat_offender(
+    arrivals: Sequence[Arrival], node: str, gpu_uuids: Iterable[str], now: datetime, policy: RepeatPolicy
+) -> str | None:
+    """Why this is the node's (or a GPU's) `incidents`-th incident within the window, or None.
+    Counts each incident once (one arrival per run of the node's workflow, however often it asks)."""
+    recent = within(arrivals, now, policy.window_s)
+    on_node = {(a.incident_id, a.run_id) for a in recent if a.node == node}
+    if len(on_node) >= policy.incidents:
+        return f"repeat offender: {len(on_node)} incidents on {node} within {policy.window_s / 86400:g} days"
+    for uuid in gpu_uuids:
+        on_gpu = {(a.incident_id, a.run_id) for a in recent if uuid in a.gpu_uuids}
+        if len(on_gpu) >= policy.incidents:
+            return f"repeat offender: {len(on_gpu)} incidents on GPU {uuid} within {policy.window_s / 86400:g} days"
+    return None
+
+
+def forget_before(state: FleetState, now: datetime) -> None:
+    """Keep only what a window can still need (the state is carried across continue-as-new)."""
+    p = state.policy.policy
+    keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
+    state.arrivals = within(state.arrivals, now, keep_s)
+    state.remediations = [t for t in state.remediations if (now - t).total_seconds() < p.budget.rate_window_s]
+    cooldown = p.budget.node_cooldown_s
+    state.last_release = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < cooldown}
+
+
+def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) -> bool:
+    """`approve` mode: every action class waits for a human; `auto`: those the policy names."""
+    if action == ActionClass.IGNORE:
+        return False
+    return mode == "approve" or action in approval.required_for
+
+
+# --- the workflows' names and inputs (activities start them by name) ---------------------------
+
+COORDINATOR_WORKFLOW = "FleetCoordinator"
+DOMAIN_INCIDENT_WORKFLOW = "DomainIncident"
+CAPACITY_SIGNAL = "capacity"  # coordinator -> held incident: GrantNotice
+
+
+def coordinator_id(cluster: str) -> str:
+    return f"gpuheal-{cluster}-fleet"
+
+
+class CoordinatorInput(Frozen):
+    cluster: str
+    seed: FleetPolicy
+    state: FleetState | None = None  # carried across continue-as-new
+
+
+class DomainIncidentInput(Frozen):
+    cluster: str
+    incident: DomainIncident
+    decide_within_s: float = 3600.0
+    default: Literal["release", "dismiss"] = "release"
+
+
+class DomainIncidentResult(Frozen):
+    domain: str
+    nodes: tuple[str, ...]
+    decision: DomainDecision
+    coordinator: str

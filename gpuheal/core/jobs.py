@@ -1,0 +1,163 @@
+"""The job side of an incident: the models of a job recovery.
+
+An incident hands each affected job to a *job recovery* (workflows/job_recovery.py, one per
+failure of a job), which requeues it once however many of its nodes failed, verifies it resumed
+across all its new nodes, keeps the job's retry budget and tells its owner. The incident's own
+account of each job (JobAccount, JobFate) is in gpuheal.core.models, beside the incident's result.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from gpuheal.core.models import (
+    CheckpointOutcome,
+    Frozen,
+    JobFate,
+    JobRecoverySettings,
+    JobSnapshot,
+    NodeName,
+    RequeueResult,
+    ResumedJob,
+)
+
+# Slurm states a job does not leave by itself: it is over.
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+)
+# Ends that lose work a requeue can redo (COMPLETED finished its work; CANCELLED was someone's wish).
+ABNORMAL_ENDS = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
+
+OwnerEvent = Literal["job_hit", "job_running_again", "job_not_resumed", "job_held"]
+
+JOB_RECOVERY_WORKFLOW = "JobRecovery"
+JOIN_SIGNAL = "join"  # incident -> recovery: RecoveryJoin
+RECOVERED_SIGNAL = "job_recovered"  # recovery -> each incident that joined: JobRecoveryResult
+
+
+class RecoveryJoin(Frozen):
+    """An incident handing a job to its recovery (the signal that starts or joins it)."""
+
+    incident_id: str
+    cluster: str
+    failed_node: NodeName
+    what: str  # the failure, for the owner ("XID 79 on GPU 3 on prod/gpu01")
+    failure_at: datetime  # when the failure was observed
+    job: JobSnapshot  # as the incident saw it before anything was done
+    checkpoint: CheckpointOutcome | None = None
+    exclude_failed_node: bool = True
+
+
+class JobRecoveryInput(Frozen):
+    cluster: str
+    job_id: int
+    settings: JobRecoverySettings = JobRecoverySettings()
+
+
+class RecoveryHandoff(Frozen):
+    """What handing a job over returned: the recovery's id, and its result when it had already
+    ended (an activity retried after the recovery finished gets the answer, not a second run)."""
+
+    recovery_id: str
+    result: JobRecoveryResult | None = None
+
+
+class PastRecovery(Frozen):
+    """A recovery of the same job found in Temporal's visibility (its memo)."""
+
+    recovery_id: str
+    started_at: datetime
+    requeued: bool
+    failed_nodes: tuple[str, ...] = ()
+
+
+class JobHistoryRequest(Frozen):
+    cluster: str
+    job_id: int
+    since: datetime
+    exclude_id: str = ""  # the asking recovery itself
+
+
+class JobHistory(Frozen):
+    recoveries: tuple[PastRecovery, ...] = ()
+
+
+class RetryBudget(Frozen):
+    used: int
+    allowed: int
+    window_s: float
+    suspects: tuple[str, ...] = ()  # the nodes it failed on within the window
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.allowed
+
+
+class VerifyJobRequest(Frozen):
+    requeue: RequeueResult
+    avoid_nodes: tuple[str, ...] = ()
+    deadline_at: float  # unix time: a silent job's verification ends here
+    poll_interval_s: float = 0.5
+
+
+class VerifyOutcome(Frozen):
+    job_id: int
+    outcome: Literal["resumed", "died", "silent"]
+    state: str = ""  # Slurm's state at the end
+    reason: str = ""
+    resumed: ResumedJob | None = None
+
+
+class HoldRequest(Frozen):
+    job_id: int
+    failed_node: NodeName
+    reason: str
+
+
+class OwnerNotice(Frozen):
+    """What a job's owner hears, once per job per stage of its recovery."""
+
+    key: str  # "<recovery id>:<job>:<event>": the Idempotency-Key
+    event: OwnerEvent
+    cluster: str
+    job_id: int
+    job_name: str
+    user: str
+    recipients: tuple[str, ...]  # the Slurm user, --mail-user, the progress line's notify=
+    nodes: tuple[str, ...]  # the failed nodes (hit), or where it runs again
+    message: str
+    steps_at_risk: int | None = None
+    step: int | None = None
+    steps_lost: int | None = None
+    gpu_seconds_lost: float | None = None
+
+
+class JobRecoveryResult(Frozen):
+    recovery_id: str
+    job_id: int
+    job_name: str
+    user: str
+    fate: JobFate
+    detail: str
+    incidents: tuple[str, ...]
+    failed_nodes: tuple[str, ...]
+    requeue: RequeueResult | None = None
+    verify: VerifyOutcome | None = None
+    budget: RetryBudget | None = None
+    steps_lost: int = 0
+    gpu_seconds_lost: float = 0.0
+    owner_notices: tuple[str, ...] = ()  # the events its owner was told
+
+
+class JobRecoveryStatus(Frozen):
+    """The `status` query of a job recovery."""
+
+    recovery_id: str
+    job_id: int
+    stage: Literal["gathering", "deciding", "requeueing", "verifying", "answering", "done"]
+    incidents: tuple[str, ...]
+    result: JobRecoveryResult | None = None
+
+
+RecoveryHandoff.model_rebuild()

@@ -1,0 +1,548 @@
+"""Typed inputs and outputs shared by triggers, the workflow and its activities.
+
+Every model here crosses a Temporal boundary (workflow input, activity argument, query result),
+so each is a pydantic v2 model carried by the SDK's pydantic data converter. Validation happens
+where data enters the system (a CLI flag, a webhook body), so a malformed report is refused
+there, with the reason, before any workflow starts.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# Node and cluster names reach scontrol's command line (as a separate argv element, never through
+# a shell); the pattern still refuses anything a Slurm or Kubernetes node name cannot be.
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_PATTERN)]
+ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+OperatorName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")]
+_NODE_RE = re.compile(NODE_NAME_PATTERN)
+
+
+def check_node_name(node: str) -> str:
+    """For names that did not come through a model (a provider's answer, a hook's output)."""
+    if not _NODE_RE.match(node):
+        raise ValueError(f"invalid node name {node!r}")
+    return node
+
+
+# Literals and sets that several layers speak: defined here, once.
+Verdict = Literal["approve", "abort"]
+# How an incident ends: resolved (capacity back, its jobs accounted for), ignored (nothing to
+# do), aborted (by an operator), no_capacity (the node is drained and out, no replacement came
+# within the bound; its jobs wait in Slurm without it), observed (observe mode: what it would
+# have done is in its history; nothing touched), escalated (its domain incident handles the
+# node with the rest of its domain), not_granted (held past the bound: the budget never freed),
+# already_replaced (a late report for a node gpuheal replaced earlier: the result names by which
+# node and in which incident; nothing touched).
+Outcome = Literal[
+    "resolved", "ignored", "aborted", "no_capacity", "observed", "escalated", "not_granted", "already_replaced"
+]
+Severity = Literal["info", "warning", "critical"]
+# Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
+LIVE_JOB_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
+# States a requeued job passes through before it is PENDING again (only then does it take updates).
+REQUEUE_STATES = frozenset({"REQUEUED", "COMPLETING", "PENDING", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamp must carry a time zone (for example 2026-11-30T01:02:03Z)")
+    return value
+
+
+AwareDatetime = Annotated[datetime, AfterValidator(_aware)]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ActionClass(StrEnum):
+    """What a failure calls for, from least to most disruptive (see gpuheal.core.policy)."""
+
+    IGNORE = "ignore"
+    RESTART_APP = "restart_app"
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    REPLACE_NODE = "replace_node"
+
+
+class Stage(StrEnum):
+    TRIAGE = "triage"
+    OBSERVE = "observe"
+    HELD = "held"
+    APPROVAL = "approval"
+    NOTIFY = "notify"
+    PROTECT = "protect_progress"
+    DRAIN = "drain"
+    CORDON = "cordon_and_taint"
+    REQUEUE = "requeue"
+    EVICT = "evict_pods"
+    REPAIR = "repair_or_replace"
+    AWAITING_CAPACITY = "awaiting_capacity"
+    BORROW = "borrow_node"
+    VERIFY = "verify_resume"
+    GIVE_BACK = "give_back_borrowed"
+    RETURN = "return_to_service"
+    CLOSE = "close"
+    DONE = "done"
+
+
+class HealthReport(Frozen):
+    """One observation that a GPU (or its node) is unhealthy."""
+
+    node: NodeName
+    cluster: ClusterName
+    xid: int | None = Field(default=None, ge=1, le=999)
+    # A non-XID signal, such as "gpu_lost", "ecc_dbe_volatile", "row_remap_failure",
+    # "nvlink_down" or "health_check_failed" (see policy.SIGNAL_ACTIONS).
+    signal: str | None = Field(default=None, pattern=r"^[a-z0-9_]{1,40}$")
+    gpu: int | None = Field(default=None, ge=0, le=63)
+    source: str = Field(default="cli", pattern=r"^[a-z0-9_-]{1,32}$")
+    observed_at: AwareDatetime
+    summary: str = Field(default="", max_length=500)
+    # An Alertmanager alert's identity (fingerprint@startsAt): the same alert re-sent starts nothing.
+    alert_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@:+._-]{1,100}$")
+    gpu_uuid: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")  # a GPU's record follows it
+
+    @model_validator(mode="after")
+    def _xid_or_signal(self) -> HealthReport:
+        if self.xid is None and self.signal is None:
+            raise ValueError("a report needs an XID or a signal name")
+        return self
+
+    def describe(self) -> str:
+        what = f"XID {self.xid}" if self.xid is not None else self.signal
+        gpu = f" on GPU {self.gpu}" if self.gpu is not None else ""
+        return f"{what}{gpu} on {self.cluster}/{self.node}"
+
+
+class ApprovalPolicy(Frozen):
+    """Which action classes wait for a human, for how long, and what happens on silence."""
+
+    required_for: tuple[ActionClass, ...] = ()
+    timeout_s: float = Field(default=900.0, gt=0)
+    default_on_timeout: Verdict = "abort"
+
+
+class KubernetesPolicy(Frozen):
+    """The Kubernetes half (Slurm on Kubernetes): present when the worker talks to a cluster."""
+
+    # Label on the Kubernetes Node that holds the Slurm node name; None: the names are equal.
+    node_label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9./_-]{1,253}$")
+    no_execute: bool = False  # also taint NoExecute (evicts pods that do not tolerate it)
+    drain_deadline_s: float = Field(default=300.0, gt=0)
+    # When a PodDisruptionBudget still blocks an eviction at the deadline: delete the pod
+    # anyway (needs rbac-force-delete.yaml), or hold the incident for a human's approve/abort.
+    on_pdb_timeout: Literal["delete", "hold"] = "hold"
+
+
+class BorrowPolicy(Frozen):
+    """When no spare exists: borrow a GPU node from an inference pool in Kubernetes, never taking
+    a Deployment there below its PodDisruptionBudget or below `floor` ready replicas."""
+
+    pool: str = Field(pattern=r"^[A-Za-z0-9._-]{1,63}$")  # the inference pool's gpuheal.io/pool value
+    floor: int = Field(default=1, ge=0)
+
+
+class JobRecoverySettings(Frozen):
+    gather_s: float = Field(default=2.0, ge=0)  # incidents on a job's other nodes join within this
+    verify_timeout_s: float = Field(default=1800.0, gt=0)
+    retry_budget: int = Field(default=3, ge=1)  # requeues by gpuheal ...
+    retry_window_s: float = Field(default=24 * 3600.0, gt=0)  # ... within this window; then hold
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
+class RemediationSettings(Frozen):
+    """The worker's configuration of how remediation runs (timeouts, grace, Kubernetes): the
+    incident reads it from the worker when it is admitted, so its history records it. The
+    cluster's policy (mode, budget, approval, breaker) is the coordinator's: gpuheal.core.fleet."""
+
+    kubernetes: KubernetesPolicy | None = None
+    borrow: BorrowPolicy | None = None
+    # After the checkpoint signal: wait until each job confirms a checkpoint, at most this long;
+    # a job that publishes no progress is waited for only checkpoint_unconfirmed_wait_s.
+    checkpoint_grace_s: float = Field(default=30.0, ge=0)
+    checkpoint_unconfirmed_wait_s: float = Field(default=5.0, ge=0)
+    verify_timeout_s: float = Field(default=1800.0, gt=0)
+    # No spare: retry the replacement every capacity_retry_s, for at most capacity_wait_s.
+    capacity_wait_s: float = Field(default=1800.0, gt=0)
+    capacity_retry_s: float = Field(default=60.0, gt=0)
+    jobs: JobRecoverySettings = JobRecoverySettings()
+    # How long a provider may take to repair or replace a node (a cloud VM can take minutes);
+    # the repair and replace activities' timeouts are derived from it, so the two always agree.
+    provider_timeout_s: float = Field(default=900.0, gt=0)
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
+class RemediationInput(Frozen):
+    """A report says what failed, never how to remediate: the policy is the cluster's."""
+
+    report: HealthReport
+
+
+class Decision(Frozen):
+    """An operator's approve or abort."""
+
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class RecordedDecision(Frozen):
+    verdict: Verdict
+    operator: str
+    reason: str
+    at: datetime
+    by_timeout: bool = False
+
+
+class NodeRef(Frozen):
+    cluster: ClusterName
+    node: NodeName
+    incident_id: str
+
+
+class NodeInfo(Frozen):
+    name: str
+    state: str
+    flags: tuple[str, ...] = ()
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in {"drained", "draining"}
+
+
+class JobProgress(Frozen):
+    """What a job last said about its training progress (gpuheal.core.progress is the contract)."""
+
+    step: int
+    checkpoint_step: int
+    checkpoint_at: float | None = None
+    restart: int = 0
+    signal: str | None = None  # the signal that makes it checkpoint now (its opt-in), e.g. USR1
+    notify: str | None = None  # where its owner wants to hear (beside the Slurm user)
+
+
+class JobSnapshot(Frozen):
+    job_id: int
+    name: str
+    state: str
+    # Flags beside the state (Slurm 23.11+ lists them with it): a requeued job is PENDING with
+    # COMPLETING until its old run has ended, and takes no update before that.
+    state_flags: tuple[str, ...] = ()
+    state_reason: str = ""  # why a pending job waits (Slurm's Reason=, e.g. BeginTime, Resources)
+    nodes: str
+    node_count: int = 1
+    requeueable: bool
+    restart_count: int
+    excluded_nodes: str = ""
+    required_nodes: str = ""
+    user: str = ""  # the job's owner (Slurm user name)
+    mail_user: str = ""  # --mail-user, where Slurm reports it
+    submit_time: int = 0  # unix time (with the id and restart count: one failure of one job)
+    submit_line: str = ""  # the sbatch command line, where Slurm reports it (26.05+): --signal
+    progress: JobProgress | None = None
+
+
+class DrainRequest(Frozen):
+    node: NodeRef
+    reason: str = Field(min_length=1, max_length=200)
+
+
+class DrainResult(Frozen):
+    node: str
+    drained_by_us: bool
+    already_drained: bool
+    previous_reason: str = ""
+
+
+class JobList(Frozen):
+    jobs: tuple[JobSnapshot, ...] = ()
+
+
+class CheckpointAsk(Frozen):
+    """One job asked to checkpoint now, with the signal it asked for."""
+
+    job_id: int
+    signal: str = Field(pattern=r"^[A-Z0-9]{2,8}$")  # e.g. USR1
+    batch_only: bool = True  # the batch script (B: in --signal, and the progress contract), else its steps
+    signalled_at: float = 0.0  # unix time just before the signal went
+
+
+class CheckpointRequest(Frozen):
+    node: str
+    asks: tuple[CheckpointAsk, ...]
+
+
+class CheckpointSent(Frozen):
+    asks: tuple[CheckpointAsk, ...] = ()  # those signalled (still running), with the time
+
+
+class CheckpointOutcome(Frozen):
+    job_id: int
+    signal: str | None  # None: not signalled (it did not say it handles a signal)
+    confirmed: bool
+    step: int | None = None
+    after_s: float = 0.0
+    detail: str
+
+
+class CheckpointWait(Frozen):
+    asks: tuple[CheckpointAsk, ...]
+    deadline_at: float  # unix time: the grace ends here, confirmed or not
+    unconfirmed_wait_s: float  # a job that publishes no progress is not waited for longer
+    poll_interval_s: float = 0.2
+
+
+class CheckpointResult(Frozen):
+    outcomes: tuple[CheckpointOutcome, ...] = ()
+
+
+class RequeueRequest(Frozen):
+    job: JobSnapshot
+    failed_node: NodeName
+    also_failed: tuple[NodeName, ...] = ()  # the job's other failed nodes (a multi-node job)
+    exclude_failed_node: bool = True
+    # Nodes gpuheal excluded for this job after earlier failures: let back in where healthy again.
+    release_nodes: tuple[NodeName, ...] = ()
+
+
+class RequeueResult(Frozen):
+    job_id: int
+    requeued: bool
+    already_requeued: bool = False
+    reason: str = ""
+    ended_state: str = ""  # it had ended (COMPLETED, FAILED, ...) before it could be requeued
+    restart_count_before: int = 0
+    step_at_failure: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: float | None = None
+    node_count: int = 1
+
+
+class RepairRequest(Frozen):
+    node: NodeRef
+    action: ActionClass
+
+
+class RepairResult(Frozen):
+    action: ActionClass
+    # False: the provider cannot do this repair (no such operation on the platform); the
+    # workflow then replaces the node instead.
+    repaired: bool
+    detail: str
+
+
+class ReplacementResult(Frozen):
+    failed_node: str
+    new_node: str | None  # None: no capacity now (no_capacity says why)
+    already_done: bool = False
+    no_capacity: str = ""
+
+
+class EarlierReplacement(Frozen):
+    """An earlier incident of this node replaced it (the most recent that did)."""
+
+    node: str
+    replacement_node: str
+    incident_id: str
+    run_id: str
+    closed_at: datetime
+
+
+class ReplacementLookup(Frozen):
+    """What the incident history says of a node Slurm no longer has in service."""
+
+    earlier: EarlierReplacement | None = None
+
+
+class HealthCheckResult(Frozen):
+    node: str
+    healthy: bool
+    detail: str
+
+
+class ResumedJob(Frozen):
+    job_id: int
+    node: str
+    step: int
+    checkpoint_step: int
+    restart_count: int
+    observed_at: datetime
+    # False: the job publishes no progress, so RUNNING again (elsewhere) is all that was checked
+    progress_checked: bool = True
+
+
+class Notification(Frozen):
+    incident_id: str
+    event: str
+    severity: Severity
+    message: str
+    node: str
+    cluster: str
+
+
+class StageRecord(BaseModel):
+    stage: Stage
+    started_at: datetime
+    ended_at: datetime | None = None
+    outcome: str = ""
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+class UnrequeuedJob(Frozen):
+    job_id: int
+    reason: str
+
+
+class JobFate(StrEnum):
+    REQUEUED = "requeued"  # requeued; `resumed` says whether it trained past its checkpoint again
+    NOT_REQUEUED = "not_requeued"  # Slurm may not requeue it (--no-requeue, pinned...): detail says why
+    ENDED = "ended"  # it ended during the incident (its state; whether gpuheal caused it)
+    HELD = "held"  # its retry budget is spent: held in Slurm, owner told, suspects listed
+    UNKNOWN = "unknown"  # its recovery did not answer within the bound (recovery_id says where to look)
+    UNTOUCHED = "untouched"  # left running where it was: the incident ended before any requeue
+
+
+class JobAccount(Frozen):
+    """One job that was on the node when the incident began, and what became of it."""
+
+    job_id: int
+    name: str
+    user: str
+    fate: JobFate
+    detail: str
+    slurm_state: str = ""
+    caused_by_gpuheal: bool = False
+    checkpoint: CheckpointOutcome | None = None
+    recovery_id: str | None = None
+    joined: bool = False  # another incident started the job's recovery; this one joined it
+    resumed: ResumedJob | None = None
+
+
+class RemediationResult(BaseModel):
+    incident_id: str
+    cluster: str
+    node: str
+    action: ActionClass
+    outcome: Outcome
+    reason: str
+    node_state: str
+    failure_observed_at: datetime
+    closed_at: datetime
+    stages: list[StageRecord]
+    reports: list[HealthReport]
+    decision: RecordedDecision | None = None
+    drain: DrainResult | None = None
+    jobs: list[JobAccount] = []  # every job on the node when the incident began
+    jobs_requeued: list[RequeueResult] = []
+    jobs_not_requeued: list[UnrequeuedJob] = []
+    jobs_resumed: list[ResumedJob] = []
+    borrowed_node: str | None = None  # a node borrowed from inference meanwhile (and given back)
+    mode: str = ""  # the cluster's mode it ran under (observe, approve, auto)
+    policy_version: int | None = None  # and the version of the cluster's policy
+    replacement_node: str | None = None
+    mttr_s: float | None = None
+    steps_lost: int = 0
+    gpu_seconds_lost: float = 0.0
+
+
+class RemediationStatus(BaseModel):
+    """The `status` query: where an incident is and what it has done."""
+
+    incident_id: str
+    stage: Stage
+    action: ActionClass | None
+    awaiting_approval: bool
+    held: str | None = None  # why it waits for capacity, and its place in line
+    stages: list[StageRecord]
+    reports_received: int
+    done: list[str]
+    result: RemediationResult | None = None
+
+
+class KubeNodeRef(Frozen):
+    """A Kubernetes Node that backs a Slurm node, within one incident."""
+
+    slurm_node: NodeName
+    kube_node: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    incident_id: str
+
+
+class MapNodeRequest(Frozen):
+    ref: NodeRef
+    node_label: str | None = None
+
+
+class CordonRequest(Frozen):
+    node: KubeNodeRef
+    no_execute: bool = False
+
+
+class CordonResult(Frozen):
+    node: str
+    cordoned_by_others: bool  # it was unschedulable before we came: never uncordon it
+    already_done: bool
+
+
+class EvictRequest(Frozen):
+    node: KubeNodeRef
+    deadline_s: float
+    delete_when_blocked: bool = False
+    poll_interval_s: float = 1.0
+
+
+class EvictResult(Frozen):
+    evicted: tuple[str, ...]
+    kept: tuple[str, ...]  # DaemonSet and mirror pods stay
+    blocked: tuple[str, ...]  # still protected by a PodDisruptionBudget at the deadline
+    deleted: tuple[str, ...] = ()
+    retries_429: int = 0
+
+
+class KubeEvent(Frozen):
+    node: KubeNodeRef
+    reason: str = Field(pattern=r"^[A-Za-z]{1,64}$")
+    message: str = Field(max_length=1000)
+    warning: bool = False
+
+
+class BorrowRequest(Frozen):
+    """Take a node from an inference pool for training, within the inference side's minimum."""
+
+    incident_id: str
+    failed: KubeNodeRef  # the failed training node: the borrowed node joins its pool
+    policy: BorrowPolicy
+    deadline_s: float = Field(default=120.0, gt=0)  # for the evictions (a PDB may hold them a while)
+
+
+class BorrowResult(Frozen):
+    node: str | None  # None: nothing could be borrowed (why says why)
+    why: str = ""
+    evicted: tuple[str, ...] = ()
+    from_pool: str = ""
+    already_done: bool = False
+
+
+class BorrowedNode(Frozen):
+    incident_id: str
+    node: NodeName  # the Kubernetes node, and the Slurm node of the same name
+    from_pool: str = ""
+
+
+class NodeEmptyWait(Frozen):
+    node: NodeName
+    deadline_at: float  # unix time

@@ -1,0 +1,223 @@
+"""Remediation policy: pure, deterministic functions the workflow calls to decide.
+
+No I/O and no clocks here: the workflow passes in what it knows, so every decision is
+replay-safe and unit-tested (tests/test_policy.py). The XID facts come from NVIDIA's XID
+catalogue and field experience, summarised in shared/REFERENCE.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuheal.core.models import (
+    LIVE_JOB_STATES,
+    ActionClass,
+    HealthReport,
+    RequeueResult,
+    ResumedJob,
+)
+
+A = ActionClass
+
+# XID -> (action, why). Only the recommended *immediate* action; repeats escalate below.
+XID_ACTIONS: dict[int, tuple[ActionClass, str]] = {
+    13: (A.RESTART_APP, "graphics engine exception: usually the application"),
+    31: (A.RESTART_APP, "GPU memory page fault: usually the application"),
+    32: (A.RESET_GPU, "invalid or corrupted push buffer stream"),
+    43: (A.RESTART_APP, "GPU stopped processing: restart the application"),
+    45: (A.IGNORE, "preemptive cleanup: follows another error, remediate that one"),
+    48: (A.RESET_GPU, "double-bit ECC error: reset the GPU"),
+    63: (A.IGNORE, "row remap recorded: informational"),
+    64: (A.RESET_GPU, "row remap failure: reset the GPU"),
+    74: (A.RESET_GPU, "NVLink error: reset the GPU (may be the far end's sympathetic report)"),
+    79: (A.REPLACE_NODE, "GPU fell off the bus: the GPU is gone, replace the node"),
+    92: (A.IGNORE, "high single-bit ECC rate: watch"),
+    94: (A.RESTART_APP, "contained ECC error: restart the application"),
+    95: (A.RESET_GPU, "uncontained ECC error: reset the GPU"),
+    119: (A.RESET_GPU, "GSP RPC timeout: reset the GPU"),
+    120: (A.RESET_GPU, "GSP error: reset the GPU"),
+    140: (A.RESET_GPU, "unrecovered ECC error: reset the GPU"),
+    143: (A.RESET_GPU, "GPU initialisation failure: reset the GPU"),
+}
+
+# XID 154 carries the driver's own recovery action; the report's `signal` holds it.
+XID_154_ACTIONS: dict[str, ActionClass] = {
+    "none": A.IGNORE,
+    "drain_p2p": A.RESET_GPU,
+    "drain_and_reset": A.RESET_GPU,
+    "gpu_reset": A.RESET_GPU,
+    "node_reboot": A.REBOOT_NODE,
+}
+
+# Health signals that are not XIDs (from the node agent or Slurm's health check).
+SIGNAL_ACTIONS: dict[str, tuple[ActionClass, str]] = {
+    "gpu_lost": (A.REPLACE_NODE, "GPU lost: NVML can no longer reach it"),
+    "ecc_dbe_volatile": (A.RESET_GPU, "uncorrectable ECC errors since the last reset"),
+    "row_remap_failure": (A.RESET_GPU, "row remapping failed"),
+    "row_remap_pending": (A.IGNORE, "row remap pending: apply at the next convenient reset"),
+    "retired_pages_pending": (A.IGNORE, "page retirement pending: apply at the next reset"),
+    "nvlink_down": (A.RESET_GPU, "NVLink errors"),
+    "thermal_throttle": (A.IGNORE, "thermal throttling: watch"),
+    "health_check_failed": (A.REBOOT_NODE, "node health check failed"),
+    "agent_lost": (A.REBOOT_NODE, "node agent telemetry lost"),
+}
+
+# A GPU that keeps needing resets is on its way out: field practice (and NVIDIA's RMA guidance
+# for repeated ECC errors) is to stop resetting and replace.
+REPEATS_BEFORE_REPLACE = 3
+
+_SEVERITY = {a: i for i, a in enumerate(ActionClass)}
+
+
+@dataclass(frozen=True)
+class Triage:
+    action: ActionClass
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What each action class does to the node; the workflow runs only the stages it names."""
+
+    drain: bool
+    requeue: bool
+    repair: ActionClass | None  # RESET_GPU, REBOOT_NODE or REPLACE_NODE
+    avoid_failed_node: bool
+
+
+PLANS: dict[ActionClass, Plan] = {
+    A.IGNORE: Plan(drain=False, requeue=False, repair=None, avoid_failed_node=False),
+    A.RESTART_APP: Plan(drain=False, requeue=True, repair=None, avoid_failed_node=False),
+    A.RESET_GPU: Plan(drain=True, requeue=True, repair=A.RESET_GPU, avoid_failed_node=True),
+    A.REBOOT_NODE: Plan(drain=True, requeue=True, repair=A.REBOOT_NODE, avoid_failed_node=True),
+    A.REPLACE_NODE: Plan(drain=True, requeue=True, repair=A.REPLACE_NODE, avoid_failed_node=True),
+}
+
+
+def triage(report: HealthReport) -> Triage:
+    """Map one report to an action class, with the reason an operator will read."""
+    if report.xid is not None:
+        if report.xid == 154:
+            recovery = report.signal or "unknown"
+            action = XID_154_ACTIONS.get(recovery, A.REBOOT_NODE)
+            return Triage(action, f"XID 154: driver asks for recovery action '{recovery}'")
+        if report.xid in XID_ACTIONS:
+            action, why = XID_ACTIONS[report.xid]
+            return Triage(action, f"XID {report.xid}: {why}")
+        return Triage(A.RESET_GPU, f"XID {report.xid}: not in the catalogue, reset to be safe")
+    assert report.signal is not None  # HealthReport guarantees one of the two
+    if report.signal in SIGNAL_ACTIONS:
+        action, why = SIGNAL_ACTIONS[report.signal]
+        return Triage(action, why)
+    return Triage(A.REBOOT_NODE, f"unknown health signal '{report.signal}': reboot to be safe")
+
+
+def more_severe(a: ActionClass, b: ActionClass) -> ActionClass:
+    return a if _SEVERITY[a] >= _SEVERITY[b] else b
+
+
+def triage_all(reports: Sequence[HealthReport]) -> Triage:
+    """The action for every report an incident has received: the most severe one wins, and a
+    GPU that asks for a reset again and again is replaced."""
+    if not reports:
+        raise ValueError("triage_all needs at least one report")
+    verdicts = [triage(r) for r in reports]
+    worst = verdicts[0]
+    for v in verdicts[1:]:
+        if more_severe(v.action, worst.action) != worst.action:
+            worst = v
+    resets = Counter((r.gpu, r.xid) for r, v in zip(reports, verdicts, strict=True) if v.action == A.RESET_GPU)
+    repeated = [key for key, n in resets.items() if n >= REPEATS_BEFORE_REPLACE]
+    if repeated and more_severe(A.REPLACE_NODE, worst.action) == A.REPLACE_NODE:
+        gpu, xid = repeated[0]
+        return Triage(
+            A.REPLACE_NODE,
+            f"XID {xid} on GPU {gpu} reported {resets[repeated[0]]} times: replace, not reset",
+        )
+    return worst
+
+
+def plan_for(action: ActionClass) -> Plan:
+    return PLANS[action]
+
+
+# The incident workflow's type, as visibility queries name it (`WorkflowType="GpuRemediation"`).
+REMEDIATION_WORKFLOW = "GpuRemediation"
+
+
+def workflow_id(cluster: str, node: str) -> str:
+    """One workflow per failed node: a second report for the node joins the running one."""
+    return f"gpuheal-{cluster}-{node}"
+
+
+def drain_reason(incident_id: str, why: str) -> str:
+    # Slurm shows the reason in sinfo/scontrol; it names the incident so an operator can find it,
+    # and it is how we later recognise a drain as ours (never undrain someone else's).
+    return f"{incident_id}: {why}"[:200]
+
+
+def is_our_drain(reason: str, incident_id: str) -> bool:
+    return reason.startswith(f"{incident_id}:")
+
+
+def unrequeueable_reason(requeueable: bool, state: str, abnormal_ends: frozenset[str] = frozenset()) -> str | None:
+    """Why a job must not be requeued, or None. A job that ended abnormally (in
+    `abnormal_ends`: FAILED, NODE_FAIL...) is requeued like a running one; one that completed or
+    was cancelled ended as its owner meant."""
+    if not requeueable:
+        return "submitted with --no-requeue: Slurm may not restart it; resubmit it by hand"
+    if state in LIVE_JOB_STATES or state in abnormal_ends:
+        return None
+    if state == "PENDING":
+        return "job is PENDING again (requeued by someone else): nothing to requeue"
+    return f"ended {state} by itself during the incident: nothing to redo"
+
+
+@dataclass(frozen=True)
+class IncidentCost:
+    mttr_s: float | None
+    steps_lost: int
+    gpu_seconds_lost: float
+
+
+def incident_cost(
+    failure_at: datetime,
+    requeued: Iterable[RequeueResult],
+    resumed: Iterable[ResumedJob],
+    gpus_per_node: int,
+    capacity_back_at: datetime | None = None,
+) -> IncidentCost:
+    """MTTR and what the failure cost.
+
+    MTTR runs from the failure being observed to training making progress again: the moment the
+    last affected job was seen past its pre-failure checkpoint. With no job affected, it runs to
+    the moment capacity was back (node resumed or replacement joined).
+
+    GPU time lost per job = GPUs x (downtime + recomputation), where recomputation is the wall
+    time between the job's last checkpoint and the failure (work that has to be redone).
+    """
+    resumed_by_id = {r.job_id: r for r in resumed}
+    requeued = [r for r in requeued if r.requeued]
+    if not requeued:
+        mttr = (capacity_back_at - failure_at).total_seconds() if capacity_back_at else None
+        return IncidentCost(mttr_s=mttr, steps_lost=0, gpu_seconds_lost=0.0)
+    steps = 0
+    gpu_s = 0.0
+    ends: list[datetime] = []
+    for job in requeued:
+        if job.step_at_failure is not None and job.checkpoint_step is not None:
+            steps += max(0, job.step_at_failure - job.checkpoint_step)
+        back = resumed_by_id.get(job.job_id)
+        if back is None:
+            continue
+        ends.append(back.observed_at)
+        downtime = (back.observed_at - failure_at).total_seconds()
+        recompute = 0.0
+        if job.checkpoint_at is not None:
+            recompute = max(0.0, failure_at.timestamp() - job.checkpoint_at)
+        gpu_s += job.node_count * gpus_per_node * (downtime + recompute)
+    mttr = (max(ends) - failure_at).total_seconds() if ends else None
+    return IncidentCost(mttr_s=mttr, steps_lost=steps, gpu_seconds_lost=round(gpu_s, 1))

@@ -1,0 +1,359 @@
+"""Every word an incident says: stage outcomes, notifications, the timeline and the summary.
+
+The workflow decides; this module words it. Keeping the wording here (pure functions, no I/O)
+keeps the workflow thin and lets the CLI, the demo and the notifications say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from gpuheal.core.fleet import Placement, VersionedPolicy
+from gpuheal.core.job_policy import JobCost
+from gpuheal.core.jobs import RetryBudget, VerifyOutcome
+from gpuheal.core.models import (
+    ActionClass,
+    BorrowResult,
+    CheckpointAsk,
+    CheckpointOutcome,
+    CordonResult,
+    Decision,
+    DrainResult,
+    EarlierReplacement,
+    EvictResult,
+    HealthReport,
+    JobAccount,
+    JobFate,
+    JobList,
+    JobSnapshot,
+    KubeNodeRef,
+    Outcome,
+    RecordedDecision,
+    RemediationResult,
+    RequeueResult,
+    ResumedJob,
+    StageRecord,
+    UnrequeuedJob,
+)
+from gpuheal.core.policy import Plan
+
+# --- stage outcomes (the line each stage leaves in the UI's current details) ----------------
+
+
+def triaged(action: ActionClass, reason: str) -> str:
+    return f"{action.value}: {reason}"
+
+
+def admitted(version: VersionedPolicy | None, placement: Placement | None) -> str:
+    if version is None:
+        return ""
+    where = f"; pool {placement.pool}" + "".join(f", {d}" for d in placement.domains) if placement else ""
+    return f" [policy v{version.version}, mode {version.policy.mode}{where}]"
+
+
+def would_do(
+    node: str,
+    plan: Plan,
+    jobs: Sequence[JobSnapshot],
+    asks: Mapping[int, CheckpointAsk | None],
+    kube: KubeNodeRef | None,
+    reason: str,
+) -> list[str]:
+    """Observe mode: the actions the incident would take, in order, each one line."""
+    lines = []
+    for job in jobs:
+        ask = asks.get(job.job_id)
+        if ask is not None:
+            lines.append(f"would ask job {job.job_id} to checkpoint (SIG{ask.signal})")
+    if plan.drain:
+        lines.append(f"would drain {node} ({reason})")
+        if kube is not None:
+            lines.append(f"would cordon and taint Kubernetes node {kube.kube_node}, and evict its pods")
+    if plan.requeue:
+        for job in jobs:
+            lines.append(
+                f"would requeue job {job.job_id} ({job.name}, {job.user or '?'})"
+                + (f" excluding {node}" if plan.avoid_failed_node else "")
+            )
+    if plan.repair is ActionClass.REPLACE_NODE:
+        lines.append(f"would replace {node} through the provider")
+    elif plan.repair is not None:
+        lines.append(f"would {plan.repair.value.replace('_', ' ')} on {node}, then resume it after a health check")
+    return lines or [f"would leave {node} as it is"]
+
+
+def held(report: HealthReport, why: str) -> str:
+    return f"{report.describe()}: held, {why}"
+
+
+def escalated_state(node: str, drain: DrainResult | None, why: str) -> str:
+    drained = "drained; " if drain is not None and drain.drained_by_us else ""
+    return f"{drained}not replaced: {why}"
+
+
+def decided(d: RecordedDecision) -> str:
+    return f"{d.verdict} by {d.operator}: {d.reason}"
+
+
+def checkpoints(jobs: int, outcomes: Sequence[CheckpointOutcome]) -> str:
+    """The protect stage: per job, confirmed at step S after X s, no confirmation, or not signalled."""
+    if jobs == 0:
+        return "no job on the node"
+    parts = [f"job {o.job_id}: {o.detail}" for o in outcomes]
+    return "; ".join(parts) if parts else f"{jobs} job(s), none asks to be signalled"
+
+
+def not_signalled(job: JobSnapshot) -> CheckpointOutcome:
+    return CheckpointOutcome(
+        job_id=job.job_id,
+        signal=None,
+        confirmed=False,
+        detail="not signalled: it did not say it traps a signal (progress line signal=, or --signal=B:USR1)",
+    )
+
+
+def drained(result: DrainResult, why: str) -> str:
+    if result.already_drained:
+        return f"already drained: {result.previous_reason!r}"
+    return f"drained ({why})"
+
+
+def cordoned(result: CordonResult, no_execute: bool) -> str:
+    taints = "NoSchedule" + (" + NoExecute" if no_execute else "")
+    by_others = " (it was already cordoned by someone else)" if result.cordoned_by_others else ""
+    return f"cordoned, tainted {taints}{by_others}"
+
+
+def requeued(done: Sequence[RequeueResult], not_done: Sequence[UnrequeuedJob]) -> str:
+    return f"requeued {[r.job_id for r in done]}, not requeued {[u.job_id for u in not_done]}"
+
+
+def handed_over(accounts: Sequence[JobAccount], recoveries: Sequence[str]) -> str:
+    ended = [a for a in accounts if a.fate in (JobFate.ENDED, JobFate.NOT_REQUEUED)]
+    parts = [f"{len(recoveries)} job(s) to their recovery"] if recoveries else ["no job to recover"]
+    parts += [f"job {a.job_id} {a.fate.value}: {a.detail}" for a in ended]
+    return "; ".join(parts)
+
+
+def job_line(a: JobAccount) -> str:
+    """One job in the incident's record: what became of it."""
+    how = f"job {a.job_id} ({a.name}, {a.user or '?'}): {a.fate.value}"
+    if a.resumed is not None and a.resumed.progress_checked:
+        how += f", running again on {a.resumed.node} at step {a.resumed.step}"
+    elif a.resumed is not None:
+        how += f", running again on {a.resumed.node} (it publishes no progress: RUNNING is all that is checked)"
+    elif a.detail:
+        how += f": {a.detail}"
+    if a.caused_by_gpuheal:
+        how += " [gpuheal caused it]"
+    if a.joined:
+        how += f" [joined {a.recovery_id}]"
+    return how
+
+
+def verified(v: VerifyOutcome) -> str:
+    if v.resumed is not None and not v.resumed.progress_checked:
+        return f"running again on {v.resumed.node} (it publishes no progress)"
+    if v.resumed is not None:
+        return f"running again on {v.resumed.node}, step {v.resumed.step} > checkpoint {v.resumed.checkpoint_step}"
+    if v.outcome == "died":
+        return f"did not resume: it {v.state}" + (f" ({v.reason})" if v.reason and v.reason != "None" else "")
+    return f"did not resume by its deadline: {v.reason}"
+
+
+def budget_spent(b: RetryBudget) -> str:
+    return (
+        f"retry budget spent: requeued by gpuheal {b.used} times within {b.window_s / 3600:g} h "
+        f"(allowed {b.allowed}); held, not requeued; suspect nodes: {', '.join(b.suspects) or 'none'}"
+    )
+
+
+def owner_hit(job: JobSnapshot, what: Sequence[str], nodes: Sequence[str], requeue: RequeueResult) -> str:
+    risk = ""
+    if requeue.step_at_failure is not None and requeue.checkpoint_step is not None:
+        risk = (
+            f" Steps at risk: {max(0, requeue.step_at_failure - requeue.checkpoint_step)} "
+            f"(step {requeue.step_at_failure}, checkpoint at {requeue.checkpoint_step})."
+        )
+    return (
+        f"Your job {job.job_id} ({job.name}) was hit by a GPU failure: {'; '.join(what)}. "
+        f"It has been requeued to run again without {', '.join(nodes)}; gpuheal will tell you when it trains "
+        f"again.{risk}"
+    )
+
+
+def owner_running_again(job: JobSnapshot, v: ResumedJob, cost: JobCost) -> str:
+    return (
+        f"Your job {job.job_id} ({job.name}) is training again on {v.node}, at step {v.step} "
+        f"(checkpoint {v.checkpoint_step}). Lost: {cost.steps_lost} steps, {cost.gpu_seconds_lost:.0f} GPU-seconds."
+    )
+
+
+def owner_not_resumed(job: JobSnapshot, v: VerifyOutcome) -> str:
+    return f"Your job {job.job_id} ({job.name}) was requeued after a GPU failure but {verified(v)}. Please check it."
+
+
+def owner_held(job: JobSnapshot, nodes: Sequence[str], b: RetryBudget) -> str:
+    return (
+        f"Your job {job.job_id} ({job.name}) failed again on {', '.join(nodes)}. gpuheal has requeued it "
+        f"{b.used} times within {b.window_s / 3600:g} h, its retry budget, and has held it instead "
+        f"(release with: scontrol release {job.job_id}). Suspect nodes: {', '.join(b.suspects)}."
+    )
+
+
+def borrowed(got: BorrowResult, joined: str) -> str:
+    evicted = f"evicted {len(got.evicted)} inference pod(s)" if got.evicted else "no pod to evict"
+    return f"borrowed {got.node} from pool {got.from_pool} ({evicted}); {joined}"
+
+
+def given_back(node: str, jobs: int, left: JobList, released: str, back: str, by: Decision | None) -> str:
+    why = f"given back early by {by.operator}: {by.reason}; " if by else ""
+    stayed = f"; job(s) {[j.job_id for j in left.jobs]} still there at the deadline" if left.jobs else ""
+    return f"{why}{jobs} job(s) moved off {node}{stayed}; {released}; {back}"
+
+
+def awaiting_capacity(reason: str, waited_s: float, bound_s: float) -> str:
+    return f"no capacity: {reason}; waited {waited_s:.0f} s of {bound_s:.0f} s"
+
+
+def no_capacity_state(node: str, jobs: Sequence[JobAccount]) -> str:
+    waiting = [a.job_id for a in jobs if a.fate in (JobFate.REQUEUED, JobFate.UNKNOWN) and a.resumed is None]
+    tail = f"; job(s) {waiting} pending on the cluster without {node}" if waiting else ""
+    return f"{node} drained and out; replacement pending (no capacity){tail}"
+
+
+def evicted(result: EvictResult) -> str:
+    return (
+        f"evicted {len(result.evicted)}, kept {len(result.kept)} (DaemonSet/mirror), "
+        f"{result.retries_429} PDB retries"
+        + (f", deleted {list(result.deleted)}" if result.deleted else "")
+        + (f", BLOCKED {list(result.blocked)}" if result.blocked else "")
+    )
+
+
+def replaced(new_node: str, node: str) -> str:
+    return f"{new_node} joined in place of {node}"
+
+
+def replaced_earlier_state(e: EarlierReplacement) -> str:
+    return f"replaced earlier by {e.replacement_node}"
+
+
+def replaced_earlier(e: EarlierReplacement) -> str:
+    when = e.closed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        f"{e.node} is no longer in service: gpuheal replaced it by {e.replacement_node} in incident "
+        f"{e.incident_id} (run {e.run_id}, closed {when}); this late report changes nothing"
+    )
+
+
+def resumed(jobs: Sequence[ResumedJob]) -> str:
+    return "; ".join(f"job {r.job_id} at step {r.step} (> ckpt {r.checkpoint_step}) on {r.node}" for r in jobs)
+
+
+# --- node states at the close ---------------------------------------------------------------
+
+
+def aborted_node_state(node: str, drain: DrainResult | None) -> str:
+    if drain is None or not drain.drained_by_us:
+        return "untouched"
+    return f"drained by this incident; not replaced; release with: scontrol update nodename={node} state=resume"
+
+
+def blocked_node_state(blocked: Sequence[str]) -> str:
+    return f"drained and cordoned; pods {list(blocked)} still there; not replaced"
+
+
+def returned_repaired(detail: str) -> str:
+    return f"repaired, health check passed; {detail}"
+
+
+def left_drained(drain: DrainResult | None) -> str:
+    before = drain.previous_reason if drain else ""
+    return f"repaired, health check passed; left drained (drained before us: {before!r})"
+
+
+def returned_replaced(new_node: str, detail: str) -> str:
+    return f"replaced by {new_node}; {detail}"
+
+
+NOT_DRAINED = "in service (not drained)"
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+def remediating(report: HealthReport, action: ActionClass, reason: str) -> str:
+    return f"{report.describe()}: {action}. {reason}"
+
+
+def approval_needed(report: HealthReport, action: ActionClass | None, why: str, timeout_s: float, default: str) -> str:
+    return f"{report.describe()}: {action} awaits approval ({why}; default after {timeout_s:g} s: {default})"
+
+
+def abort_notice(d: RecordedDecision) -> str:
+    return f"remediation aborted by {d.operator}: {d.reason}"
+
+
+def closed_notice(outcome: Outcome, node_state: str, result: RemediationResult) -> str:
+    jobs = "".join(f"; {job_line(a)}" for a in result.jobs)
+    mttr = f", MTTR {result.mttr_s:.1f} s" if result.mttr_s is not None else ""
+    return f"{outcome}: {node_state}{mttr}{jobs}"
+
+
+# --- the timeline and the summary -----------------------------------------------------------
+
+
+def _bar(offset: float, duration: float, total: float, width: int) -> str:
+    start = int(offset / total * width) if total > 0 else 0
+    length = max(1, round(duration / total * width)) if total > 0 else 1
+    start = min(start, width - 1)
+    length = min(length, width - start)
+    return " " * start + "█" * length + " " * (width - start - length)
+
+
+def render_timeline(
+    stages: list[StageRecord], failure_at: datetime, end_at: datetime | None = None, width: int = 40
+) -> str:
+    """One row per stage, offsets from the failure being observed, bars to scale."""
+    done = [s for s in stages if s.ended_at is not None]
+    if not done:
+        return "(no stage finished yet)"
+    last = max([s.ended_at for s in done if s.ended_at] + ([end_at] if end_at else []))
+    total = (last - failure_at).total_seconds()
+    first = stages[0].started_at
+    rows = [f"{'stage':<18} {'start':>8} {'took':>8}  |{'timeline':<{width}}|"]
+    detect = (first - failure_at).total_seconds()
+    rows.append(f"{'detect+start':<18} {0.0:>7.1f}s {detect:>7.1f}s  |{_bar(0, detect, total, width)}|")
+    for s in done:
+        assert s.ended_at is not None
+        off = (s.started_at - failure_at).total_seconds()
+        dur = (s.ended_at - s.started_at).total_seconds()
+        rows.append(f"{s.stage.value:<18} {off:>7.1f}s {dur:>7.1f}s  |{_bar(off, dur, total, width)}|")
+    return "\n".join(rows)
+
+
+def render_result(result: RemediationResult, url: str | None = None) -> str:
+    lines = [
+        f"incident   {result.incident_id}  ({result.outcome}: {result.action.value})",
+        f"reason     {result.reason}",
+        f"node       {result.node_state}",
+    ]
+    for account in result.jobs:
+        lines.append(job_line(account))
+    if result.mttr_s is not None:
+        until = "training past its checkpoint" if result.jobs_resumed else "capacity back in service"
+        lines.append(f"MTTR       {result.mttr_s:.1f} s (failure observed -> {until})")
+    lines.append(f"lost       {result.steps_lost} steps, {result.gpu_seconds_lost:.0f} GPU-seconds")
+    if url:
+        lines.append(f"Temporal   {url}")
+    return "\n".join(lines)
+
+
+def ago(seconds: float) -> str:
+    """A duration as a person reads it at a glance: 45s, 12m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(0, seconds):.0f}s"

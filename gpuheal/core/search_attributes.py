@@ -1,0 +1,40 @@
+"""Custom search attributes that make incidents findable in the Temporal UI and CLI, e.g.
+``temporal workflow list --query 'NodeName="gpu01" AND Stage="approval"'``.
+
+This is the one list: the dev server registers them at start from
+``python -m gpuheal.core.search_attributes`` (infra/temporal/dev-server.sh), and the tests'
+time-skipping server from ``ALL``. On a production namespace, register them once with
+``temporal operator search-attribute create`` and the same names and types.
+"""
+
+from typing import Any
+
+from temporalio.common import SearchAttributeKey
+
+NODE = SearchAttributeKey.for_keyword("NodeName")
+CLUSTER = SearchAttributeKey.for_keyword("Cluster")
+XID = SearchAttributeKey.for_int("Xid")
+STAGE = SearchAttributeKey.for_keyword("Stage")
+ACTION = SearchAttributeKey.for_keyword("Action")
+JOB_ID = SearchAttributeKey.for_int("JobId")  # on job recoveries: `JobId=12` finds a job's history
+BORROWED = SearchAttributeKey.for_keyword("BorrowedNode")  # an incident's node borrowed from inference
+ALERT_KEYS = SearchAttributeKey.for_keyword_list("AlertKeys")  # fingerprint@startsAt of its alerts
+
+ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS)
+
+
+def type_name(key: SearchAttributeKey[Any]) -> str:
+    """The type as the temporal CLI spells it (Keyword, Int, ...)."""
+    return key.indexed_value_type.name.title().replace("_", "")
+
+
+def cli_flags() -> list[str]:
+    """`temporal server start-dev` flags that register every attribute."""
+    flags = []
+    for key in ALL:
+        flags += ["--search-attribute", f"{key.name}={type_name(key)}"]
+    return flags
+
+
+if __name__ == "__main__":
+    print(" ".join(cli_flags()))

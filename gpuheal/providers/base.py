@@ -1,0 +1,66 @@
+"""The provider interface: how a platform repairs a node or gets a new one.
+
+The workflow only says *what* (reset this GPU, replace that node); a provider knows *how* on one
+platform. Every method is idempotent per incident: it reads the current state (and its own
+record of what it did for the incident) before it acts, so a retried activity never takes a
+second spare. Long waits call :func:`clients.proc.heartbeat`, and the activities' timeouts come
+from ``RemediationSettings.provider_timeout_s``, the same bound a provider waits for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
+from gpuheal.core.settings import Settings
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+
+class NodeProvider(Protocol):
+    async def repair(self, node: str, action: ActionClass) -> RepairResult:
+        """Reset the GPU or reboot the node. ``repaired=False`` when the platform cannot."""
+        ...
+
+    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        """Bring a healthy node into the cluster in place of `node`; returns it once it serves.
+        Raises NoSpareCapacity when there is none to be had."""
+        ...
+
+    async def decommission(self, node: str, reason: str) -> str:
+        """Take `node` out of the cluster for good (it goes for repair or RMA)."""
+        ...
+
+    async def check_health(self, node: str) -> HealthCheckResult: ...
+
+    async def adopt(self, node: str) -> str:
+        """A node borrowed from inference joins Slurm (its slurmd runs); returns once it serves."""
+        ...
+
+    async def release(self, node: str, reason: str) -> str:
+        """A borrowed node leaves Slurm again (its jobs have moved off), for the inference side."""
+        ...
+
+
+class NoSpareCapacity(RuntimeError):
+    """No node to replace with, now."""
+
+
+@dataclass
+class ProviderContext:
+    """What a provider may use, built once by the worker."""
+
+    settings: Settings
+    slurm: SlurmBackend
+    kube: ApiClient | None = None  # the worker's Kubernetes identity, when Kubernetes is on
+
+
+def unsupported_repair(node: str, action: ActionClass, provider: str) -> RepairResult:
+    return RepairResult(
+        action=action,
+        repaired=False,
+        detail=f"{provider} provider cannot {action.value} {node} (set GPUHEAL_REPAIR_HOOK for that): replacing it",
+    )

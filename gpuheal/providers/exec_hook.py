@@ -1,0 +1,72 @@
+"""The exec hook: how a cloud API (or a site's own tooling) plugs in without a line of Python.
+
+``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT`` (prints
+``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be had),
+``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON``, ``HOOK health NODE`` (prints
+``{"healthy": true, "detail": "..."}``), and for nodes borrowed from inference ``HOOK adopt NODE``
+and ``HOOK release NODE REASON``. It must be idempotent per incident id: a retried
+activity calls it again. It runs under the provider timeout; on timeout its whole process group
+is killed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuheal.clients import proc
+from gpuheal.core.errors import SettingsError
+from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
+from gpuheal.providers.base import NoSpareCapacity, ProviderContext
+
+EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"
+
+
+class ExecHookProvider:
+    def __init__(self, hook: str, timeout_s: float) -> None:
+        self._hook = hook
+        self._timeout = timeout_s
+
+    async def _run(self, *args: str) -> dict[str, Any]:
+        done = await proc.run(
+            [self._hook, *args], timeout_s=self._timeout, check=False, what=f"provider hook {args[0]}"
+        )
+        out: dict[str, Any] = json.loads(done.stdout or "{}") if done.stdout.strip().startswith("{") else {}
+        if done.returncode == EX_TEMPFAIL and "no_capacity" in out:
+            raise NoSpareCapacity(str(out["no_capacity"]))
+        if done.returncode != 0:
+            raise RuntimeError(f"provider hook {args[0]} failed ({done.returncode}): {done.stderr[-500:]}")
+        return out
+
+    async def repair(self, node: str, action: ActionClass) -> RepairResult:
+        out = await self._run("repair", check_node_name(node), action.value)
+        return RepairResult(action=action, repaired=True, detail=str(out.get("message", "repaired")))
+
+    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        out = await self._run("replace", check_node_name(node), incident_id)
+        return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])))
+
+    async def decommission(self, node: str, reason: str) -> str:
+        return str((await self._run("decommission", check_node_name(node), reason)).get("message", "removed"))
+
+    async def adopt(self, node: str) -> str:
+        return str((await self._run("adopt", check_node_name(node))).get("message", "joined"))
+
+    async def release(self, node: str, reason: str) -> str:
+        return str((await self._run("release", check_node_name(node), reason)).get("message", "released"))
+
+    async def check_health(self, node: str) -> HealthCheckResult:
+        out = await self._run("health", check_node_name(node))
+        return HealthCheckResult(node=node, healthy=bool(out["healthy"]), detail=str(out.get("detail", "")))
+
+
+def build(ctx: ProviderContext) -> ExecHookProvider:
+    if not ctx.settings.provider_hook:
+        raise SettingsError("GPUHEAL_PROVIDER=exec needs GPUHEAL_PROVIDER_HOOK (the hook's path)")
+    return ExecHookProvider(ctx.settings.provider_hook, ctx.settings.remediation.provider_timeout_s)
+
+
+def repair_hook(ctx: ProviderContext) -> ExecHookProvider | None:
+    """The hook for GPU resets and reboots on platforms that have no API for them."""
+    hook = ctx.settings.repair_hook
+    return ExecHookProvider(hook, ctx.settings.remediation.provider_timeout_s) if hook else None

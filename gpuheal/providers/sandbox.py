@@ -1,0 +1,214 @@
+"""The sandbox provider: plays the cloud for the local Slurm sandbox (infra/slurm/sandbox.sh).
+
+A replacement is a spare node (State=FUTURE in the sandbox's slurm.conf) whose slurmd it starts;
+a GPU reset clears the sandbox's simulated fault; a reboot restarts the node's slurmd. With
+Kubernetes on, it is also the node group: a replacement gets a kwok Node in the failed node's
+pool, and a removed node's Node object is deleted.
+
+It is never a default: the worker uses it only with GPUHEAL_PROVIDER=sandbox and both
+GPUHEAL_SLURM_DIR and GPUHEAL_SANDBOX_SCRIPT set (the demo and the tests set them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuheal.clients import kube, proc
+from gpuheal.clients.slurm import SlurmBackend, SlurmError
+from gpuheal.core.errors import SettingsError
+from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
+from gpuheal.providers.base import NoSpareCapacity, ProviderContext
+
+NOT_RESPONDING_GRACE_S = 10.0
+
+
+def kwok_node(name: str, pool: str) -> client.V1Node:
+    """A Node that kwok keeps Ready (the annotation is kwok's selector in infra/k8s/cluster.sh)."""
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            labels={kube.POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"},
+            annotations={"kwok.x-k8s.io/node": "fake"},
+        )
+    )
+
+
+class SandboxProvider:
+    """Spare-node replacement and simulated GPU reset/reboot on the Slurm sandbox."""
+
+    def __init__(
+        self, slurm: SlurmBackend, sandbox_dir: Path, script: Path, root: Path | None = None, timeout_s: float = 120
+    ) -> None:
+        self._slurm = slurm
+        self._dir = sandbox_dir
+        self._script = script
+        self._root = root
+        self._timeout = timeout_s
+        self._record = sandbox_dir / "provider" / "replacements.json"
+        self.fault_dir = sandbox_dir / "faults"
+
+    # --- sandbox process control ---------------------------------------------------------
+
+    async def _sandbox(self, verb: str, node: str) -> None:
+        where = [f"GPUHEAL_SLURM_DIR={self._dir}", f"GPUHEAL_SLURM_ROOT={self._root or ''}"]
+        await proc.run(
+            ["env", *where, str(self._script), verb, check_node_name(node)],
+            timeout_s=self._timeout,
+            what=f"sandbox.sh {verb} {node}",
+        )
+
+    async def _wait_serving(self, node: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = (await self._slurm.nodes()).get(node)
+            if info and info.state in {"idle", "mixed", "allocated"} and "NOT_RESPONDING" not in info.flags:
+                return
+            proc.heartbeat(f"waiting for {node} to register with slurmctld")
+            await asyncio.sleep(0.25)
+        raise SlurmError(f"node {node} did not register with slurmctld within {timeout_s:.0f} s")
+
+    def spares(self) -> list[str]:
+        """FUTURE nodes of the sandbox's slurm.conf (not its inference nodes), less those its "cloud" has run out of
+        (provider/out-of-stock, one name per line, `*` for all: how a test makes capacity run out)."""
+        conf = (self._dir / "slurm.conf").read_text()
+        defined = re.findall(r"^NodeName=(\S+) (?!.*Features=inference).*State=FUTURE", conf, flags=re.M)
+        stock = self._dir / "provider" / "out-of-stock"
+        gone = set(stock.read_text().split()) if stock.exists() else set()
+        return [] if "*" in gone else [n for n in defined if n not in gone]
+
+    def _load(self) -> dict[str, str]:
+        loaded: dict[str, str] = json.loads(self._record.read_text()) if self._record.exists() else {}
+        return loaded
+
+    # --- NodeProvider --------------------------------------------------------------------
+
+    async def repair(self, node: str, action: ActionClass) -> RepairResult:
+        # The sandbox's "GPU" is healthy again once its fault marker is gone.
+        (self.fault_dir / node).unlink(missing_ok=True)
+        if action == ActionClass.REBOOT_NODE:
+            await self._sandbox("stop-node", node)
+            await self._sandbox("start-node", node)
+            await self._wait_serving(node)
+            return RepairResult(
+                action=action, repaired=True, detail=f"rebooted {node} (slurmd restarted, GPU fault cleared)"
+            )
+        return RepairResult(action=action, repaired=True, detail=f"reset the GPUs of {node} (GPU fault cleared)")
+
+    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        new, already = await self._choose_spare(node, incident_id)
+        await self._start_spare(new)
+        return ReplacementResult(failed_node=node, new_node=new, already_done=already)
+
+    async def _choose_spare(self, node: str, incident_id: str) -> tuple[str, bool]:
+        record = self._load()
+        new = record.get(incident_id)
+        already = new is not None
+        if new is None:
+            in_service = await self._slurm.nodes()
+            used = set(record.values())
+            free = [s for s in self.spares() if s not in in_service and s not in used and s != node]
+            if not free:
+                raise NoSpareCapacity(f"no spare node left to replace {node}")
+            new = free[0]
+            # Record the choice before acting: a retry after a crash reuses this spare.
+            record[incident_id] = new
+            self._record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1))
+            tmp.replace(self._record)
+        return new, already
+
+    async def _start_spare(self, new: str) -> None:
+        await self._sandbox("start-node", new)
+        await self._wait_serving(new)
+
+    async def adopt(self, node: str) -> str:
+        await self._sandbox("start-node", node)
+        await self._wait_serving(node)
+        return f"{node} joined Slurm"
+
+    async def release(self, node: str, reason: str) -> str:
+        return await self._leave_slurm(node, reason)  # the Node stays: it goes back to inference
+
+    async def decommission(self, node: str, reason: str) -> str:
+        return await self._leave_slurm(node, reason)
+
+    async def _leave_slurm(self, node: str, reason: str) -> str:
+        await self._sandbox("stop-node", node)
+        if node not in await self._slurm.nodes():
+            return f"{node} already out of the cluster"
+        # A node with jobs cannot go straight to FUTURE; DOWN ends what still runs there
+        # (only jobs that could not be requeued, and those are in the incident's result).
+        await self._slurm.update_node(node, "down", reason)
+        await self._slurm.update_node(node, "future")
+        return f"{node} left the cluster (State=FUTURE)"
+
+    async def check_health(self, node: str) -> HealthCheckResult:
+        info = (await self._slurm.nodes()).get(node)
+        # slurmctld marks a node it has just been asked about (a resume, a drain right after one)
+        # not responding until its ping comes back, a fraction of a second: wait that out.
+        deadline = time.monotonic() + NOT_RESPONDING_GRACE_S
+        while info is not None and "NOT_RESPONDING" in info.flags and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            info = (await self._slurm.nodes()).get(node)
+        if info is None:
+            return HealthCheckResult(node=node, healthy=False, detail="not in service")
+        if "NOT_RESPONDING" in info.flags or info.state == "down":
+            return HealthCheckResult(node=node, healthy=False, detail=f"slurmd state {info.state}")
+        if (self.fault_dir / node).exists():
+            return HealthCheckResult(node=node, healthy=False, detail="GPU fault still present")
+        return HealthCheckResult(node=node, healthy=True, detail="slurmd responding, GPUs healthy")
+
+
+class KubeSandboxProvider(SandboxProvider):
+    """The sandbox provider with Kubernetes on: it also plays the node group (kwok Nodes)."""
+
+    def __init__(
+        self, slurm: SlurmBackend, sandbox_dir: Path, script: Path, root: Path | None, core: client.CoreV1Api
+    ) -> None:
+        super().__init__(slurm, sandbox_dir, script, root)
+        self._core = core
+
+    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+        new, already = await self._choose_spare(node, incident_id)
+        failed = await kube.call(self._core.read_node, node)
+        pool = (failed.metadata.labels or {}).get(kube.POOL_LABEL, "default")
+        try:
+            await kube.call(self._core.create_node, kwok_node(new, pool))
+        except ApiException as err:
+            if err.status != 409:  # created by an earlier attempt
+                raise
+        await kube.wait_node_ready(self._core, new)
+        await self._start_spare(new)  # the new node's slurmd joins Slurm
+        return ReplacementResult(failed_node=node, new_node=new, already_done=already)
+
+    async def decommission(self, node: str, reason: str) -> str:
+        msg = await super().decommission(node, reason)
+        try:
+            await kube.call(self._core.delete_node, node)
+            return msg + f"; Kubernetes node {node} deleted"
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            return msg + f"; Kubernetes node {node} already gone"
+
+
+def build(ctx: ProviderContext) -> SandboxProvider:
+    s = ctx.settings
+    if s.sandbox_dir is None or s.sandbox_script is None:
+        raise SettingsError(
+            "GPUHEAL_PROVIDER=sandbox needs GPUHEAL_SLURM_DIR (the sandbox's directory) and "
+            "GPUHEAL_SANDBOX_SCRIPT (infra/slurm/sandbox.sh): it drives the local sandbox only"
+        )
+    if ctx.kube is None:
+        return SandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script, s.sandbox_root)
+    # The sandbox's node group is the platform, not the worker: it may create Nodes.
+    platform = kube.load_api(s.sandbox_kubeconfig) if s.sandbox_kubeconfig else ctx.kube
+    return KubeSandboxProvider(ctx.slurm, s.sandbox_dir, s.sandbox_script, s.sandbox_root, client.CoreV1Api(platform))
