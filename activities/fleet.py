@@ -27,10 +27,8 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.core import ids
 from gpuheal.core.fleet import (
-    COORDINATOR_WORKFLOW,
-    DOMAIN_INCIDENT_WORKFLOW,
-    Admission,
     AdmitAnswer,
     AdmitAsk,
     AdmitRequest,
@@ -43,13 +41,23 @@ from gpuheal.core.fleet import (
     FleetPolicy,
     Placement,
     ReleaseRequest,
-    coordinator_id,
+)
+from gpuheal.core.messages import (
+    COORDINATOR,
+    DOMAIN_INCIDENT,
+    FLEET_ADMIT,
+    FLEET_CONFIRM,
+    FLEET_DOMAIN_DECISION,
+    FLEET_RELEASE,
+    FLEET_REQUEST_CAPACITY,
+    Update,
 )
 from gpuheal.core.models import NodeInfo, RemediationSettings
 
 MAX_IN_FLIGHT_UPDATES = 8
 PLACEMENT_TTL_S = 10.0
-T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
+O = TypeVar("O")  # noqa: E741
 
 
 class FleetActivities:
@@ -88,17 +96,15 @@ class FleetActivities:
             seed=self._seed,
         )
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            COORDINATOR_WORKFLOW,
+            COORDINATOR.name,
             CoordinatorInput(cluster=ask.cluster, seed=self._seed),
-            id=coordinator_id(ask.cluster),
+            id=ids.coordinator_id(ask.cluster),
             task_queue=activity.info().task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"Fleet coordinator of cluster {ask.cluster}: policy, disruption budget, circuit breaker",
         )
         async with self._in_flight:
-            admission: Admission = await activity.client().execute_update_with_start_workflow(
-                "admit", req, start_workflow_operation=start, result_type=Admission
-            )
+            admission = await FLEET_ADMIT.execute_with_start(activity.client(), req, start)
         return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
 
     async def _listings(self) -> tuple[dict[str, NodeInfo], dict[str, dict[str, str]]]:
@@ -135,32 +141,31 @@ class FleetActivities:
                     domains[f"{key}={mine[key]}"] = size
         return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
 
-    async def _update(self, cluster: str, name: str, arg: object, result_type: type[T]) -> T:
+    async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:
         """One update of the cluster's coordinator, within this worker's share of its in-flight limit."""
-        handle = activity.client().get_workflow_handle(coordinator_id(cluster))
+        handle = activity.client().get_workflow_handle(ids.coordinator_id(cluster))
         async with self._in_flight:
-            answer: T = await handle.execute_update(name, arg, result_type=result_type)
-        return answer
+            return await update.execute(handle, arg)
 
     @implements(act.REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
-        return await self._update(req.cluster, "request_capacity", req, CapacityDecision)
+        return await self._update(req.cluster, FLEET_REQUEST_CAPACITY, req)
 
     @implements(act.CONFIRM_CAPACITY)
     async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:
         """Before a replacement: does the grant still stand (no breaker tripped, no domain
         incident opened since)?"""
-        return await self._update(req.cluster, "confirm", req, CapacityDecision)
+        return await self._update(req.cluster, FLEET_CONFIRM, req)
 
     @implements(act.RELEASE_CAPACITY)
     async def release_capacity(self, req: ReleaseRequest) -> str:
-        return await self._update(req.cluster, "release", req.incident_id, str)
+        return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:
         try:
             await activity.client().start_workflow(
-                DOMAIN_INCIDENT_WORKFLOW,
+                DOMAIN_INCIDENT.name,
                 DomainIncidentInput(cluster=incident.cluster, incident=incident),
                 id=incident.incident_id,
                 task_queue=activity.info().task_queue,
@@ -173,4 +178,4 @@ class FleetActivities:
 
     @implements(act.DECIDE_DOMAIN)
     async def decide_domain(self, d: DomainDecisionFor) -> str:
-        return await self._update(d.cluster, "domain_decision", d.decision, str)
+        return await self._update(d.cluster, FLEET_DOMAIN_DECISION, d.decision)

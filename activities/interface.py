@@ -4,8 +4,9 @@ The workflows call activities through these references (``workflow.execute_activ
 typed by ``Activity[I, O]``), so it never imports the implementations and with them the Slurm,
 Kubernetes and HTTP clients. The implementations (activities/remediation.py,
 activities/kubernetes.py) and the tests' stand-ins (tests/fakes.py) declare themselves with
-``@implements(REF)``; tests/test_activity_interface.py checks that every implementation's
-signature matches its reference.
+``@implements(REF)``; tests/test_layers.py checks that every implementation's signature
+matches its reference. The workflows' own names and messages are declared the same way, in
+gpuheal.core.messages.
 """
 
 from __future__ import annotations

@@ -22,14 +22,12 @@ from gpuheal.activities.interface import implements
 from gpuheal.clients.owners import OwnerNotifier
 from gpuheal.clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core import job_policy, policy
+from gpuheal.core import ids, policy, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import NOT_RESUMED
 from gpuheal.core.jobs import (
     ABNORMAL_ENDS,
     ENDED_STATES,
-    JOB_RECOVERY_WORKFLOW,
-    JOIN_SIGNAL,
     HoldRequest,
     JobHistory,
     JobHistoryRequest,
@@ -42,6 +40,7 @@ from gpuheal.core.jobs import (
     VerifyJobRequest,
     VerifyOutcome,
 )
+from gpuheal.core.messages import JOB_RECOVERY, RECOVERY_JOIN
 from gpuheal.core.models import (
     REQUEUE_STATES,
     CheckpointOutcome,
@@ -280,14 +279,14 @@ class JobActivities:
         id is used once (REJECT_DUPLICATE): a retry after the recovery ended gets its result."""
         client = activity.client()
         cluster = join.cluster
-        recovery_id = job_policy.recovery_id(cluster, join.job)
+        recovery_id = ids.recovery_id(cluster, join.job)
         try:
             await client.start_workflow(
-                JOB_RECOVERY_WORKFLOW,
+                JOB_RECOVERY.name,
                 JobRecoveryInput(cluster=cluster, job_id=join.job.job_id, settings=self._recovery),
                 id=recovery_id,
                 task_queue=activity.info().task_queue,
-                start_signal=JOIN_SIGNAL,
+                start_signal=RECOVERY_JOIN.name,
                 start_signal_args=[join],
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 search_attributes=TypedSearchAttributes(
@@ -306,9 +305,11 @@ class JobActivities:
     @implements(act.JOB_RECOVERY_HISTORY)
     async def job_recovery_history(self, req: JobHistoryRequest) -> JobHistory:
         """The job's recoveries since `since`, from Temporal's visibility (their memos)."""
-        query = (
-            f'WorkflowType="{JOB_RECOVERY_WORKFLOW}" AND Cluster="{req.cluster}" AND JobId={req.job_id} '
-            f'AND StartTime > "{req.since.astimezone(UTC).isoformat()}"'
+        query = queries.where(
+            queries.of_type(JOB_RECOVERY),
+            queries.eq(sa.CLUSTER, req.cluster),
+            queries.eq(sa.JOB_ID, req.job_id),
+            queries.after(queries.START_TIME, req.since.astimezone(UTC)),
         )
         found = []
         async for execution in activity.client().list_workflows(query):

@@ -17,9 +17,10 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.notify import Notifier
 from gpuheal.clients.slurm import NodeOutOfService, SlurmBackend, UnknownNode
-from gpuheal.core import policy
+from gpuheal.core import policy, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.messages import INCIDENT
 from gpuheal.core.models import (
     ActionClass,
     BorrowedNode,
@@ -67,15 +68,16 @@ class RemediationActivities:
         """For a node Slurm no longer has in service: the last incident of it that replaced it,
         from Temporal (visibility, then that run's result), so a late report can say so."""
         client = activity.client()
-        query = (
-            f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND {sa.CLUSTER.name}="{ref.cluster}" '
-            f'AND {sa.NODE.name}="{ref.node}" AND {sa.ACTION.name}="{ActionClass.REPLACE_NODE.value}" '
-            'AND ExecutionStatus="Completed"'
+        query = queries.where(
+            queries.of_type(INCIDENT),
+            queries.eq(sa.CLUSTER, ref.cluster),
+            queries.eq(sa.NODE, ref.node),
+            queries.eq(sa.ACTION, ActionClass.REPLACE_NODE.value),
+            queries.status("Completed"),
         )
         # Most recently closed first: visibility's documented default order (as already_handled).
         async for wf in client.list_workflows(query, limit=20):
-            handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=RemediationResult)
-            result = await handle.result()
+            result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
             if result.replacement_node:
                 earlier = EarlierReplacement(
                     node=ref.node,

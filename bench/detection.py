@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy
+from gpuheal.core import ids
 from gpuheal.core.settings import Settings
 from infra.sandbox import REPO, RUN
 from infra.sandbox.monitoring import Monitoring
@@ -53,7 +53,7 @@ async def measure(sb: Sandbox, client: Client, node: str, direct: bool, settle_s
         t0 = datetime.now(UTC)
         with kmsg.open("a") as f:
             f.write(LINE)
-        handle = client.get_workflow_handle(policy.workflow_id(sb.cluster, node))
+        handle = client.get_workflow_handle(ids.incident_id(sb.cluster, node))
         for _ in range(1200):
             try:
                 desc = await handle.describe()
@@ -88,7 +88,7 @@ async def main() -> int:
     sb = Sandbox.named("detect", RUN / "detect", cluster="detect")
     sb.stop_temporal()  # incidents left by an earlier run (maybe of older code) must not join this one
     sb.start_temporal(fresh=True)
-    client = await connect(Settings.from_env(sb.env()))
+    client = await connect(Settings.from_env(sb.env()).temporal)
     webhook = sb.start_webhook()
     rows = []
     try:

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from temporalio.client import Client
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy
+from gpuheal.core import ids
 from gpuheal.core.models import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
@@ -79,7 +79,7 @@ async def gpuheal_run(sb: Sandbox, client: Client) -> RemediationResult:
     sb.inject_gpu_fault(node)
     status, body = sb.post_alert(sb.alertmanager_payload(node, 79))
     assert status == 200, body
-    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, policy.workflow_id(sb.cluster, node))
+    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, ids.incident_id(sb.cluster, node))
     result = await asyncio.wait_for(follow(handle, echo=False), 300)
     resumed = [r for r in result.jobs_resumed if r.job_id == job]
     assert resumed and node not in resumed[0].node, result
@@ -127,7 +127,7 @@ async def main() -> int:
     sb.start_slurm(clean=True)
     sb.stop_temporal()  # incidents left by an earlier run (maybe of older code) must not join this one
     sb.start_temporal(fresh=True)
-    client = await connect(Settings.from_env(sb.env()))
+    client = await connect(Settings.from_env(sb.env()).temporal)
     worker, webhook = sb.start_worker(), sb.start_webhook()
     results: list[RemediationResult] = []
     floors: list[float] = []

@@ -74,7 +74,7 @@ async def timed(runs: int, fn: Callable[[], Awaitable[Any]], counter: Callable[[
 
 async def measure_after(sb: Sandbox, runs: int) -> dict[str, tuple[list[float], float]]:
     settings = Settings.from_env(sb.env())
-    slurm = build_slurm(settings)
+    slurm = build_slurm(settings.slurm)
     acts = RemediationActivities(slurm, provider=None, notifier=LogNotifier(), on_closed=lambda r: None)  # type: ignore[arg-type]
     ref = NodeRef(cluster="bench", node="gpu02", incident_id="gpuheal-bench-gpu02")
     drain = DrainRequest(node=ref, reason="gpuheal-bench-gpu02: benchmark")

@@ -33,8 +33,12 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
-from gpuheal.core.fleet import FleetStatus, coordinator_id
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import FleetStatus
+from gpuheal.core.messages import FLEET_STATUS, INCIDENT
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -81,10 +85,7 @@ def node_names(n: int) -> list[str]:
 
 async def fleet(client: Client, cluster: str) -> FleetStatus | None:
     try:
-        status: FleetStatus = await client.get_workflow_handle(coordinator_id(cluster)).query(
-            "status", result_type=FleetStatus
-        )
-        return status
+        return await FLEET_STATUS.ask(client.get_workflow_handle(ids.coordinator_id(cluster)))
     except Exception:
         return None
 
@@ -95,7 +96,7 @@ async def decided(client: Client, cluster: str) -> tuple[int, FleetStatus | None
     if s is None:
         return 0, None
     closed = await client.count_workflows(
-        f'WorkflowType="GpuRemediation" AND Cluster="{cluster}" AND ExecutionStatus!="Running"'
+        queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.not_status("Running"))
     )
     return len(s.out_of_service) + len(s.held) + closed.count, s
 
@@ -128,7 +129,7 @@ async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
     scheduled: dict[int, datetime] = {}
     async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if e.activity_task_scheduled_event_attributes.activity_type.name == "request_capacity":
+            if e.activity_task_scheduled_event_attributes.activity_type.name == act.REQUEST_CAPACITY.name:
                 scheduled[e.event_id] = e.event_time.ToDatetime()
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             at = scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
@@ -143,7 +144,7 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
     sb.stop_temporal()
     sb.start_temporal(fresh=True)
     settings = Settings.from_env(sb.env())
-    client = await connect(settings)
+    client = await connect(settings.temporal)
     worker = sb.start_worker()
     run = Run(name, len(nodes))
     cluster = settings.require_cluster()
@@ -180,15 +181,16 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
         run.worker_mb = peak_rss_mb(worker.pid)
         run.temporal_mb = peak_rss_mb(int((sb.root / "temporal" / "server.pid").read_text()))
-        coordinator = client.get_workflow_handle(coordinator_id(cluster))
+        coordinator = client.get_workflow_handle(ids.coordinator_id(cluster))
         info = (await coordinator.describe()).raw_description.workflow_execution_info
         run.history_events, run.history_kb = info.history_length, info.history_size_bytes / 1024
-        run.coordinator_runs = (await client.count_workflows(f'WorkflowId="{coordinator.id}"')).count
+        runs = queries.where(queries.eq(queries.WORKFLOW_ID, coordinator.id))  # each continue-as-new is a run
+        run.coordinator_runs = (await client.count_workflows(runs)).count
         gate = asyncio.Semaphore(16)
 
         async def latency(node: str) -> None:
             async with gate:
-                ms = await grant_latency_ms(client, f"gpuheal-{cluster}-{node}")
+                ms = await grant_latency_ms(client, ids.incident_id(cluster, node))
                 if ms is not None:
                     run.grants_ms.append(ms)
 

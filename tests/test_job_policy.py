@@ -71,14 +71,6 @@ def test_the_retry_budget_counts_gpuheals_requeues_and_names_the_suspects() -> N
     assert job_policy.retry_budget(third, allowed=3, window_s=86400, failing_now=[]).spent
 
 
-def test_one_recovery_per_failure_of_a_job() -> None:
-    a = job(submit_time=1796000000, restart_count=0)
-    assert job_policy.recovery_id("prod", a) == "gpuheal-prod-job-12-1796000000-r0"
-    assert job_policy.recovery_id("prod", a) != job_policy.recovery_id(
-        "prod", a.model_copy(update={"restart_count": 1})
-    )
-
-
 @pytest.mark.parametrize(
     ("state", "requeueable", "recoverable"),
     [("FAILED", True, True), ("NODE_FAIL", True, True), ("COMPLETED", True, False), ("FAILED", False, False)],

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from gpuheal.core.models import Decision, HealthReport
+from gpuheal.core.models import Decision, HealthReport, NodeState, RemediationResult
 from gpuheal.core.progress import format_progress, parse_progress
 
 NOW = datetime.now(UTC)
@@ -62,3 +62,26 @@ def test_progress_carries_the_jobs_opt_in_signal_and_where_to_tell_its_owner() -
 @pytest.mark.parametrize("comment", [None, "", "user comment", "gpuheal step=x ckpt=1", "gpuheal ckpt=3"])
 def test_progress_that_does_not_follow_the_contract_is_none(comment: str | None) -> None:
     assert parse_progress(comment) is None
+
+
+def test_a_result_closed_before_node_states_were_named_still_reads() -> None:
+    """`gpuheal incidents` and `postmortem` read results recorded by the release before: their
+    node_state held the words, which become the detail."""
+    closed = {
+        "incident_id": "gpuheal-c-gpu01",
+        "cluster": "c",
+        "node": "gpu01",
+        "action": "replace_node",
+        "outcome": "resolved",
+        "reason": "XID 79",
+        "node_state": "replaced by gpu04; gpu01 left the cluster (State=FUTURE)",
+        "failure_observed_at": "2026-11-30T01:00:00Z",
+        "closed_at": "2026-11-30T01:00:09Z",
+        "stages": [],
+        "reports": [],
+    }
+    old = RemediationResult.model_validate(closed)
+    assert old.node_state == NodeState.UNKNOWN
+    assert old.node_detail == "replaced by gpu04; gpu01 left the cluster (State=FUTURE)"
+    new = RemediationResult.model_validate({**closed, "node_state": "replaced", "node_detail": "replaced by gpu04"})
+    assert new.node_state == NodeState.REPLACED and new.node_detail == "replaced by gpu04"

@@ -134,7 +134,3 @@ def test_incident_cost_without_jobs_measures_capacity() -> None:
     cost = policy.incident_cost(T0, [], [], 8, capacity_back_at=T0 + timedelta(seconds=12))
     assert cost.mttr_s == 12
     assert cost.steps_lost == 0
-
-
-def test_workflow_id_is_per_node() -> None:
-    assert policy.workflow_id("prod", "gpu01") == "gpuheal-prod-gpu01"

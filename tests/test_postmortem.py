@@ -6,7 +6,15 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
 from gpuheal.core import postmortem
-from gpuheal.core.models import ActionClass, HealthReport, RecordedDecision, RemediationResult, Stage, StageRecord
+from gpuheal.core.models import (
+    ActionClass,
+    HealthReport,
+    NodeState,
+    RecordedDecision,
+    RemediationResult,
+    Stage,
+    StageRecord,
+)
 
 T0 = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 
@@ -26,7 +34,8 @@ def record() -> postmortem.Record:
         action=ActionClass.REPLACE_NODE,
         outcome="resolved",
         reason="XID 79: <GPU> fell off the bus",
-        node_state="replaced by gpu20",
+        node_state=NodeState.REPLACED,
+        node_detail="replaced by gpu20",
         failure_observed_at=T0,
         closed_at=T0 + timedelta(seconds=80),
         stages=stages,

@@ -15,7 +15,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from gpuheal.clients.temporal import DATA_CONVERTER
-from gpuheal.workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
+from gpuheal.workflows.domain import DomainIncidentWorkflow
+from gpuheal.workflows.fleet import FleetCoordinator
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 

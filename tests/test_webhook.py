@@ -8,8 +8,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
+from gpuheal.core import ids
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import AlreadyHandled
 from gpuheal.triggers.webhook import make_app
 
 TOKEN = "s3cret-token"
@@ -24,7 +26,7 @@ def body(status: str = "firing", **labels: str) -> dict[str, Any]:
 async def client_for(started: list[HealthReport], **kw: Any) -> TestClient[Any, Any]:
     async def start(report: HealthReport) -> str:
         started.append(report)
-        return f"gpuheal-{report.cluster}-{report.node}"
+        return ids.incident_id(report.cluster, report.node)
 
     app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start, **kw)
     client = TestClient(TestServer(app))
@@ -86,6 +88,25 @@ async def test_rate_limit() -> None:
         assert codes == [200, 200, 429]
     finally:
         await client.close()
+
+
+async def test_an_alert_already_handled_names_its_incident_and_starts_nothing() -> None:
+    started: list[HealthReport] = []
+
+    async def handled(report: HealthReport) -> AlreadyHandled:
+        return AlreadyHandled(incident_id=ids.incident_id(report.cluster, "gpu01"), run_id="r1", why="the same alert")
+
+    client = await client_for(started, handled=handled)
+    try:
+        resp = await client.post("/alertmanager", json=body(), headers=AUTH)
+        assert resp.status == 200
+        answer = await resp.json()
+    finally:
+        await client.close()
+    (skipped,) = answer["already_handled"]
+    assert (skipped["by"], skipped["run_id"]) == ("gpuheal-c1-gpu01", "r1")
+    assert skipped["why"] == "gpuheal-c1-gpu01 (the same alert)" and "gpu01" in skipped["report"]
+    assert answer["started_or_joined"] == [] and started == []
 
 
 async def test_a_give_back_alert_asks_the_borrowing_incident_and_starts_nothing() -> None:

@@ -18,13 +18,16 @@ from temporalio.worker import Worker
 from gpuheal.clients.temporal import DATA_CONVERTER
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import FleetPolicy, GrantNotice
+from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
 from gpuheal.core.models import (
+    POLICY_OPERATOR,
     ActionClass,
     ApprovalPolicy,
     Decision,
     EarlierReplacement,
     HealthReport,
     JobFate,
+    NodeState,
     RemediationResult,
     Stage,
 )
@@ -181,8 +184,9 @@ async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnv
         await handle.execute_update(GpuRemediationWorkflow.abort, Decision(operator="bob", reason="false alarm"))
         result = await handle.result()
     assert result.outcome == "aborted" and result.reason == "false alarm"
-    assert "drained by this incident; not replaced" in result.node_state
-    assert "state=resume" in result.node_state
+    assert result.node_state == NodeState.DRAINED
+    assert "drained by this incident; not replaced" in result.node_detail
+    assert "state=resume" in result.node_detail
     assert not {"replace", "requeue:7", "checkpoint"} & set(fake.calls)
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]  # accounted for, left running
     assert "notify:aborted" in fake.calls
@@ -210,7 +214,7 @@ async def test_approval_timeout_falls_back_to_the_default(env: WorkflowEnvironme
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == outcome
     assert result.decision is not None and result.decision.by_timeout
-    assert result.decision.operator == "gpuheal-policy"
+    assert result.decision.operator == POLICY_OPERATOR
     approval_stage = next(st for st in result.stages if st.stage == Stage.APPROVAL)
     assert approval_stage.duration_s is not None and approval_stage.duration_s >= 900
 
@@ -220,7 +224,7 @@ async def test_approve_by_signal(env: WorkflowEnvironment) -> None:
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.APPROVAL)
-        await handle.signal("approve", Decision(operator="carol", reason="ok"))
+        await INCIDENT_APPROVE_SIGNAL.send(handle, Decision(operator="carol", reason="ok"))
         result = await handle.result()
     assert result.outcome == "resolved" and result.decision is not None
     assert result.decision.operator == "carol"
@@ -250,7 +254,8 @@ async def test_reset_then_resume_after_health_check(env: WorkflowEnvironment) ->
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(95))).result()
     assert fake.calls.index("health") < fake.calls.index("resume")
-    assert "health check passed" in result.node_state and result.replacement_node is None
+    assert result.node_state == NodeState.RETURNED
+    assert "health check passed" in result.node_detail and result.replacement_node is None
 
 
 async def test_a_provider_that_cannot_repair_replaces_instead(env: WorkflowEnvironment) -> None:
@@ -274,7 +279,8 @@ async def test_no_spare_waits_for_capacity_within_its_bound_then_closes_no_capac
     assert fake.calls.count("notify:awaiting_capacity") == 1  # told once
     waiting = next(st for st in result.stages if st.stage == Stage.AWAITING_CAPACITY)
     assert waiting.duration_s is not None and 600 <= waiting.duration_s < 800
-    assert "drained and out; replacement pending" in result.node_state
+    assert result.node_state == NodeState.AWAITING_REPLACEMENT
+    assert "drained and out; replacement pending" in result.node_detail
     assert "decommission" not in fake.calls
 
 
@@ -300,7 +306,7 @@ async def test_observe_mode_records_the_plan_and_touches_nothing(env: WorkflowEn
     assert fake.calls == ["look_up", "admit", "list_jobs", "notify:closed_observed", "metrics"]
     observe = next(st for st in result.stages if st.stage == Stage.OBSERVE)
     assert "would drain gpu01" in observe.outcome and "would requeue job 7" in observe.outcome
-    assert result.node_state == "untouched (observe mode)"
+    assert result.node_state == NodeState.UNTOUCHED and result.node_detail == "untouched (observe mode)"
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
 
 
@@ -316,7 +322,7 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
         assert "replace" not in fake.calls and "checkpoint" not in fake.calls
         status = await handle.query(GpuRemediationWorkflow.status)
         assert status.held is not None and "test: held" in status.held
-        await handle.signal("capacity", GrantNotice(granted=True, reason="granted: a grant was released"))
+        await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: a grant was released"))
         result = await handle.result()
     assert result.outcome == "resolved" and fake.calls.count("drain") == 1
     held = next(st for st in result.stages if st.stage == Stage.HELD)
@@ -329,7 +335,8 @@ async def test_held_incident_ends_not_granted_at_its_bound(env: WorkflowEnvironm
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "not_granted" and "not granted within 3600 s" in result.reason
     assert "replace" not in fake.calls and "requeue:7" not in fake.calls
-    assert "drained by this incident" in result.node_state
+    assert result.node_state == NodeState.DRAINED
+    assert "drained by this incident" in result.node_detail
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
     assert "release_capacity" in fake.calls  # its place in line is given back
 
@@ -351,7 +358,7 @@ async def test_late_report_for_a_node_gpuheal_replaced_names_the_replacement(env
     assert "replaced it by gpu04 in incident gpuheal-test-gpu01 (run run-1, closed 2026-11-30 03:04:05 UTC)" in (
         result.reason
     )
-    assert result.node_state == "replaced earlier by gpu04"
+    assert result.node_state == NodeState.ALREADY_REPLACED and result.node_detail == "replaced earlier by gpu04"
     assert fake.calls == ["look_up", "find_earlier_replacement", "notify:closed_already_replaced", "metrics"]
     assert fake.notes[-1].severity == "warning" and "gpu04" in fake.notes[-1].message
     assert result.mttr_s is None and result.jobs == []

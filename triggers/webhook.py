@@ -22,13 +22,13 @@ from gpuheal.core.errors import describe_error
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.alertmanager import AlertmanagerPayload, GiveBack, to_reports
-from gpuheal.triggers.start import already_handled, give_back_borrowed, start_or_join
+from gpuheal.triggers.start import AlreadyHandled, already_handled, give_back_borrowed, start_or_join
 
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
 Starter = Callable[[HealthReport], Awaitable[str]]
-Handled = Callable[[HealthReport], Awaitable[str | None]]  # the incident that already handled it
+Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
 
 
@@ -98,7 +98,9 @@ def make_app(
             try:
                 by = await handled(report) if handled is not None else None
                 if by is not None:  # re-sent, or within the duplicate window: starts nothing
-                    skipped.append({"by": by.split(" ")[0], "why": by, "report": report.describe()})
+                    skipped.append(
+                        {"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()}
+                    )
                     continue
                 workflow_id = await start(report)
             except Exception as err:

@@ -32,15 +32,16 @@ from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifie
 from gpuheal.clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
 from gpuheal.clients.slurm import build_slurm
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy
+from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet import FleetStatus, coordinator_id
+from gpuheal.core.messages import FLEET_STATUS, INCIDENT
 from gpuheal.core.settings import Settings
 from gpuheal.providers import build_provider
 from gpuheal.providers.base import ProviderContext
 from gpuheal.workers import metrics
-from gpuheal.workflows.fleet import DomainIncidentWorkflow, FleetCoordinator
+from gpuheal.workflows.domain import DomainIncidentWorkflow
+from gpuheal.workflows.fleet import FleetCoordinator
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
@@ -52,13 +53,14 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     """Every activity this worker serves; the Kubernetes ones when a cluster is configured.
     Raises SettingsError (naming the variable) when the provider cannot be built."""
     settings.require_cluster()
-    slurm = build_slurm(settings)
+    slurm = build_slurm(settings.slurm)
     kube_api = None
     if settings.kubernetes_enabled:
         from gpuheal.clients.kube import load_api
 
         kube_api = load_api(settings.kubeconfig)
-    provider = build_provider(ProviderContext(settings=settings, slurm=slurm, kube=kube_api))
+    timeout_s = settings.remediation.provider_timeout_s
+    provider = build_provider(ProviderContext(settings.provider, timeout_s, slurm, kube_api))
     notifier: Notifier = LogNotifier()
     if settings.notify_url:
         notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
@@ -132,12 +134,12 @@ def make_worker(client: Client, settings: Settings, activities: list[Callable[..
 async def _refresh_gauges(client: Client, cluster: str) -> None:
     """Open incidents (visibility) and the fleet's state (its coordinator), every 15 s: right
     across worker restarts and with several workers."""
-    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND ExecutionStatus="Running"'
+    query = queries.where(queries.of_type(INCIDENT), queries.status("Running"))
     while True:
         try:
             metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)
-            handle = client.get_workflow_handle(coordinator_id(cluster))
-            metrics.observe_fleet(await handle.query("status", result_type=FleetStatus))
+            handle = client.get_workflow_handle(ids.coordinator_id(cluster))
+            metrics.observe_fleet(await FLEET_STATUS.ask(handle))
         except RPCError as err:
             log.debug("fleet gauges not refreshed: %s", err)  # no coordinator before the first incident
         except Exception as err:
@@ -163,8 +165,8 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     activities = activity_list(settings)  # refuse a bad configuration before anything listens
     host = settings.metrics_host
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
-    client = await connect(settings, runtime)
-    await check_search_attributes(client, settings.namespace)
+    client = await connect(settings.temporal, runtime)
+    await check_search_attributes(client, client.namespace)
     start_http_server(metrics_port, addr=host)
     worker = make_worker(client, settings, activities)
     stop = asyncio.Event()
@@ -176,9 +178,9 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         "worker for cluster %r on task queue %r at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,
         settings.task_queue,
-        settings.temporal_address,
-        settings.provider,
-        settings.slurm.rest_url if settings.slurm.backend == "rest" else f"CLI, SLURM_CONF {settings.slurm_conf}",
+        f"{client.service_client.config.target_host} (namespace {client.namespace})",
+        settings.provider.name,
+        settings.slurm.rest_url if settings.slurm.backend == "rest" else f"CLI, SLURM_CONF {settings.slurm.conf}",
         metrics_port,
         sdk_metrics_port,
     )

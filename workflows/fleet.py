@@ -8,14 +8,12 @@ a retried or replayed request never counts twice) and every decision comes from 
 (pure). Operators steer it with updates too: pause, resume, set the mode or the policy,
 override a hold. It continues as new when its history grows long, carrying its whole state.
 
-DomainIncident: one per domain that fails as a whole (at least half its nodes reporting within
-the window): it holds the domain's node incidents and waits for an operator to release them
-(each then goes on, within the budget) or dismiss them, for at most its bound.
+Its domain incidents are workflows/domain.py.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from temporalio import workflow
 
@@ -24,10 +22,9 @@ from gpuheal.workflows.activity import run
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import fleet as policy
+    from gpuheal.core import ids
+    from gpuheal.core import messages as m
     from gpuheal.core.fleet import (
-        CAPACITY_SIGNAL,
-        COORDINATOR_WORKFLOW,
-        DOMAIN_INCIDENT_WORKFLOW,
         Admission,
         AdmitRequest,
         Arrival,
@@ -36,10 +33,7 @@ with workflow.unsafe.imports_passed_through():
         CapacityRequest,
         CoordinatorInput,
         DomainDecision,
-        DomainDecisionFor,
         DomainIncident,
-        DomainIncidentInput,
-        DomainIncidentResult,
         FleetState,
         FleetStatus,
         Grant,
@@ -60,7 +54,7 @@ HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 DETAILS_HELD = 20  # the UI's details list the first held incidents (every update redraws them)
 
 
-@workflow.defn(name=COORDINATOR_WORKFLOW)
+@workflow.defn(name=m.COORDINATOR.name)
 class FleetCoordinator:
     @workflow.init
     def __init__(self, inp: CoordinatorInput) -> None:
@@ -102,7 +96,7 @@ class FleetCoordinator:
         while self._signals:
             incident, notice = self._signals.pop(0)
             try:
-                await workflow.get_external_workflow_handle(incident).signal(CAPACITY_SIGNAL, notice)
+                await m.INCIDENT_CAPACITY.send(workflow.get_external_workflow_handle(incident), notice)
             except Exception as err:  # the incident ended meanwhile: nothing to tell
                 workflow.logger.info("incident %s not told (%s)", incident, err)
         while self._notes:
@@ -120,7 +114,7 @@ class FleetCoordinator:
 
     # --- incidents --------------------------------------------------------------------------
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_ADMIT.name)
     def admit(self, req: AdmitRequest) -> Admission:
         """A new incident: its arrival counts (once), the breaker and the domains are checked."""
         now = workflow.now()
@@ -174,8 +168,7 @@ class FleetCoordinator:
         if found is None:
             return
         domain, nodes = found
-        slug = "".join(c if c.isalnum() else "-" for c in domain).strip("-").lower()
-        incident_id = f"gpuheal-{s.cluster}-domain-{slug}-{now:%Y%m%d%H%M%S}"
+        incident_id = ids.domain_incident_id(s.cluster, domain, now)
         d = DomainIncident(cluster=s.cluster, domain=domain, incident_id=incident_id, nodes=tuple(nodes), opened_at=now)
         s.domain_incidents[domain] = d
         self._domains.append(d)
@@ -186,7 +179,7 @@ class FleetCoordinator:
                     update={"reason": f"held by domain incident {incident_id}"}
                 )
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_REQUEST_CAPACITY.name)
     def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
         """May this incident take its node out of service now? Idempotent: asked again, the same
         answer (granted, or its place in line)."""
@@ -217,7 +210,7 @@ class FleetCoordinator:
             return CapacityDecision(granted=True, reason="within the disruption budget")
         return CapacityDecision(granted=False, reason=s.queue[position - 1].reason, position=position)
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_CONFIRM.name)
     def confirm(self, req: CapacityRequest) -> CapacityDecision:
         """Before a replacement: a grant stands unless the breaker has tripped or the node's
         domain has become a domain incident since; then it is taken back and the incident held
@@ -240,7 +233,7 @@ class FleetCoordinator:
         self._details()
         return CapacityDecision(granted=False, reason=why, position=len(s.queue))
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_RELEASE.name)
     def release(self, incident_id: str) -> str:
         """The incident gave its node back (closed, aborted, returned): budget frees, the next
         in line may go. Idempotent."""
@@ -286,7 +279,7 @@ class FleetCoordinator:
 
     # --- operators --------------------------------------------------------------------------
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_PAUSE.name)
     def pause(self, by: OperatorAction) -> str:
         """Trip the breaker by hand: new incidents are held, nothing is replaced."""
         self._s.breaker = Breaker(
@@ -301,7 +294,7 @@ class FleetCoordinator:
         if self._s.breaker.tripped:
             raise ValueError(f"already tripped: {self._s.breaker.why}")
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_RESUME.name)
     def resume(self, by: OperatorAction) -> str:
         """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
         was = self._s.breaker
@@ -316,13 +309,13 @@ class FleetCoordinator:
         if not self._s.breaker.tripped:
             raise ValueError("the circuit breaker is not tripped")
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_SET_MODE.name)
     def set_mode(self, change: ModeChange) -> str:
         old = self._s.policy.policy.mode
         self._new_policy(self._s.policy.policy.model_copy(update={"mode": change.mode}), change.operator, change.reason)
         return f"mode {old} -> {change.mode} (policy version {self._s.policy.version})"
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_SET_POLICY.name)
     def set_policy(self, change: PolicyChange) -> str:
         self._new_policy(change.policy, change.operator, change.reason)
         self._serve_queue(workflow.now())  # a larger budget lets the line move
@@ -334,7 +327,7 @@ class FleetCoordinator:
         self._notes.append(("policy_changed", "info", f"policy version {v} by {operator}: {reason}"))
         self._details()
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_OVERRIDE.name)
     def override(self, o: Override) -> str:
         """Let one held incident go now, past the budget (the operator answers for it)."""
         s = self._s
@@ -354,7 +347,7 @@ class FleetCoordinator:
         if all(h.incident_id != o.incident_id for h in self._s.queue):
             raise ValueError(f"{o.incident_id} is not held (held: {[h.incident_id for h in self._s.queue]})")
 
-    @workflow.update
+    @workflow.update(name=m.FLEET_DOMAIN_DECISION.name)
     def domain_decision(self, d: DomainDecision) -> str:
         """A domain incident's operator decided: release its node incidents (within the budget)
         or dismiss them (they end, the domain is handled as one)."""
@@ -375,7 +368,7 @@ class FleetCoordinator:
 
     # --- seeing it --------------------------------------------------------------------------
 
-    @workflow.query
+    @workflow.query(name=m.FLEET_STATUS.name)
     def status(self) -> FleetStatus:
         s = self._s
         recent = [
@@ -394,7 +387,7 @@ class FleetCoordinator:
             remediations_in_window=len(recent),
         )
 
-    @workflow.query
+    @workflow.query(name=m.FLEET_POLICY.name)
     def current_policy(self) -> VersionedPolicy:
         return self._s.policy
 
@@ -414,54 +407,3 @@ class FleetCoordinator:
             for d in s.domain_incidents.values()
         ]
         workflow.set_current_details("\n".join(lines))
-
-
-@workflow.defn(name=DOMAIN_INCIDENT_WORKFLOW)
-class DomainIncidentWorkflow:
-    """One domain failing as a whole: tell the operators which domain and which nodes, hold the
-    node incidents, and wait for a decision (release or dismiss) for at most the bound."""
-
-    @workflow.init
-    def __init__(self, inp: DomainIncidentInput) -> None:
-        self._decision: DomainDecision | None = None
-
-    @workflow.run
-    async def run(self, inp: DomainIncidentInput) -> DomainIncidentResult:
-        d = inp.incident
-        note = Notification(
-            incident_id=d.incident_id,
-            event="domain_incident",
-            severity="critical",
-            message=(
-                f"{len(d.nodes)} nodes of {d.domain} failed within minutes ({', '.join(d.nodes)}): suspected "
-                "switch, power or cooling. Their incidents are held: `gpuheal domain release|dismiss "
-                f"{d.domain} --operator NAME --reason TEXT` (default after {inp.decide_within_s:g} s: {inp.default})."
-            ),
-            node=",".join(d.nodes),
-            cluster=inp.cluster,
-        )
-        await run(act.NOTIFY_OPERATORS, note, summary="notify: domain incident")
-        try:
-            await workflow.wait_condition(
-                lambda: self._decision is not None,
-                timeout=timedelta(seconds=inp.decide_within_s),
-                timeout_summary=f"domain incident: without a decision, {inp.default}",
-            )
-        except TimeoutError:
-            self._decision = DomainDecision(
-                domain=d.domain, decision=inp.default, operator="gpuheal-policy", reason="no decision in time"
-            )
-        assert self._decision is not None
-        decided = DomainDecisionFor(cluster=inp.cluster, decision=self._decision)
-        answer = await run(act.DECIDE_DOMAIN, decided, summary=f"{self._decision.decision} the node incidents")
-        return DomainIncidentResult(domain=d.domain, nodes=d.nodes, decision=self._decision, coordinator=answer)
-
-    @workflow.update
-    def decide(self, d: DomainDecision) -> str:
-        self._decision = d
-        return f"{d.decision} recorded by {d.operator}"
-
-    @decide.validator
-    def _validate_decide(self, d: DomainDecision) -> None:
-        if self._decision is not None:
-            raise ValueError(f"already decided: {self._decision.decision} by {self._decision.operator}")

@@ -27,10 +27,8 @@ from gpuheal.workflows.activity import run
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import job_policy, render
+    from gpuheal.core import messages as m
     from gpuheal.core.jobs import (
-        JOB_RECOVERY_WORKFLOW,
-        JOIN_SIGNAL,
-        RECOVERED_SIGNAL,
         HoldRequest,
         JobHistoryRequest,
         JobRecoveryInput,
@@ -48,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
 RecoveryStage = Literal["gathering", "deciding", "requeueing", "verifying", "answering", "done"]
 
 
-@workflow.defn(name=JOB_RECOVERY_WORKFLOW)
+@workflow.defn(name=m.JOB_RECOVERY.name)
 class JobRecoveryWorkflow:
     @workflow.init
     def __init__(self, inp: JobRecoveryInput) -> None:
@@ -183,7 +181,7 @@ class JobRecoveryWorkflow:
             self._answered.add(incident)
             handle = workflow.get_external_workflow_handle(incident)
             try:
-                await handle.signal(RECOVERED_SIGNAL, self._result)
+                await m.INCIDENT_JOB_RECOVERED.send(handle, self._result)
             except FailureError as err:
                 # The incident closed first (it stopped waiting at its bound, e.g. no capacity):
                 # its record names this recovery, whose own result is the answer.
@@ -222,13 +220,13 @@ class JobRecoveryWorkflow:
 
     # --- signals, queries -------------------------------------------------------------------
 
-    @workflow.signal(name=JOIN_SIGNAL)
+    @workflow.signal(name=m.RECOVERY_JOIN.name)
     def join(self, j: RecoveryJoin) -> None:
         """An incident hands this job over (again, after a retry: counted once)."""
         if all(j.incident_id != x.incident_id for x in self._joins):
             self._joins.append(j)
 
-    @workflow.query
+    @workflow.query(name=m.RECOVERY_STATUS.name)
     def status(self) -> JobRecoveryStatus:
         return JobRecoveryStatus(
             recovery_id=workflow.info().workflow_id,

@@ -14,7 +14,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.core.errors import describe_error, quote
 
-OK = 0
 REFUSED = 1  # the incident or the coordinator said no, with its reason
 BAD_INPUT = 2  # an argument or a setting is wrong
 UNREACHABLE = 3  # Temporal cannot be reached

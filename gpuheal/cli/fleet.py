@@ -9,33 +9,40 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TypeVar
 
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy
+from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import (
-    DomainDecision,
-    FleetStatus,
-    ModeChange,
-    OperatorAction,
-    Override,
-    coordinator_id,
+from gpuheal.core.fleet import DomainDecision, ModeChange, OperatorAction, Override
+from gpuheal.core.messages import (
+    DOMAIN_DECIDE,
+    FLEET_OVERRIDE,
+    FLEET_PAUSE,
+    FLEET_RESUME,
+    FLEET_SET_MODE,
+    FLEET_STATUS,
+    INCIDENT,
+    Update,
 )
 from gpuheal.core.models import check_node_name
 from gpuheal.core.settings import Settings
 
+I = TypeVar("I")  # noqa: E741  (an update's input, as in core.messages)
+
 
 async def _coordinator(settings: Settings) -> tuple[Client, str]:
-    return await connect(settings), coordinator_id(settings.require_cluster())
+    return await connect(settings.temporal), ids.coordinator_id(settings.require_cluster())
 
 
 async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
     client, fleet_id = await _coordinator(settings)
     try:
-        s: FleetStatus = await client.get_workflow_handle(fleet_id).query("status", result_type=FleetStatus)
+        s = await FLEET_STATUS.ask(client.get_workflow_handle(fleet_id))
     except RPCError as err:
         print(f"no coordinator for cluster {settings.cluster!r} yet (it starts with the first incident): {err}")
         return 1
@@ -54,54 +61,52 @@ async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _update(settings: Settings, name: str, arg: object, target: str | None = None) -> int:
+async def _update(settings: Settings, update: Update[I, str], arg: I, target: str | None = None) -> int:
+    """The coordinator's answer (or the domain incident's, `target`), printed as it says it."""
     client, fleet_id = await _coordinator(settings)
-    print(await client.get_workflow_handle(target or fleet_id).execute_update(name, arg, result_type=str))
+    print(await update.execute(client.get_workflow_handle(target or fleet_id), arg))
     return 0
 
 
 async def pause(settings: Settings, args: argparse.Namespace) -> int:
-    return await _update(settings, "pause", OperatorAction(operator=args.operator, reason=args.reason))
+    return await _update(settings, FLEET_PAUSE, OperatorAction(operator=args.operator, reason=args.reason))
 
 
 async def resume(settings: Settings, args: argparse.Namespace) -> int:
-    return await _update(settings, "resume", OperatorAction(operator=args.operator, reason=args.reason))
+    return await _update(settings, FLEET_RESUME, OperatorAction(operator=args.operator, reason=args.reason))
 
 
 async def set_mode(settings: Settings, args: argparse.Namespace) -> int:
-    return await _update(settings, "set_mode", ModeChange(operator=args.operator, reason=args.reason, mode=args.mode))
+    change = ModeChange(operator=args.operator, reason=args.reason, mode=args.mode)
+    return await _update(settings, FLEET_SET_MODE, change)
 
 
 async def override(settings: Settings, args: argparse.Namespace) -> int:
-    incident = (
-        args.target
-        if args.target.startswith("gpuheal-")
-        else policy.workflow_id(settings.require_cluster(), args.target)
-    )
+    incident = incident_id(settings, args.target)
     return await _update(
-        settings, "override", Override(incident_id=incident, operator=args.operator, reason=args.reason)
+        settings, FLEET_OVERRIDE, Override(incident_id=incident, operator=args.operator, reason=args.reason)
     )
 
 
 async def decide_domain(settings: Settings, args: argparse.Namespace) -> int:
     """Release or dismiss the node incidents a domain incident holds (the domain incident records it)."""
     client, fleet_id = await _coordinator(settings)
-    s: FleetStatus = await client.get_workflow_handle(fleet_id).query("status", result_type=FleetStatus)
+    s = await FLEET_STATUS.ask(client.get_workflow_handle(fleet_id))
     found = [d for d in s.domain_incidents if d.domain == args.domain and not d.decided]
     if not found:
         open_ = [d.domain for d in s.domain_incidents if not d.decided]
         print(f"no open domain incident for {args.domain!r} (open: {open_ or 'none'})", file=sys.stderr)
         return 1
     decision = DomainDecision(domain=args.domain, decision=args.decision, operator=args.operator, reason=args.reason)
-    return await _update(settings, "decide", decision, target=found[0].incident_id)
+    return await _update(settings, DOMAIN_DECIDE, decision, target=found[0].incident_id)
 
 
 async def node_history(settings: Settings, args: argparse.Namespace) -> int:
     """Every incident of a node, from Temporal's visibility: when, which XID, what it did, how it ended."""
-    client = await connect(settings)
+    client = await connect(settings.temporal)
     cluster = settings.require_cluster()
     node = check_node_name(args.node)  # before it reaches the query (as `gpuheal incidents --node`)
-    query = f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND {sa.NODE.name}="{node}"'
+    query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.eq(sa.NODE, node))
     rows = 0
     async for wf in client.list_workflows(query):
         xid = wf.typed_search_attributes.get(sa.XID)

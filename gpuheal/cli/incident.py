@@ -16,22 +16,24 @@ from temporalio.service import RPCError
 
 from gpuheal.cli import errors
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy, render
+from gpuheal.core import ids, queries, render
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import quote
+from gpuheal.core.messages import INCIDENT, INCIDENT_ABORT, INCIDENT_APPROVE, INCIDENT_GIVE_BACK, INCIDENT_STATUS
 from gpuheal.core.models import Decision, HealthReport, Outcome, Stage, check_node_name
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
-from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 QUERY_TIMEOUT_S = 3.0
 
 
 def incident_id(settings: Settings, target: str, cluster: str | None = None) -> str:
-    if target.startswith("gpuheal-"):
+    """An operator's target: an incident id as given, or a node name of this cluster (the cluster
+    is asked for only then, so an id works without GPUHEAL_CLUSTER)."""
+    if ids.is_gpuheal_id(target):
         return target
-    return policy.workflow_id(cluster or settings.require_cluster(), target)
+    return ids.incident_id(cluster or settings.require_cluster(), target)
 
 
 async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
@@ -45,7 +47,7 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
         observed_at=datetime.now(UTC),
         summary=args.summary,
     )
-    client = await connect(settings)
+    client = await connect(settings.temporal)
     by = await already_handled(client, report)
     if by is not None:
         print(f"{report.describe()}: already handled by {by}; nothing started")
@@ -58,11 +60,9 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
 
 async def decide(settings: Settings, args: argparse.Namespace) -> int:
     decision = Decision(operator=args.operator, reason=args.reason)
-    handle = (await connect(settings)).get_workflow_handle_for(
-        GpuRemediationWorkflow.run, incident_id(settings, args.target)
-    )
-    update = GpuRemediationWorkflow.approve if args.command == "approve" else GpuRemediationWorkflow.abort
-    print(await handle.execute_update(update, decision))  # refused: cli.errors says why
+    handle = INCIDENT.handle(await connect(settings.temporal), incident_id(settings, args.target))
+    update = INCIDENT_APPROVE if args.command == "approve" else INCIDENT_ABORT
+    print(await update.execute(handle, decision))  # refused: cli.errors says why
     return 0
 
 
@@ -70,7 +70,7 @@ async def show_status(settings: Settings, args: argparse.Namespace) -> int:
     """A closed incident answers from its history (no worker needed); an open one from its
     `status` query, or, when no worker answers within QUERY_TIMEOUT_S, from Temporal's record."""
     incident = incident_id(settings, args.target)
-    handle = (await connect(settings)).get_workflow_handle_for(GpuRemediationWorkflow.run, incident)
+    handle = INCIDENT.handle(await connect(settings.temporal), incident)
     described = await handle.describe()
     if described.status != WorkflowExecutionStatus.RUNNING:
         try:
@@ -83,7 +83,7 @@ async def show_status(settings: Settings, args: argparse.Namespace) -> int:
         print(render_result(result, settings.incident_url(incident)))
         return 0
     try:
-        status = await handle.query(GpuRemediationWorkflow.status, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
+        status = await INCIDENT_STATUS.ask(handle, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
     except RPCError as err:
         attrs = described.typed_search_attributes
         print(
@@ -117,27 +117,23 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
     age, outcome, MTTR. Outcome and MTTR come from each closed incident's result."""
     cluster = settings.require_cluster()
     since = datetime.now(UTC) - parse_since(args.since)
-    query = (
-        f'WorkflowType="{policy.REMEDIATION_WORKFLOW}" AND Cluster="{cluster}" AND StartTime > "{since.isoformat()}"'
-    )
+    terms = [queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.after(queries.START_TIME, since)]
     if args.node:
-        query += f' AND {sa.NODE.name}="{check_node_name(args.node)}"'
+        terms.append(queries.eq(sa.NODE, check_node_name(args.node)))
     if args.stage:
-        query += f' AND {sa.STAGE.name}="{Stage(args.stage).value}"'
+        terms.append(queries.eq(sa.STAGE, Stage(args.stage).value))
     if args.open:
-        query += ' AND ExecutionStatus="Running"'
+        terms.append(queries.status("Running"))
     if args.outcome and args.outcome not in get_args(Outcome):
         raise ValueError(f"--outcome: {quote(args.outcome)} is not one of {', '.join(get_args(Outcome))}")
-    client = await connect(settings)
+    client = await connect(settings.temporal)
     rows: list[dict[str, object]] = []
-    async for wf in client.list_workflows(query):
+    async for wf in client.list_workflows(queries.where(*terms)):
         attrs = wf.typed_search_attributes
         outcome, mttr = "open", None
         if wf.status != WorkflowExecutionStatus.RUNNING:
             try:
-                result = await client.get_workflow_handle_for(
-                    GpuRemediationWorkflow.run, wf.id, run_id=wf.run_id
-                ).result()
+                result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
                 outcome, mttr = result.outcome, result.mttr_s
             except WorkflowFailureError:
                 outcome = "failed"
@@ -182,8 +178,6 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
 async def give_back(settings: Settings, args: argparse.Namespace) -> int:
     """The incident that borrowed a node from inference gives it back now (its jobs move off)."""
     decision = Decision(operator=args.operator, reason=args.reason)
-    handle = (await connect(settings)).get_workflow_handle_for(
-        GpuRemediationWorkflow.run, incident_id(settings, args.target)
-    )
-    print(await handle.execute_update(GpuRemediationWorkflow.give_back, decision))  # refused: cli.errors says why
+    handle = INCIDENT.handle(await connect(settings.temporal), incident_id(settings, args.target))
+    print(await INCIDENT_GIVE_BACK.execute(handle, decision))  # refused: cli.errors says why
     return 0

@@ -128,13 +128,16 @@ def run(argv: list[str] | None = None) -> int:
     import inspect
 
     from gpuheal.cli.errors import explain
-    from gpuheal.core.settings import Settings
+    from gpuheal.clients.temporal import resolve
+    from gpuheal.core.settings import LOCAL_TEMPORAL_ADDRESS, Settings
 
     # (before the settings parse: an error in them is explained with the address too)
-    address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS", Settings.model_fields["temporal_address"].default)
+    address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS") or os.environ.get("TEMPORAL_ADDRESS") or LOCAL_TEMPORAL_ADDRESS
     try:
         settings = Settings.from_env()
-        address = settings.temporal_address
+        # the address and namespace the SDK's profile names, for messages and the Web UI's links
+        settings = settings.model_copy(update={"temporal": resolve(settings.temporal)})
+        address = settings.temporal.address or address
         module, name = COMMANDS[args.command]
         command = getattr(importlib.import_module(module), name)
         result = command(settings, args)

@@ -17,11 +17,12 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
+from gpuheal.activities import interface as act
 from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
 from gpuheal.core import postmortem
+from gpuheal.core.messages import INCIDENT
 from gpuheal.core.settings import Settings
-from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 
 def _decode(payload: Payload) -> Any:
@@ -42,7 +43,7 @@ def read_history(events: list[Any]) -> tuple[list[postmortem.ActionRecord], list
             a = e.activity_task_scheduled_event_attributes
             summary = _decode(e.user_metadata.summary) if e.user_metadata.HasField("summary") else ""
             actions[e.event_id] = postmortem.ActionRecord(a.activity_type.name, str(summary), 0, "running")
-            if a.activity_type.name == "post_node_event" and a.input.payloads:
+            if a.activity_type.name == act.POST_NODE_EVENT.name and a.input.payloads:
                 ev = _decode(a.input.payloads[0])
                 if isinstance(ev, dict):
                     kind = "Warning" if ev.get("warning") else "Normal"
@@ -85,8 +86,8 @@ def _describe(args: list[Any]) -> str:
 
 async def gather_record(settings: Settings, incident: str) -> postmortem.Record | None:
     """The closed incident's record; None while it is still open."""
-    client = await connect(settings)
-    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, incident)
+    client = await connect(settings.temporal)
+    handle = INCIDENT.handle(client, incident)
     if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
         return None
     result = await handle.result()

@@ -26,7 +26,7 @@ def webhook(settings: Settings, args: argparse.Namespace) -> int:
     settings.require_cluster()
 
     async def main() -> None:
-        runner = await serve(settings, args.host, args.port, await connect(settings))
+        runner = await serve(settings, args.host, args.port, await connect(settings.temporal))
         try:
             await asyncio.Event().wait()
         finally:

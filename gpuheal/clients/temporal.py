@@ -2,41 +2,79 @@
 benchmarks and the tests all call :func:`connect`, so every client carries the pydantic data
 converter (the models cross the wire as JSON) and the same TLS / API-key settings.
 
+Where to connect follows the SDK's own conventions (temporalio.envconfig): the profile named by
+TEMPORAL_PROFILE in TEMPORAL_CONFIG_FILE (or the SDK's default file), then the TEMPORAL_ADDRESS,
+TEMPORAL_NAMESPACE, TEMPORAL_API_KEY and TEMPORAL_TLS_* variables over it. gpuheal's own variables
+(GPUHEAL_TEMPORAL_ADDRESS, GPUHEAL_NAMESPACE, GPUHEAL_TEMPORAL_TLS_CA/_CERT/_KEY,
+GPUHEAL_TEMPORAL_API_KEY: gpuheal.core.settings.TemporalSettings), where set, override the
+profile; with neither, the local dev server (LOCAL_TEMPORAL_ADDRESS, DEFAULT_NAMESPACE).
+
 Whoever can reach Temporal can approve or abort an incident, so production clusters use mTLS or
-an API key (GPUHEAL_TEMPORAL_TLS_*, GPUHEAL_TEMPORAL_API_KEY) and Temporal's authorizer.
+an API key and Temporal's authorizer. The key is never logged: the profile and the connect config
+hold it in plain text, so neither is ever shown; :func:`describe` says what is safe to say.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfigProfile, ClientConnectConfig
 from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
-from gpuheal.core.settings import Settings
+from gpuheal.core.errors import SettingsError
+from gpuheal.core.settings import DEFAULT_NAMESPACE, LOCAL_TEMPORAL_ADDRESS, TemporalSettings
 
 DATA_CONVERTER = pydantic_data_converter
+log = logging.getLogger("gpuheal.temporal")
 
 
-async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
-    tls: TLSConfig | bool = False
-    if settings.temporal_tls_cert or settings.temporal_tls_ca:
-        tls = TLSConfig(
-            server_root_ca_cert=_read(settings.temporal_tls_ca),
-            client_cert=_read(settings.temporal_tls_cert),
-            client_private_key=_read(settings.temporal_tls_key),
+def connect_config(t: TemporalSettings, env: Mapping[str, str] | None = None) -> ClientConnectConfig:
+    """What :func:`connect` passes to Client.connect: the SDK's profile (from `env`, else the
+    process's environment), gpuheal's overrides over it, the local dev server where neither says."""
+    try:
+        config = ClientConfigProfile.load(override_env_vars=env).to_client_connect_config()
+    except Exception as err:  # a missing profile, a malformed file, an unreadable PEM file
+        raise SettingsError(f"Temporal's client configuration (TEMPORAL_PROFILE, TEMPORAL_*): {err}") from err
+    config["target_host"] = t.address or config.get("target_host") or LOCAL_TEMPORAL_ADDRESS
+    config["namespace"] = t.namespace or config.get("namespace") or DEFAULT_NAMESPACE
+    if t.tls_ca or t.tls_cert:
+        profile_tls = config.get("tls")
+        base = profile_tls if isinstance(profile_tls, TLSConfig) else TLSConfig()  # keeps the profile's SNI name
+        config["tls"] = dataclasses.replace(
+            base,
+            server_root_ca_cert=_read(t.tls_ca) or base.server_root_ca_cert,
+            client_cert=_read(t.tls_cert) or base.client_cert,
+            client_private_key=_read(t.tls_key) or base.client_private_key,
         )
-    api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.namespace,
-        data_converter=DATA_CONVERTER,
-        tls=tls if not api_key else (tls or True),
-        api_key=api_key,
-        runtime=runtime,
-    )
+    if t.api_key:
+        config["api_key"] = t.api_key.get_secret_value()
+        config.setdefault("tls", True)  # an API key goes over TLS (unless the profile disabled it)
+    return config
+
+
+def resolve(t: TemporalSettings, env: Mapping[str, str] | None = None) -> TemporalSettings:
+    """`t` with the address and namespace it will connect to, for links and messages."""
+    config = connect_config(t, env)
+    return t.model_copy(update={"address": config["target_host"], "namespace": config["namespace"]})
+
+
+def describe(config: ClientConnectConfig) -> str:
+    """Where a connect config goes, without its secrets."""
+    tls = "TLS" if config.get("tls") else "plaintext"
+    key = ", API key" if config.get("api_key") else ""
+    return f"{config.get('target_host')} (namespace {config.get('namespace')}, {tls}{key})"
+
+
+async def connect(t: TemporalSettings, runtime: Runtime | None = None) -> Client:
+    config = connect_config(t)
+    log.debug("connecting to Temporal at %s", describe(config))
+    return await Client.connect(**config, data_converter=DATA_CONVERTER, runtime=runtime)
 
 
 def _read(path: str | None) -> bytes | None:

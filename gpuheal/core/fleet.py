@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from gpuheal.core.envvars import setting
 from gpuheal.core.models import ActionClass, ApprovalPolicy, Frozen, NodeName, OperatorName, RemediationSettings
 
 Mode = Literal["observe", "approve", "auto"]
@@ -35,12 +36,26 @@ def limit_of(spec: str, total: int) -> int:
 class BudgetPolicy(Frozen):
     """How much capacity gpuheal may have out of service at once, and how fast it may take it."""
 
-    cluster: str = "10%"  # nodes out because of gpuheal at once: a count ("3") or a share ("5%")
-    per_pool: str | None = None  # the same per pool (Kubernetes label gpuheal.io/pool, or Slurm partition)
-    per_domain: str | None = None  # the same per topology domain (rack, NVLink domain, switch)
-    rate: int = Field(default=20, ge=1)  # new remediations ...
-    rate_window_s: float = Field(default=3600.0, gt=0)  # ... per window
-    node_cooldown_s: float = Field(default=1800.0, ge=0)  # a node's next remediation waits this long
+    cluster: str = setting(
+        "GPUHEAL_BUDGET",
+        "10%",
+        "nodes out of service because of gpuheal at once, a count (`3`) or a share (`5%`) of the cluster",
+    )
+    per_pool: str | None = setting(
+        "GPUHEAL_BUDGET_PER_POOL",
+        None,
+        "the same per pool: the `gpuheal.io/pool` Node label, else the node's first Slurm partition",
+    )
+    per_domain: str | None = setting(
+        "GPUHEAL_BUDGET_PER_DOMAIN",
+        None,
+        "the same per topology domain: the Node labels in `GPUHEAL_DOMAIN_LABELS` (rack, NVLink domain, switch)",
+    )
+    rate: int = setting("GPUHEAL_RATE", 20, "new remediations ...", ge=1)
+    rate_window_s: float = setting("GPUHEAL_RATE_WINDOW_S", 3600.0, "... per this window", gt=0)
+    node_cooldown_s: float = setting(
+        "GPUHEAL_NODE_COOLDOWN_S", 1800.0, "a node's next remediation waits this long after gpuheal gave it back", ge=0
+    )
 
     @field_validator("cluster", "per_pool", "per_domain")
     @classmethod
@@ -54,42 +69,74 @@ class BreakerPolicy(Frozen):
     """Trips when more than `max_incidents` new incidents arrive within `window_s`, or more than
     `domain_share` of one domain; never resets by itself."""
 
-    max_incidents: int = Field(default=10, ge=1)
-    window_s: float = Field(default=300.0, gt=0)
-    domain_share: float = Field(default=0.75, gt=0, le=1)
+    max_incidents: int = setting(
+        "GPUHEAL_BREAKER_MAX", 10, "more new incidents than this within the window trips the circuit breaker", ge=1
+    )
+    window_s: float = setting("GPUHEAL_BREAKER_WINDOW_S", 300.0, "... the breaker's window", gt=0)
+    domain_share: float = setting(
+        "GPUHEAL_BREAKER_DOMAIN_SHARE", 0.75, "... as does more than this share of one domain", gt=0, le=1
+    )
 
 
 class EscalationPolicy(Frozen):
     """At least `domain_share` of a domain's nodes reporting within `window_s` (and at least
     `min_nodes` of them) is one domain incident (switch, power, cooling), not N replacements."""
 
-    domain_share: float = Field(default=0.5, gt=0, le=1)
-    window_s: float = Field(default=300.0, gt=0)
+    domain_share: float = setting(
+        "GPUHEAL_ESCALATION_SHARE",
+        0.5,
+        "this share of a domain reporting within the window opens one domain incident",
+        gt=0,
+        le=1,
+    )
+    window_s: float = setting("GPUHEAL_ESCALATION_WINDOW_S", 300.0, "... the escalation's window", gt=0)
     min_nodes: int = Field(default=2, ge=2)
 
 
 class RepeatPolicy(Frozen):
     """A node (or a GPU, by its UUID) with `incidents` incidents within `window_s` is replaced."""
 
-    incidents: int = Field(default=3, ge=2)
-    window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    incidents: int = setting(
+        "GPUHEAL_REPEAT_INCIDENTS",
+        3,
+        "the Nth incident of a node (or of a GPU, by NVML UUID) within the window replaces it, whatever the XID",
+        ge=2,
+    )
+    window_s: float = setting("GPUHEAL_REPEAT_WINDOW_S", 7 * 24 * 3600.0, "... the repeat window", gt=0)
 
 
 class FleetPolicy(Frozen):
     """The cluster's policy: every incident runs under it, whoever sent the report."""
 
-    mode: Mode = "auto"
+    mode: Mode = setting(
+        "GPUHEAL_MODE",
+        "auto",
+        "`observe`: triage and plan, record the actions it would take, touch nothing. `approve`: every action "
+        "class waits for a human. `auto`: approval only for `GPUHEAL_APPROVAL_REQUIRED`",
+    )
     approval: ApprovalPolicy = ApprovalPolicy()
     budget: BudgetPolicy = BudgetPolicy()
     breaker: BreakerPolicy = BreakerPolicy()
     escalation: EscalationPolicy = EscalationPolicy()
     repeat: RepeatPolicy = RepeatPolicy()
-    # While held: drain the node (nothing new lands on it; not counted in the budget) or touch nothing.
-    containment_while_held: Literal["drain", "none"] = "drain"
-    # A report for a node whose incident closed this recently starts nothing (re-sent alerts).
-    duplicate_window_s: float = Field(default=600.0, ge=0)
-    # A held incident waits at most this long for capacity, then ends `not_granted`.
-    max_hold_s: float = Field(default=6 * 3600.0, gt=0)
+    containment_while_held: Literal["drain", "none"] = setting(
+        "GPUHEAL_HELD_CONTAINMENT",
+        "drain",
+        "while held: `drain` (nothing new lands; nothing replaced; not counted in the budget) "
+        "or `none` (touch nothing)",
+    )
+    duplicate_window_s: float = setting(
+        "GPUHEAL_DUPLICATE_WINDOW_S",
+        600.0,
+        "a report for a node whose incident closed this recently starts nothing and names that incident",
+        ge=0,
+    )
+    max_hold_s: float = setting(
+        "GPUHEAL_MAX_HOLD_S",
+        6 * 3600.0,
+        "a held incident ends `not_granted` (node left as it is, jobs accounted for) after this long",
+        gt=0,
+    )
 
 
 class PolicyChange(Frozen):
@@ -408,15 +455,7 @@ def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) ->
     return mode == "approve" or action in approval.required_for
 
 
-# --- the workflows' names and inputs (activities start them by name) ---------------------------
-
-COORDINATOR_WORKFLOW = "FleetCoordinator"
-DOMAIN_INCIDENT_WORKFLOW = "DomainIncident"
-CAPACITY_SIGNAL = "capacity"  # coordinator -> held incident: GrantNotice
-
-
-def coordinator_id(cluster: str) -> str:
-    return f"gpuheal-{cluster}-fleet"
+# --- the workflows' inputs (their names and messages: gpuheal.core.messages; ids: gpuheal.core.ids)
 
 
 class CoordinatorInput(Frozen):

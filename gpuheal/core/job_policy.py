@@ -100,16 +100,6 @@ def job_cost(
     return JobCost(steps_lost=steps, gpu_seconds_lost=round(gpu_s, 1))
 
 
-def recovery_id(cluster: str, job: JobSnapshot) -> str:
-    """One recovery per failure of a job: every incident that saw this failure (same job, same
-    submission, same restart count) lands in the same one; a later failure is a new one."""
-    return f"gpuheal-{cluster}-job-{job.job_id}-{job.submit_time}-r{job.restart_count}"
-
-
-def resumed_from(results: Iterable[JobRecoveryResult]) -> list[JobRecoveryResult]:
-    return [r for r in results if r.verify is not None and r.verify.resumed is not None]
-
-
 def account_from_recovery(
     job: JobSnapshot, result: JobRecoveryResult, checkpoint: CheckpointOutcome | None, incident_id: str
 ) -> JobAccount:

@@ -31,10 +31,6 @@ ABNORMAL_ENDS = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
 
 OwnerEvent = Literal["job_hit", "job_running_again", "job_not_resumed", "job_held"]
 
-JOB_RECOVERY_WORKFLOW = "JobRecovery"
-JOIN_SIGNAL = "join"  # incident -> recovery: RecoveryJoin
-RECOVERED_SIGNAL = "job_recovered"  # recovery -> each incident that joined: JobRecoveryResult
-
 
 class RecoveryJoin(Frozen):
     """An incident handing a job to its recovery (the signal that starts or joins it)."""

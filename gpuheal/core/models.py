@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from gpuheal.core.envvars import section, setting
 
 # Node and cluster names reach scontrol's command line (as a separate argv element, never through
 # a shell); the pattern still refuses anything a Slurm or Kubernetes node name cannot be.
@@ -94,6 +96,30 @@ class Stage(StrEnum):
     DONE = "done"
 
 
+class NodeState(StrEnum):
+    """Where the failed node stands when its incident closes; the result's node_detail says it in
+    words (gpuheal.core.render). Dashboards and tests read the state, people read the detail."""
+
+    UNTOUCHED = "untouched"  # nothing was done to it (ignored, observed, aborted before the drain)
+    IN_SERVICE = "in_service"  # the action needed no drain (restart the app)
+    DRAINED = "drained"  # drained by this incident and left so (aborted, not granted): a person resumes it
+    BLOCKED = "blocked"  # drained and cordoned, pods a PodDisruptionBudget protects still on it
+    ESCALATED = "escalated"  # its domain incident handles it with the rest of its domain
+    AWAITING_REPLACEMENT = "awaiting_replacement"  # drained and out, no capacity for a replacement
+    RETURNED = "returned"  # repaired, health check passed, back in service
+    LEFT_DRAINED = "left_drained"  # repaired, but someone else drained it before us: left as they had it
+    REPLACED = "replaced"  # out of the cluster, a new node in its place
+    ALREADY_REPLACED = "already_replaced"  # gone before this (late) report: an earlier incident replaced it
+    UNKNOWN = "unknown"  # recorded by a release before the states were named (its detail has the words)
+
+
+class NodeAt(NamedTuple):
+    """A node state and its words, decided together (gpuheal.core.render)."""
+
+    state: NodeState
+    detail: str
+
+
 class HealthReport(Frozen):
     """One observation that a GPU (or its node) is unhealthy."""
 
@@ -126,37 +152,76 @@ class HealthReport(Frozen):
 class ApprovalPolicy(Frozen):
     """Which action classes wait for a human, for how long, and what happens on silence."""
 
-    required_for: tuple[ActionClass, ...] = ()
-    timeout_s: float = Field(default=900.0, gt=0)
-    default_on_timeout: Verdict = "abort"
+    required_for: tuple[ActionClass, ...] = setting(
+        "GPUHEAL_APPROVAL_REQUIRED",
+        (),
+        "comma list of action classes that wait for a human (`replace_node,reboot_node`)",
+    )
+    timeout_s: float = setting("GPUHEAL_APPROVAL_TIMEOUT_S", 900.0, "how long to wait for approve / abort", gt=0)
+    default_on_timeout: Verdict = setting(
+        "GPUHEAL_APPROVAL_DEFAULT", "abort", "what silence means: `abort` or `approve`"
+    )
 
 
 class KubernetesPolicy(Frozen):
     """The Kubernetes half (Slurm on Kubernetes): present when the worker talks to a cluster."""
 
-    # Label on the Kubernetes Node that holds the Slurm node name; None: the names are equal.
-    node_label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9./_-]{1,253}$")
-    no_execute: bool = False  # also taint NoExecute (evicts pods that do not tolerate it)
-    drain_deadline_s: float = Field(default=300.0, gt=0)
-    # When a PodDisruptionBudget still blocks an eviction at the deadline: delete the pod
-    # anyway (needs rbac-force-delete.yaml), or hold the incident for a human's approve/abort.
-    on_pdb_timeout: Literal["delete", "hold"] = "hold"
+    node_label: str | None = setting(
+        "GPUHEAL_K8S_NODE_LABEL",
+        None,
+        "Node label that holds the Slurm node name",
+        unset="none: the names are equal",
+        pattern=r"^[A-Za-z0-9./_-]{1,253}$",
+    )
+    no_execute: bool = setting(
+        "GPUHEAL_K8S_NO_EXECUTE", False, "`1`: also taint NoExecute (evicts pods that do not tolerate it)"
+    )
+    drain_deadline_s: float = setting(
+        "GPUHEAL_K8S_DRAIN_DEADLINE_S", 300.0, "how long PDB-blocked evictions are retried", gt=0
+    )
+    on_pdb_timeout: Literal["delete", "hold"] = setting(
+        "GPUHEAL_K8S_ON_PDB_TIMEOUT",
+        "hold",
+        "then: `hold` the incident for a human's approve/abort, or `delete` the pod anyway "
+        "(needs rbac-force-delete.yaml)",
+    )
 
 
 class BorrowPolicy(Frozen):
     """When no spare exists: borrow a GPU node from an inference pool in Kubernetes, never taking
     a Deployment there below its PodDisruptionBudget or below `floor` ready replicas."""
 
-    pool: str = Field(pattern=r"^[A-Za-z0-9._-]{1,63}$")  # the inference pool's gpuheal.io/pool value
-    floor: int = Field(default=1, ge=0)
+    pool: str = Field(
+        pattern=r"^[A-Za-z0-9._-]{1,63}$",
+        description="no spare: borrow a node from the inference pool with this `gpuheal.io/pool` label",
+        json_schema_extra={"env": "GPUHEAL_BORROW_POOL", "unset": "none: no borrowing"},
+    )
+    floor: int = setting(
+        "GPUHEAL_BORROW_FLOOR", 1, "never take an inference Deployment below this many ready replicas", ge=0
+    )
+
+
+# Declared once, held twice: by the incident's settings and by the job recovery's it passes on.
+def _verify_timeout_s() -> Any:
+    return setting(
+        "GPUHEAL_VERIFY_TIMEOUT_S", 1800.0, "how long a requeued job may take to train past its checkpoint", gt=0
+    )
+
+
+def _gpus_per_node() -> Any:
+    return setting("GPUHEAL_GPUS_PER_NODE", 8, "GPUs per node, for the GPU-time-lost figure", ge=1)
 
 
 class JobRecoverySettings(Frozen):
-    gather_s: float = Field(default=2.0, ge=0)  # incidents on a job's other nodes join within this
-    verify_timeout_s: float = Field(default=1800.0, gt=0)
-    retry_budget: int = Field(default=3, ge=1)  # requeues by gpuheal ...
-    retry_window_s: float = Field(default=24 * 3600.0, gt=0)  # ... within this window; then hold
-    gpus_per_node: int = Field(default=8, ge=1)
+    gather_s: float = setting(
+        "GPUHEAL_JOB_GATHER_S", 2.0, "a job recovery waits this long for incidents on the job's other nodes", ge=0
+    )
+    verify_timeout_s: float = _verify_timeout_s()
+    retry_budget: int = setting("GPUHEAL_JOB_RETRY_BUDGET", 3, "requeues by gpuheal of one job ...", ge=1)
+    retry_window_s: float = setting(
+        "GPUHEAL_JOB_RETRY_WINDOW_S", 24 * 3600.0, "... within this window; one more failure holds the job", gt=0
+    )
+    gpus_per_node: int = _gpus_per_node()
 
 
 class RemediationSettings(Frozen):
@@ -164,21 +229,29 @@ class RemediationSettings(Frozen):
     incident reads it from the worker when it is admitted, so its history records it. The
     cluster's policy (mode, budget, approval, breaker) is the coordinator's: gpuheal.core.fleet."""
 
-    kubernetes: KubernetesPolicy | None = None
-    borrow: BorrowPolicy | None = None
-    # After the checkpoint signal: wait until each job confirms a checkpoint, at most this long;
-    # a job that publishes no progress is waited for only checkpoint_unconfirmed_wait_s.
-    checkpoint_grace_s: float = Field(default=30.0, ge=0)
-    checkpoint_unconfirmed_wait_s: float = Field(default=5.0, ge=0)
-    verify_timeout_s: float = Field(default=1800.0, gt=0)
+    kubernetes: KubernetesPolicy | None = section(only_with=("GPUHEAL_KUBECONFIG", "GPUHEAL_K8S_IN_CLUSTER"))
+    borrow: BorrowPolicy | None = section(only_with=("GPUHEAL_BORROW_POOL",))
+    checkpoint_grace_s: float = setting(
+        "GPUHEAL_CHECKPOINT_GRACE_S", 30.0, "at most this long for each signalled job to confirm a checkpoint", ge=0
+    )
+    checkpoint_unconfirmed_wait_s: float = setting(
+        "GPUHEAL_CHECKPOINT_UNCONFIRMED_WAIT_S",
+        5.0,
+        "a signalled job that publishes no progress is waited for this long",
+        ge=0,
+    )
+    verify_timeout_s: float = _verify_timeout_s()
     # No spare: retry the replacement every capacity_retry_s, for at most capacity_wait_s.
-    capacity_wait_s: float = Field(default=1800.0, gt=0)
-    capacity_retry_s: float = Field(default=60.0, gt=0)
+    capacity_wait_s: float = setting(
+        "GPUHEAL_CAPACITY_WAIT_S", 1800.0, "no spare: how long to keep trying for a replacement", gt=0
+    )
+    capacity_retry_s: float = setting("GPUHEAL_CAPACITY_RETRY_S", 60.0, "... and how often", gt=0)
     jobs: JobRecoverySettings = JobRecoverySettings()
-    # How long a provider may take to repair or replace a node (a cloud VM can take minutes);
-    # the repair and replace activities' timeouts are derived from it, so the two always agree.
-    provider_timeout_s: float = Field(default=900.0, gt=0)
-    gpus_per_node: int = Field(default=8, ge=1)
+    # The repair and replace activities' timeouts are derived from it, so the two always agree.
+    provider_timeout_s: float = setting(
+        "GPUHEAL_PROVIDER_TIMEOUT_S", 900.0, "how long a provider may take to repair or replace a node", gt=0
+    )
+    gpus_per_node: int = _gpus_per_node()
 
 
 class RemediationInput(Frozen):
@@ -192,6 +265,9 @@ class Decision(Frozen):
 
     operator: OperatorName
     reason: str = Field(min_length=1, max_length=500)
+
+
+POLICY_OPERATOR = "gpuheal-policy"  # who decided when no person did in time (the policy's default)
 
 
 class RecordedDecision(Frozen):
@@ -440,7 +516,8 @@ class RemediationResult(BaseModel):
     action: ActionClass
     outcome: Outcome
     reason: str
-    node_state: str
+    node_state: NodeState
+    node_detail: str
     failure_observed_at: datetime
     closed_at: datetime
     stages: list[StageRecord]
@@ -458,6 +535,16 @@ class RemediationResult(BaseModel):
     mttr_s: float | None = None
     steps_lost: int = 0
     gpu_seconds_lost: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _words_only(cls, data: Any) -> Any:
+        """Results closed by a release before NodeState held the node's words in node_state."""
+        if isinstance(data, dict) and "node_detail" not in data and "node_state" in data:
+            legacy = str(data["node_state"])
+            known = legacy in NodeState.__members__.values()
+            return {**data, "node_state": legacy if known else NodeState.UNKNOWN, "node_detail": legacy}
+        return data
 
 
 class RemediationStatus(BaseModel):

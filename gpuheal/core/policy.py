@@ -2,7 +2,8 @@
 
 No I/O and no clocks here: the workflow passes in what it knows, so every decision is
 replay-safe and unit-tested (tests/test_policy.py). The XID facts come from NVIDIA's XID
-catalogue and field experience, summarised in shared/REFERENCE.md.
+catalogue (https://docs.nvidia.com/deploy/xid-errors/) and field experience; README.md, "The
+workflow", says what each action class does to a node.
 """
 
 from __future__ import annotations
@@ -142,15 +143,6 @@ def triage_all(reports: Sequence[HealthReport]) -> Triage:
 
 def plan_for(action: ActionClass) -> Plan:
     return PLANS[action]
-
-
-# The incident workflow's type, as visibility queries name it (`WorkflowType="GpuRemediation"`).
-REMEDIATION_WORKFLOW = "GpuRemediation"
-
-
-def workflow_id(cluster: str, node: str) -> str:
-    """One workflow per failed node: a second report for the node joins the running one."""
-    return f"gpuheal-{cluster}-{node}"
 
 
 def drain_reason(incident_id: str, why: str) -> str:

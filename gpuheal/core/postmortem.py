@@ -95,7 +95,7 @@ def _sections(rec: Record) -> list[tuple[str, list[str]]]:
     summary = [
         f"Node **{r.node}** in cluster **{r.cluster}**: {r.outcome} by {r.action.value} ({r.reason})",
         f"Failure observed {r.failure_observed_at:%Y-%m-%d %H:%M:%S} UTC; closed {r.closed_at:%H:%M:%S} UTC",
-        f"Node now: {r.node_state}",
+        f"Node now: {r.node_detail}",
         f"MTTR: {r.mttr_s:.1f} s" if r.mttr_s is not None else "MTTR: training did not resume under this incident",
         f"Training steps redone: {r.steps_lost}; GPU time lost: {r.gpu_seconds_lost / 3600:.2f} GPU-hours",
         f"Policy: version {r.policy_version}, mode {r.mode or 'auto'}",

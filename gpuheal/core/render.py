@@ -28,13 +28,14 @@ from gpuheal.core.models import (
     JobList,
     JobSnapshot,
     KubeNodeRef,
+    NodeAt,
+    NodeState,
     Outcome,
     RecordedDecision,
     RemediationResult,
     RequeueResult,
     ResumedJob,
     StageRecord,
-    UnrequeuedJob,
 )
 from gpuheal.core.policy import Plan
 
@@ -87,9 +88,9 @@ def held(report: HealthReport, why: str) -> str:
     return f"{report.describe()}: held, {why}"
 
 
-def escalated_state(node: str, drain: DrainResult | None, why: str) -> str:
+def escalated_state(node: str, drain: DrainResult | None, why: str) -> NodeAt:
     drained = "drained; " if drain is not None and drain.drained_by_us else ""
-    return f"{drained}not replaced: {why}"
+    return NodeAt(NodeState.ESCALATED, f"{drained}not replaced: {why}")
 
 
 def decided(d: RecordedDecision) -> str:
@@ -123,10 +124,6 @@ def cordoned(result: CordonResult, no_execute: bool) -> str:
     taints = "NoSchedule" + (" + NoExecute" if no_execute else "")
     by_others = " (it was already cordoned by someone else)" if result.cordoned_by_others else ""
     return f"cordoned, tainted {taints}{by_others}"
-
-
-def requeued(done: Sequence[RequeueResult], not_done: Sequence[UnrequeuedJob]) -> str:
-    return f"requeued {[r.job_id for r in done]}, not requeued {[u.job_id for u in not_done]}"
 
 
 def handed_over(accounts: Sequence[JobAccount], recoveries: Sequence[str]) -> str:
@@ -217,10 +214,10 @@ def awaiting_capacity(reason: str, waited_s: float, bound_s: float) -> str:
     return f"no capacity: {reason}; waited {waited_s:.0f} s of {bound_s:.0f} s"
 
 
-def no_capacity_state(node: str, jobs: Sequence[JobAccount]) -> str:
+def no_capacity_state(node: str, jobs: Sequence[JobAccount]) -> NodeAt:
     waiting = [a.job_id for a in jobs if a.fate in (JobFate.REQUEUED, JobFate.UNKNOWN) and a.resumed is None]
     tail = f"; job(s) {waiting} pending on the cluster without {node}" if waiting else ""
-    return f"{node} drained and out; replacement pending (no capacity){tail}"
+    return NodeAt(NodeState.AWAITING_REPLACEMENT, f"{node} drained and out; replacement pending (no capacity){tail}")
 
 
 def evicted(result: EvictResult) -> str:
@@ -236,8 +233,8 @@ def replaced(new_node: str, node: str) -> str:
     return f"{new_node} joined in place of {node}"
 
 
-def replaced_earlier_state(e: EarlierReplacement) -> str:
-    return f"replaced earlier by {e.replacement_node}"
+def replaced_earlier_state(e: EarlierReplacement) -> NodeAt:
+    return NodeAt(NodeState.ALREADY_REPLACED, f"replaced earlier by {e.replacement_node}")
 
 
 def replaced_earlier(e: EarlierReplacement) -> str:
@@ -248,37 +245,44 @@ def replaced_earlier(e: EarlierReplacement) -> str:
     )
 
 
-def resumed(jobs: Sequence[ResumedJob]) -> str:
-    return "; ".join(f"job {r.job_id} at step {r.step} (> ckpt {r.checkpoint_step}) on {r.node}" for r in jobs)
-
-
 # --- node states at the close ---------------------------------------------------------------
 
 
-def aborted_node_state(node: str, drain: DrainResult | None) -> str:
+UNTOUCHED = NodeAt(NodeState.UNTOUCHED, "untouched")
+OBSERVED = NodeAt(NodeState.UNTOUCHED, "untouched (observe mode)")
+NOT_DRAINED = NodeAt(NodeState.IN_SERVICE, "in service (not drained)")
+
+
+def aborted_node_state(node: str, drain: DrainResult | None) -> NodeAt:
     if drain is None or not drain.drained_by_us:
-        return "untouched"
-    return f"drained by this incident; not replaced; release with: scontrol update nodename={node} state=resume"
+        return UNTOUCHED
+    why = f"drained by this incident; not replaced; release with: scontrol update nodename={node} state=resume"
+    return NodeAt(NodeState.DRAINED, why)
 
 
-def blocked_node_state(blocked: Sequence[str]) -> str:
-    return f"drained and cordoned; pods {list(blocked)} still there; not replaced"
+def blocked_node_state(blocked: Sequence[str]) -> NodeAt:
+    return NodeAt(NodeState.BLOCKED, f"drained and cordoned; pods {list(blocked)} still there; not replaced")
 
 
-def returned_repaired(detail: str) -> str:
-    return f"repaired, health check passed; {detail}"
+def returned_repaired(detail: str) -> NodeAt:
+    return NodeAt(NodeState.RETURNED, f"repaired, health check passed; {detail}")
 
 
-def left_drained(drain: DrainResult | None) -> str:
+def left_drained(drain: DrainResult | None) -> NodeAt:
     before = drain.previous_reason if drain else ""
-    return f"repaired, health check passed; left drained (drained before us: {before!r})"
+    return NodeAt(
+        NodeState.LEFT_DRAINED, f"repaired, health check passed; left drained (drained before us: {before!r})"
+    )
 
 
-def returned_replaced(new_node: str, detail: str) -> str:
-    return f"replaced by {new_node}; {detail}"
+def returned_replaced(new_node: str | None, detail: str) -> NodeAt:
+    return NodeAt(NodeState.REPLACED, f"replaced by {new_node or '(none yet)'}; {detail}")
 
 
-NOT_DRAINED = "in service (not drained)"
+def replaced_after_failed_health_check(health: str, new_node: str | None, detail: str) -> NodeAt:
+    """A repair that did not take: the node went, a spare came."""
+    replaced = returned_replaced(new_node, detail)
+    return NodeAt(replaced.state, f"health check failed after the repair ({health}): {replaced.detail}")
 
 
 # --- notifications --------------------------------------------------------------------------
@@ -338,7 +342,7 @@ def render_result(result: RemediationResult, url: str | None = None) -> str:
     lines = [
         f"incident   {result.incident_id}  ({result.outcome}: {result.action.value})",
         f"reason     {result.reason}",
-        f"node       {result.node_state}",
+        f"node       {result.node_detail}",
     ]
     for account in result.jobs:
         lines.append(job_line(account))

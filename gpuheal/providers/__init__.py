@@ -25,7 +25,7 @@ PROVIDERS: dict[str, str] = {
 
 def build_provider(ctx: ProviderContext) -> NodeProvider:
     """The provider GPUHEAL_PROVIDER names; refuses, naming the setting, when it is unset or unknown."""
-    name = ctx.settings.provider
+    name = ctx.settings.name
     choices = ", ".join(PROVIDERS)
     if not name:
         raise SettingsError(

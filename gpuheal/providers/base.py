@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.core.settings import Settings
+from gpuheal.core.settings import ProviderSettings
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -53,7 +53,8 @@ class NoSpareCapacity(RuntimeError):
 class ProviderContext:
     """What a provider may use, built once by the worker."""
 
-    settings: Settings
+    settings: ProviderSettings
+    timeout_s: float  # RemediationSettings.provider_timeout_s: the activities' timeouts agree with it
     slurm: SlurmBackend
     kube: ApiClient | None = None  # the worker's Kubernetes identity, when Kubernetes is on
 

@@ -61,12 +61,12 @@ class ExecHookProvider:
 
 
 def build(ctx: ProviderContext) -> ExecHookProvider:
-    if not ctx.settings.provider_hook:
+    if not ctx.settings.hook:
         raise SettingsError("GPUHEAL_PROVIDER=exec needs GPUHEAL_PROVIDER_HOOK (the hook's path)")
-    return ExecHookProvider(ctx.settings.provider_hook, ctx.settings.remediation.provider_timeout_s)
+    return ExecHookProvider(ctx.settings.hook, ctx.timeout_s)
 
 
 def repair_hook(ctx: ProviderContext) -> ExecHookProvider | None:
     """The hook for GPU resets and reboots on platforms that have no API for them."""
     hook = ctx.settings.repair_hook
-    return ExecHookProvider(hook, ctx.settings.remediation.provider_timeout_s) if hook else None
+    return ExecHookProvider(hook, ctx.timeout_s) if hook else None

@@ -129,6 +129,4 @@ def _first_attempt_time() -> datetime:
 def build(ctx: ProviderContext) -> KubernetesProvider:
     if ctx.kube is None:
         raise SettingsError("GPUHEAL_PROVIDER=kubernetes needs GPUHEAL_KUBECONFIG or GPUHEAL_K8S_IN_CLUSTER=1")
-    return KubernetesProvider(
-        ctx.slurm, ctx.kube, timeout_s=ctx.settings.remediation.provider_timeout_s, repairer=repair_hook(ctx)
-    )
+    return KubernetesProvider(ctx.slurm, ctx.kube, timeout_s=ctx.timeout_s, repairer=repair_hook(ctx))

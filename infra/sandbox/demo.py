@@ -21,7 +21,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core import policy
+from gpuheal.core import ids
 from gpuheal.core.models import RemediationResult, RemediationStatus
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
@@ -110,7 +110,7 @@ class OwnerInbox:
 
 
 async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
-    client = await connect(Settings.from_env(sb.env()))
+    client = await connect(Settings.from_env(sb.env()).temporal)
     job = sb.submit_training(name="llm-pretrain", env={"TRAIN_NOTIFY": "ml-team@example.com"})
     say(
         f"submitted training job {job} (checkpoints every 10 steps; its progress line says it traps SIGUSR1, "
@@ -132,7 +132,7 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     if status != 200:
         say(f"webhook refused the alert: HTTP {status} {body}")
         return 1
-    incident = policy.workflow_id(sb.cluster, node)
+    incident = ids.incident_id(sb.cluster, node)
     say(f"incident {incident} started; UI: {sb.ui_url}/namespaces/default/workflows/{incident}")
     handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, incident)
     result = await asyncio.wait_for(follow(handle), timeout=600)

@@ -19,7 +19,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core.fleet import coordinator_id
+from gpuheal.core import ids
 from gpuheal.core.models import (
     ActionClass,
     ApprovalPolicy,
@@ -67,9 +67,8 @@ async def scenario(
     )
     if kube is not None:
         kube.reset_nodes(["gpu01", "gpu02", "gpu03"])
-        settings = settings.model_copy(
-            update={"kubeconfig": str(kube.worker_kubeconfig), "sandbox_kubeconfig": str(kube.admin_kubeconfig)}
-        )
+        platform = settings.provider.model_copy(update={"sandbox_kubeconfig": str(kube.admin_kubeconfig)})
+        settings = settings.model_copy(update={"kubeconfig": str(kube.worker_kubeconfig), "provider": platform})
     fleet = settings.fleet.model_copy(update={"approval": approval or ApprovalPolicy()})
     settings = settings.model_copy(update={"remediation": remediation, "fleet": fleet})
     job = sb.submit_training(name)
@@ -89,7 +88,7 @@ async def scenario(
             await client.get_workflow_handle(recovery).result()
             saved = await client.get_workflow_handle(recovery).fetch_history()
             (HERE / f"{name}.job_recovery{i or ''}.json").write_text(saved.to_json())
-        coordinator = await client.get_workflow_handle(coordinator_id(settings.require_cluster())).fetch_history()
+        coordinator = await client.get_workflow_handle(ids.coordinator_id(settings.require_cluster())).fetch_history()
     (HERE / f"{name}.json").write_text(history.to_json())
     (HERE / f"{name}.fleet.json").write_text(coordinator.to_json())
     print(
@@ -100,7 +99,7 @@ async def scenario(
 async def main() -> int:
     sb = Sandbox.named("bench", RUN / "record")
     sb.start_temporal(fresh=True)
-    client = await connect(Settings.from_env(sb.env()))
+    client = await connect(Settings.from_env(sb.env()).temporal)
     quick = RemediationSettings(checkpoint_grace_s=1, verify_timeout_s=120)
     approval = ApprovalPolicy(required_for=(ActionClass.RESET_GPU,), timeout_s=600)
     try:

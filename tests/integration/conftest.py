@@ -83,7 +83,7 @@ def slurm(stack: Sandbox, request: pytest.FixtureRequest) -> Sandbox:
 
 @pytest.fixture(scope="session")
 async def client(stack: Sandbox) -> Client:
-    return await connect(Settings.from_env(stack.env()))
+    return await connect(Settings.from_env(stack.env()).temporal)
 
 
 ROOMY = FleetPolicy(
@@ -238,7 +238,8 @@ def k8s_settings(settings: Settings, kube: KubeSandbox, slurm: Sandbox) -> Setti
     return settings.model_copy(
         update={
             "kubeconfig": str(kube.worker_kubeconfig),  # the worker runs with its ServiceAccount's RBAC
-            "sandbox_kubeconfig": str(kube.admin_kubeconfig),  # the node group (platform) may create Nodes
+            # the node group (platform) may create Nodes
+            "provider": settings.provider.model_copy(update={"sandbox_kubeconfig": str(kube.admin_kubeconfig)}),
             "remediation": RemediationSettings(
                 checkpoint_grace_s=1,
                 verify_timeout_s=120,

@@ -16,7 +16,9 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from gpuheal.core import policy
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.messages import INCIDENT
 from gpuheal.core.settings import Settings
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import Sandbox
@@ -82,7 +84,8 @@ def monitoring(webhook: Sandbox, agent: subprocess.Popen[bytes]) -> Iterator[Mon
 @pytest.fixture
 async def cleanup(client: Client, settings: Settings) -> AsyncIterator[None]:
     yield  # no worker runs here: end the incidents these tests start
-    async for wf in client.list_workflows(f'Cluster="{settings.cluster}" AND ExecutionStatus="Running"'):
+    running = queries.where(queries.eq(sa.CLUSTER, settings.cluster or ""), queries.status("Running"))
+    async for wf in client.list_workflows(running):
         await client.get_workflow_handle(wf.id).terminate("test over")
 
 
@@ -91,7 +94,7 @@ async def test_kernel_xid_reaches_a_workflow_through_prometheus_and_alertmanager
 ) -> None:
     with kmsg.open("a") as f:
         f.write(XID79)
-    handle = await incident_started(client, policy.workflow_id(settings.cluster, "gpu01"), 60)
+    handle = await incident_started(client, ids.incident_id(settings.cluster, "gpu01"), 60)
     history = await handle.fetch_history()
     start = history.events[0].workflow_execution_started_event_attributes
     payload = start.input.payloads[0].data.decode()
@@ -107,7 +110,7 @@ async def test_agent_direct_report_starts_a_workflow(
     try:
         with kmsg.open("a") as f:
             f.write(XID79)
-        handle = await incident_started(client, policy.workflow_id(settings.cluster, "gpu01"), 20)
+        handle = await incident_started(client, ids.incident_id(settings.cluster, "gpu01"), 20)
     finally:
         Sandbox.stop_process(proc)
     history = await handle.fetch_history()
@@ -134,7 +137,7 @@ async def test_slurm_health_check_hook_reports_instead_of_draining(
     out = await asyncio.to_thread(subprocess.run, [str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "health_check_failed" in out.stdout and "(reported)" in out.stdout
-    handle = await incident_started(client, policy.workflow_id(settings.cluster, "gpu02"), 10)
+    handle = await incident_started(client, ids.incident_id(settings.cluster, "gpu02"), 10)
     assert handle.id.endswith("gpu02")
     assert "DRAIN" not in webhook.slurm("sinfo", "-h", "-n", "gpu02", "-o", "%T").upper()
 
@@ -153,7 +156,8 @@ async def test_fifty_firing_alerts_for_one_node_start_one_workflow(
     status, body = await asyncio.to_thread(webhook.post_alert, payload)
     assert status == 200, body
     assert {s["workflow_id"] for s in body["started_or_joined"]} == {  # type: ignore[union-attr]
-        policy.workflow_id(settings.cluster, "gpu01")
+        ids.incident_id(settings.cluster, "gpu01")
     }
     await asyncio.sleep(1)
-    assert (await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')).count == 1
+    incidents = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, settings.cluster or ""))
+    assert (await client.count_workflows(incidents)).count == 1

@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import Client
 
 from gpuheal.cli import errors
-from gpuheal.core.fleet import coordinator_id
+from gpuheal.core import ids
 from gpuheal.core.models import Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
@@ -70,7 +70,7 @@ async def test_no_worker_status_answers_from_temporals_record_within_seconds(
     assert "stage triage" in done.stdout and "Temporal's record" in done.stdout
     assert "no worker answered" in done.stdout
     plain(done.stderr)
-    await client.get_workflow_handle(f"gpuheal-{settings.cluster}-gpu03").terminate("test over")
+    await client.get_workflow_handle(ids.incident_id(settings.cluster or "", "gpu03")).terminate("test over")
 
 
 async def test_a_closed_incident_answers_from_its_history_and_lists_itself(
@@ -122,4 +122,4 @@ async def test_approving_an_incident_that_is_not_waiting_is_refused_with_its_sta
         status = await handle.query(GpuRemediationWorkflow.status)
         assert status.stage == Stage.HELD and not any("approval" in d for d in status.done)  # nothing changed
         await handle.terminate("test over")
-        await client.get_workflow_handle(coordinator_id(settings.cluster or "")).terminate("test over")
+        await client.get_workflow_handle(ids.coordinator_id(settings.cluster or "")).terminate("test over")

@@ -15,16 +15,17 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import (
     BudgetPolicy,
-    CapacityDecision,
     CapacityRequest,
     EscalationPolicy,
     FleetStatus,
     Placement,
     RepeatPolicy,
-    coordinator_id,
 )
+from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_STATUS, INCIDENT
 from gpuheal.core.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
@@ -51,10 +52,7 @@ def with_fleet(settings: Settings, **policy: Any) -> Settings:
 
 
 async def fleet_status(client: Client, settings: Settings) -> FleetStatus:
-    status: FleetStatus = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).query(
-        "status", result_type=FleetStatus
-    )
-    return status
+    return await FLEET_STATUS.ask(client.get_workflow_handle(ids.coordinator_id(settings.cluster or "")))
 
 
 @pytest.fixture
@@ -234,7 +232,9 @@ async def test_the_same_alert_posted_again_after_its_incident_closed_starts_noth
     assert status == 200 and again["started_or_joined"] == []
     (handled,) = cast("list[dict[str, str]]", again["already_handled"])
     assert handled["by"] == incident and "gpu02" in handled["report"]
-    count = await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')
+    count = await client.count_workflows(
+        queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, settings.cluster or ""))
+    )
     assert count.count == 1
 
 
@@ -265,15 +265,14 @@ async def test_a_grant_is_counted_once_whatever_the_retries_and_kills(
             worker = slurm.start_worker()
             fleet = await fleet_status(client, settings)
             grant = fleet.out_of_service[0]
-            again = await client.get_workflow_handle(coordinator_id(settings.cluster or "")).execute_update(
-                "request_capacity",
+            again = await FLEET_REQUEST_CAPACITY.execute(
+                client.get_workflow_handle(ids.coordinator_id(settings.cluster or "")),
                 CapacityRequest(
                     cluster=settings.cluster or "",
                     incident_id=handle.id,
                     placement=Placement(node="gpu01", cluster_size=3, pool=grant.pool),
                     action=ActionClass.RESET_GPU,
                 ),
-                result_type=CapacityDecision,
             )
             assert again.granted and again.already
             after = await fleet_status(client, settings)
@@ -309,7 +308,9 @@ async def test_a_cli_report_runs_under_the_clusters_approval_policy(
     async with make_worker(client, settings):
         typed = await gpuheal(slurm, settings, "report", "--node", "gpu02", "--xid", "79", GPUHEAL_APPROVAL_REQUIRED="")
         assert typed.returncode == 0, typed.stderr
-        handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, f"gpuheal-{settings.cluster}-gpu02")
+        handle = client.get_workflow_handle_for(
+            GpuRemediationWorkflow.run, ids.incident_id(settings.cluster or "", "gpu02")
+        )
         await until(lambda: _awaiting(handle), "the approval wait")
         aborted = await gpuheal(slurm, settings, "abort", "gpu02", "--operator", "carol", "--reason", "not today")
         assert aborted.returncode == 0, aborted.stderr
@@ -352,4 +353,4 @@ async def test_half_a_rack_is_one_domain_incident_not_two_replacements(
         results = await asyncio.wait_for(asyncio.gather(a.result(), b.result()), 90)
     assert [r.outcome for r in results] == ["escalated", "escalated"]
     assert all(r.replacement_node is None for r in results)  # one domain incident, not two replacements
-    assert domain.incident_id in results[0].node_state
+    assert domain.incident_id in results[0].node_detail

@@ -203,8 +203,8 @@ async def test_no_spare_ends_in_a_clear_state_within_its_bound(
         assert account.recovery_id is not None
         recovered = await asyncio.wait_for(client.get_workflow_handle(account.recovery_id).result(), 60)
     assert result.outcome == "no_capacity" and took < 40  # a named end, within its bound
-    assert f"{node} drained and out; replacement pending" in result.node_state
-    assert f"pending on the cluster without {node}" in result.node_state
+    assert f"{node} drained and out; replacement pending" in result.node_detail
+    assert f"pending on the cluster without {node}" in result.node_detail
     waiting = next(s for s in result.stages if s.stage == Stage.AWAITING_CAPACITY)
     assert waiting.duration_s is not None and 8 <= waiting.duration_s < 15
     history = await handle.fetch_history()

@@ -197,7 +197,7 @@ async def test_node_cordoned_by_someone_else_stays_cordoned(
     core.patch_node("gpu02", {"spec": {"unschedulable": True}})  # an operator's maintenance cordon
     handle = await start_or_join(client, k8s_settings, report(k8s_settings, "gpu02", 48))
     result = await asyncio.wait_for(handle.result(), 120)
-    assert result.outcome == "resolved" and "left cordoned" in result.node_state
+    assert result.outcome == "resolved" and "left cordoned" in result.node_detail
     n = node(kube, "gpu02")
     assert n.spec.unschedulable is True
     assert not any(t.key == TAINT_KEY for t in (n.spec.taints or []))  # our taint is gone

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from gpuheal.core import policy
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.messages import INCIDENT, RECOVERY_STATUS
 from gpuheal.core.models import ActionClass, ApprovalPolicy, Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
@@ -51,15 +53,16 @@ async def wait_for_recovery_stage(client: Client, incident: Any, stage: str, tim
                 text = e.activity_task_completed_event_attributes.result.payloads[0].data.decode()
                 if '"recovery_id"' in text:
                     recovery_id = json.loads(text)["recovery_id"]
-                    status = await client.get_workflow_handle(recovery_id).query("status")
-                    if status["stage"] == stage:
+                    status = await RECOVERY_STATUS.ask(client.get_workflow_handle(recovery_id))
+                    if status.stage == stage:
                         return str(recovery_id)
         await asyncio.sleep(0.1)
     raise AssertionError(f"no job recovery reached {stage}")
 
 
 async def count_incidents(client: Client, settings: Settings) -> int:
-    return (await client.count_workflows(f'WorkflowType="GpuRemediation" AND Cluster="{settings.cluster}"')).count
+    incidents = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, settings.cluster or ""))
+    return (await client.count_workflows(incidents)).count
 
 
 @across_slurm
@@ -72,7 +75,7 @@ async def test_whole_loop_from_alert_to_resumed_training(
     sb.inject_gpu_fault(node)
     status, body = await asyncio.to_thread(sb.post_alert, alert_for(sb, settings, node, 79))
     assert status == 200, body
-    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, policy.workflow_id(settings.cluster, node))
+    handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, ids.incident_id(settings.cluster, node))
     result = await asyncio.wait_for(handle.result(), 120)
 
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
@@ -180,7 +183,7 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
         assert "abort recorded" in cli.stdout
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.outcome == "aborted"
-    assert "state=resume" in result.node_state
+    assert "state=resume" in result.node_detail
     state = slurm.nodes()[node]
     assert state.drained and state.reason.startswith(result.incident_id)
     assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from temporalio.client import Client
 
+from gpuheal.core import ids
 from gpuheal.core.models import ActionClass, ApprovalPolicy
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
@@ -88,7 +89,7 @@ async def test_the_ui_and_the_postmortem_in_a_browser(
 ) -> None:
     fleet = settings.fleet.model_copy(update={"approval": ApprovalPolicy(required_for=(ActionClass.RESET_GPU,))})
     settings = settings.model_copy(update={"fleet": fleet})
-    url = settings.incident_url(f"gpuheal-{settings.cluster}-gpu02")
+    url = settings.incident_url(ids.incident_id(settings.cluster or "", "gpu02"))
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, "gpu02", 48))
 

@@ -21,7 +21,7 @@ async def test_each_question_is_one_call_whatever_the_queue(slurm: Sandbox) -> N
         slurm.slurm("sbatch", "-o", "/dev/null", f"--nodelist={nodes}", f"--nodes={count}", "--wrap=sleep 300")
     for _ in range(20):
         slurm.slurm("sbatch", "-H", "-o", "/dev/null", "--wrap=sleep 1")
-    backend = build_slurm(Settings.from_env(slurm.env()))
+    backend = build_slurm(Settings.from_env(slurm.env()).slurm)
     await backend.nodes()  # learn the schema (and, over REST, the API version)
     for _ in range(50):
         on_gpu02 = await backend.jobs_on_node("gpu02")
@@ -41,7 +41,7 @@ async def test_each_question_is_one_call_whatever_the_queue(slurm: Sandbox) -> N
 async def test_a_refused_token_says_so_and_is_never_shown(slurm: Sandbox) -> None:
     token_file = slurm.slurm_dir / "rest.token"
     token_file.write_text("eyJhbGciOiJIUzI1NiJ9.bm90LWEtcmVhbC10b2tlbg.c2lnbmF0dXJl\n")
-    backend = build_slurm(Settings.from_env(slurm.env()))
+    backend = build_slurm(Settings.from_env(slurm.env()).slurm)
     with pytest.raises(SlurmError, match="refused the token for user 'root'") as err:
         await backend.nodes()
     assert "eyJhbGciOiJIUzI1NiJ9" not in str(err.value)

@@ -15,7 +15,7 @@ from gpuheal.clients.slurm.base import (
     UnknownSchema,
 )
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.settings import Settings
+from gpuheal.core.settings import SlurmSettings
 
 __all__ = [
     "JobUpdate",
@@ -29,12 +29,11 @@ __all__ = [
 ]
 
 
-def build_slurm(settings: Settings) -> SlurmBackend:
-    s = settings.slurm
+def build_slurm(s: SlurmSettings) -> SlurmBackend:
     if s.backend == "cli":
         from gpuheal.clients.slurm.cli import SlurmCli
 
-        return SlurmCli(settings.slurm_conf, shlex.split(s.cli_wrapper) if s.cli_wrapper else None)
+        return SlurmCli(s.conf, shlex.split(s.cli_wrapper) if s.cli_wrapper else None)
     if not s.rest_url or not s.rest_user:
         raise SettingsError(
             "GPUHEAL_SLURM_BACKEND=rest needs GPUHEAL_SLURM_REST_URL (slurmrestd's address) and "

@@ -1,0 +1,90 @@
+"""Every workflow id gpuheal gives, built and recognised here: each format is written once.
+
+The ids carry the design: one incident per node (a second report joins the running one), one
+coordinator per cluster, one recovery per failure of a job (every incident that saw it joins the
+same one), one domain incident per failing domain. Operators type them (`gpuheal status
+gpuheal-prod-gpu01`), Slurm's drain reasons name them, and recorded histories hold them
+(tests/histories replay them), so a format never changes.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal
+
+from gpuheal.core.models import NODE_NAME_PATTERN
+
+if TYPE_CHECKING:
+    from gpuheal.core.models import JobSnapshot
+
+PREFIX = "gpuheal-"
+
+Kind = Literal["coordinator", "domain_incident", "job_recovery", "incident"]
+
+# What follows "gpuheal-{cluster}-" for each kind; recognised in this order (an incident, any node
+# name, last). A field's pattern is what it may hold.
+FORMATS: dict[Kind, str] = {
+    "coordinator": "fleet",
+    "domain_incident": "domain-{slug}-{at}",
+    "job_recovery": "job-{job_id}-{submit_time}-r{restart_count}",
+    "incident": "{node}",
+}
+_FIELDS = {
+    "slug": r"[^\s]+",
+    "at": r"\d{14}",
+    "job_id": r"\d+",
+    "submit_time": r"\d+",
+    "restart_count": r"\d+",
+    "node": NODE_NAME_PATTERN.removeprefix("^").removesuffix("$"),
+}
+
+
+def _build(kind: Kind, cluster: str, **fields: object) -> str:
+    return f"{PREFIX}{cluster}-{FORMATS[kind].format(**fields)}"
+
+
+def incident_id(cluster: str, node: str) -> str:
+    """One workflow per failed node: a second report for the node joins the running one."""
+    return _build("incident", cluster, node=node)
+
+
+def coordinator_id(cluster: str) -> str:
+    return _build("coordinator", cluster)
+
+
+def recovery_id(cluster: str, job: JobSnapshot) -> str:
+    """One recovery per failure of a job: every incident that saw this failure (same job, same
+    submission, same restart count) lands in the same one; a later failure is a new one."""
+    return _build(
+        "job_recovery", cluster, job_id=job.job_id, submit_time=job.submit_time, restart_count=job.restart_count
+    )
+
+
+def domain_incident_id(cluster: str, domain: str, at: datetime) -> str:
+    """A domain ("gpuheal.io/rack=r7") as a slug, and when it was opened (to the second)."""
+    slug = "".join(c if c.isalnum() else "-" for c in domain).strip("-").lower()
+    return _build("domain_incident", cluster, slug=slug, at=f"{at:%Y%m%d%H%M%S}")
+
+
+def is_gpuheal_id(text: str) -> bool:
+    """Whether an operator's argument is an id rather than a node name (of any cluster)."""
+    return text.startswith(PREFIX)
+
+
+def _pattern(kind: Kind, cluster: str) -> re.Pattern[str]:
+    parts = [re.escape(f"{PREFIX}{cluster}-")]
+    for literal, field, _, _ in string.Formatter().parse(FORMATS[kind]):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(f"(?:{_FIELDS[field]})")
+    return re.compile("".join(parts))
+
+
+def kind_of(workflow_id: str, cluster: str) -> Kind | None:
+    """Which of the cluster's workflows this id names, or None (another cluster's, or not ours)."""
+    for kind in FORMATS:
+        if _pattern(kind, cluster).fullmatch(workflow_id):
+            return kind
+    return None

@@ -1,0 +1,158 @@
+"""Every workflow's type and every message it takes: name, input and output, declared once.
+
+What activities/interface.py is for activities, this is for workflows: the handlers are declared
+by these names (``@workflow.update(name=FLEET_PAUSE.name)``) and every caller goes through the
+reference (``await FLEET_PAUSE.execute(handle, action)``), so a name is spelled once and the
+argument and the answer are typed by it. The references live in core because the activities and
+the CLI may not import the workflows (the floors in pyproject.toml); tests/test_messages.py
+checks every handler's name and signature against its reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from gpuheal.core.fleet import (
+    Admission,
+    AdmitRequest,
+    CapacityDecision,
+    CapacityRequest,
+    CoordinatorInput,
+    DomainDecision,
+    DomainIncidentInput,
+    DomainIncidentResult,
+    FleetStatus,
+    GrantNotice,
+    ModeChange,
+    OperatorAction,
+    Override,
+    PolicyChange,
+    VersionedPolicy,
+)
+from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoveryStatus, RecoveryJoin
+from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
+
+if TYPE_CHECKING:  # only typed here: the callers bring their handles (client, activity or workflow side)
+    from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+    from temporalio.workflow import ExternalWorkflowHandle
+
+I = TypeVar("I")  # noqa: E741  (input, output: as in activities/interface.py)
+O = TypeVar("O")  # noqa: E741
+
+
+@dataclass(frozen=True)
+class Workflow(Generic[I, O]):
+    """A workflow type: started by name (activities cannot import the class), typed by these."""
+
+    name: str
+    input: type[I]
+    output: type[O]
+
+    def handle(self, client: Client, workflow_id: str, run_id: str | None = None) -> WorkflowHandle[Any, O]:
+        return client.get_workflow_handle(workflow_id, run_id=run_id, result_type=self.output)
+
+
+@dataclass(frozen=True)
+class Update(Generic[I, O]):
+    name: str
+    input: type[I]
+    output: type[O]
+
+    async def execute(self, handle: WorkflowHandle[Any, Any], arg: I) -> O:
+        answer: O = await handle.execute_update(self.name, arg, result_type=self.output)
+        return answer
+
+    async def execute_with_start(self, client: Client, arg: I, start: WithStartWorkflowOperation[Any, Any]) -> O:
+        answer: O = await client.execute_update_with_start_workflow(
+            self.name, arg, start_workflow_operation=start, result_type=self.output
+        )
+        return answer
+
+
+@dataclass(frozen=True)
+class Signal(Generic[I]):
+    name: str
+    input: type[I]
+
+    async def send(self, handle: WorkflowHandle[Any, Any] | ExternalWorkflowHandle[Any], arg: I) -> None:
+        await handle.signal(self.name, arg)
+
+
+@dataclass(frozen=True)
+class Query(Generic[O]):
+    name: str
+    output: type[O]
+
+    async def ask(self, handle: WorkflowHandle[Any, Any], rpc_timeout: timedelta | None = None) -> O:
+        answer: O = await handle.query(self.name, result_type=self.output, rpc_timeout=rpc_timeout)
+        return answer
+
+
+# --- the incident: one per failed node (workflows/remediation.py) ------------------------------
+INCIDENT = Workflow("GpuRemediation", RemediationInput, RemediationResult)  # `WorkflowType=` in queries
+INCIDENT_REPORT = Signal("report", HealthReport)  # another report for the node (signal-with-start)
+INCIDENT_CAPACITY = Signal("capacity", GrantNotice)  # coordinator -> held incident
+INCIDENT_JOB_RECOVERED = Signal("job_recovered", JobRecoveryResult)  # job recovery -> each incident it answers
+INCIDENT_APPROVE = Update("approve", Decision, str)
+INCIDENT_ABORT = Update("abort", Decision, str)
+INCIDENT_APPROVE_SIGNAL = Signal("approve", Decision)  # fire and forget: ignored unless awaiting approval
+INCIDENT_ABORT_SIGNAL = Signal("abort", Decision)
+INCIDENT_GIVE_BACK = Update("give_back", Decision, str)  # the borrowed inference node goes back now
+INCIDENT_STATUS = Query("status", RemediationStatus)
+
+# --- the cluster's coordinator (workflows/fleet.py) ----------------------------------------------
+COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None))
+FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the first incident starts it
+FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
+FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
+FLEET_RELEASE = Update("release", str, str)  # the incident id
+FLEET_PAUSE = Update("pause", OperatorAction, str)
+FLEET_RESUME = Update("resume", OperatorAction, str)
+FLEET_SET_MODE = Update("set_mode", ModeChange, str)
+FLEET_SET_POLICY = Update("set_policy", PolicyChange, str)
+FLEET_OVERRIDE = Update("override", Override, str)
+FLEET_DOMAIN_DECISION = Update("domain_decision", DomainDecision, str)
+FLEET_STATUS = Query("status", FleetStatus)
+FLEET_POLICY = Query("current_policy", VersionedPolicy)
+
+# --- a domain failing as a whole (workflows/fleet.py) --------------------------------------------
+DOMAIN_INCIDENT = Workflow("DomainIncident", DomainIncidentInput, DomainIncidentResult)
+DOMAIN_DECIDE = Update("decide", DomainDecision, str)
+
+# --- one failure of one job (workflows/job_recovery.py) ------------------------------------------
+JOB_RECOVERY = Workflow("JobRecovery", JobRecoveryInput, JobRecoveryResult)
+RECOVERY_JOIN = Signal("join", RecoveryJoin)  # incident -> recovery (signal-with-start)
+RECOVERY_STATUS = Query("status", JobRecoveryStatus)
+
+# Each workflow type and the messages its handlers declare (tests/test_messages.py checks them).
+HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[Any], ...]] = {
+    INCIDENT: (
+        INCIDENT_REPORT,
+        INCIDENT_CAPACITY,
+        INCIDENT_JOB_RECOVERED,
+        INCIDENT_APPROVE,
+        INCIDENT_ABORT,
+        INCIDENT_APPROVE_SIGNAL,
+        INCIDENT_ABORT_SIGNAL,
+        INCIDENT_GIVE_BACK,
+        INCIDENT_STATUS,
+    ),
+    COORDINATOR: (
+        FLEET_ADMIT,
+        FLEET_REQUEST_CAPACITY,
+        FLEET_CONFIRM,
+        FLEET_RELEASE,
+        FLEET_PAUSE,
+        FLEET_RESUME,
+        FLEET_SET_MODE,
+        FLEET_SET_POLICY,
+        FLEET_OVERRIDE,
+        FLEET_DOMAIN_DECISION,
+        FLEET_STATUS,
+        FLEET_POLICY,
+    ),
+    DOMAIN_INCIDENT: (DOMAIN_DECIDE,),
+    JOB_RECOVERY: (RECOVERY_JOIN, RECOVERY_STATUS),
+}

@@ -1,0 +1,90 @@
+"""The incident's side of capacity: the negotiation with its cluster's coordinator
+(workflows/fleet.py) — admission (the cluster's policy, where the node sits, a repeat offender),
+a grant before any capacity leaves service, its confirmation before a replacement, its release
+at the close — and the wait for a replacement when there is no spare. Every coordinator call is
+an activity keyed by the incident, so a retried or replayed one counts once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from temporalio import workflow
+
+from gpuheal.workflows import gate
+from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.incident.state import IncidentState
+
+with workflow.unsafe.imports_passed_through():
+    from gpuheal.activities import interface as act
+    from gpuheal.core import render
+    from gpuheal.core.fleet import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
+    from gpuheal.core.models import ActionClass, ReplacementResult
+
+
+async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
+    ask = AdmitAsk(
+        incident_id=s.ref.incident_id,
+        run_id=workflow.info().first_execution_run_id,
+        cluster=s.ref.cluster,
+        node=s.ref.node,
+        action=action,
+        what=what,
+        gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
+    )
+    answer = await act_run(act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator")
+    s.settings, s.placement = answer.settings, answer.placement
+    s.policy = answer.admission.policy
+    s.repeat = answer.admission.repeat_offender
+
+
+async def request(s: IncidentState) -> CapacityDecision:
+    """Before capacity leaves service: granted now, or held in line."""
+    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity")
+
+
+async def confirm(s: IncidentState) -> CapacityDecision:
+    """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
+    return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+
+
+async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | None:
+    """Held: the coordinator's notice (granted, or dismissed into a domain incident), or None."""
+    s.grant = None  # an earlier notice does not answer this wait
+    return await gate.wait_for(
+        lambda: s.grant, within=timedelta(seconds=within_s), summary="held: capacity never freed within the bound"
+    )
+
+
+async def await_replacement(s: IncidentState, replace: Callable[[], Awaitable[ReplacementResult]]) -> str | None:
+    """No spare now: retry on a slow cadence until the capacity bound. The stage's outcome once a
+    replacement came, None when it did not (or an early give-back of a borrowed node ended it)."""
+    settings = s.settings
+    started = workflow.now()
+    while (workflow.now() - started).total_seconds() < settings.capacity_wait_s:
+        asked = await gate.wait_for(
+            lambda: s.give_back_by,
+            within=timedelta(seconds=settings.capacity_retry_s),
+            summary="no capacity: try the replacement again",
+        )
+        if asked is not None:
+            break
+        s.replacement = await replace()
+        if s.replacement.new_node is not None:
+            return render.replaced(s.replacement.new_node, s.ref.node)
+    return None
+
+
+async def release(s: IncidentState) -> None:
+    """The node is back (or gone for good): the budget frees, whatever the outcome."""
+    if s.policy is None or s.observing:
+        return
+    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id)
+    await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
+
+
+def _ask(s: IncidentState) -> CapacityRequest:
+    assert s.placement is not None
+    return CapacityRequest(
+        cluster=s.ref.cluster, incident_id=s.ref.incident_id, placement=s.placement, action=s.current_action()
+    )

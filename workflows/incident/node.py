@@ -1,0 +1,114 @@
+"""The incident's work on the node itself: drain it in Slurm and cordon it in Kubernetes, evict
+its pods, repair or replace it through the provider, and bring it back (or see it leave). Slurm
+is always told first: eviction alone tells Slurm nothing. Each function returns its stage's
+outcome in words (a node state, at the return to service)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.incident.state import IncidentState
+from gpuheal.workflows.incident.timeline import set_action
+
+with workflow.unsafe.imports_passed_through():
+    from gpuheal.activities import interface as act
+    from gpuheal.core import policy, render
+    from gpuheal.core.models import (
+        ActionClass,
+        CordonRequest,
+        DrainRequest,
+        EvictRequest,
+        EvictResult,
+        KubernetesPolicy,
+        NodeAt,
+        RepairRequest,
+        ReplacementResult,
+    )
+
+PROVIDER_HEARTBEAT = timedelta(seconds=60)
+
+
+def provider_timeout(s: IncidentState) -> timedelta:
+    """A provider may wait up to provider_timeout_s (and heartbeats meanwhile): its activity gets
+    that plus a margin, so the provider's own timeout always fires first."""
+    return timedelta(seconds=s.settings.provider_timeout_s + 60)
+
+
+async def drain_in_slurm(s: IncidentState, why: str) -> str:
+    req = DrainRequest(node=s.ref, reason=policy.drain_reason(s.ref.incident_id, why))
+    s.drain = await act_run(act.DRAIN_SLURM_NODE, req, summary=f"drain {s.ref.node}")
+    return render.drained(s.drain, why)
+
+
+async def cordon(s: IncidentState, k8s: KubernetesPolicy) -> str:
+    assert s.kube is not None
+    req = CordonRequest(node=s.kube, no_execute=k8s.no_execute)
+    s.cordon = await act_run(act.CORDON_AND_TAINT_NODE, req, summary=f"cordon {s.kube.kube_node}")
+    return render.cordoned(s.cordon, k8s.no_execute)
+
+
+async def evict(s: IncidentState) -> EvictResult:
+    """Through the Eviction API; pods a PDB still protects at the deadline are left `blocked`
+    (or deleted, where the policy says so)."""
+    k8s, node = s.settings.kubernetes, s.kube
+    assert k8s is not None and node is not None
+    delete = k8s.on_pdb_timeout == "delete"
+    req = EvictRequest(node=node, deadline_s=k8s.drain_deadline_s, delete_when_blocked=delete)
+    return await act_run(
+        act.EVICT_PODS,
+        req,
+        summary=f"evict pods from {node.kube_node}",
+        timeout=timedelta(seconds=k8s.drain_deadline_s + 60),
+        heartbeat=timedelta(seconds=30),
+    )
+
+
+async def repair(s: IncidentState, action: ActionClass) -> tuple[ActionClass, str]:
+    """Reset or reboot through the provider; where the platform cannot, the node will be
+    replaced instead (returned as the action that remains)."""
+    done = await act_run(
+        act.REPAIR_NODE,
+        RepairRequest(node=s.ref, action=action),
+        summary=f"{action} {s.ref.node}",
+        timeout=provider_timeout(s),
+        heartbeat=PROVIDER_HEARTBEAT,
+    )
+    if not done.repaired:  # the platform cannot do it: the node goes, a spare comes
+        set_action(s, ActionClass.REPLACE_NODE)
+        return ActionClass.REPLACE_NODE, done.detail
+    return action, done.detail
+
+
+async def replace(s: IncidentState) -> ReplacementResult:
+    return await act_run(
+        act.REPLACE_NODE,
+        s.ref,
+        summary=f"replace {s.ref.node}",
+        timeout=provider_timeout(s),
+        heartbeat=PROVIDER_HEARTBEAT,
+    )
+
+
+async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> NodeAt:
+    """Resume a repaired node only after its health check passes; a replaced node leaves."""
+    ref, drain = s.ref, s.drain
+    if repaired is None:
+        return render.NOT_DRAINED
+    if s.replacement is None:
+        health = await act_run(act.CHECK_NODE_HEALTH, ref, summary=f"health check {ref.node}")
+        if not health.healthy:  # a repair that did not take: the node goes, a spare comes
+            set_action(s, ActionClass.REPLACE_NODE)
+            s.replacement = await replace(s)
+            msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
+            return render.replaced_after_failed_health_check(health.detail, s.replacement.new_node, msg)
+        if drain is not None and drain.drained_by_us:
+            msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
+            if s.kube is not None:
+                msg += "; " + await act_run(act.UNCORDON_NODE, s.kube, summary="uncordon")
+            return render.returned_repaired(msg)
+        return render.left_drained(drain)
+    msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
+    return render.returned_replaced(s.replacement.new_node, msg)
