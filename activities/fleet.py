@@ -38,10 +38,10 @@ from gpuheal.core.fleet import (
     DomainDecisionFor,
     DomainIncident,
     DomainIncidentInput,
-    FleetPolicy,
     Placement,
     ReleaseRequest,
 )
+from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.messages import (
     COORDINATOR,
     DOMAIN_INCIDENT,

@@ -27,11 +27,10 @@ from gpuheal.core.fleet import (
     AdmitAsk,
     CapacityDecision,
     CapacityRequest,
-    FleetPolicy,
     Placement,
     ReleaseRequest,
-    VersionedPolicy,
 )
+from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
 from gpuheal.core.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
 from gpuheal.core.models import (
     BorrowedNode,

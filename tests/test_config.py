@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet import FleetPolicy
+from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.models import ActionClass, BorrowPolicy, KubernetesPolicy, RemediationSettings
 from gpuheal.core.settings import Settings
 

@@ -7,17 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import fleet
-from gpuheal.core.fleet import (
-    Arrival,
+from gpuheal.core import fleet, fleet_policy
+from gpuheal.core.fleet import Arrival, CapacityRequest, FleetState, Grant, Placement
+from gpuheal.core.fleet_policy import (
     BreakerPolicy,
     BudgetPolicy,
-    CapacityRequest,
     EscalationPolicy,
     FleetPolicy,
-    FleetState,
-    Grant,
-    Placement,
     RepeatPolicy,
     VersionedPolicy,
 )
@@ -47,7 +43,7 @@ def grant(s: FleetState, node: str, pool: str = "h100", domains: tuple[str, ...]
 
 @pytest.mark.parametrize(("spec", "total", "limit"), [("3", 100, 3), ("5%", 1000, 50), ("5%", 10, 1), ("0", 10, 0)])
 def test_a_limit_is_a_count_or_a_share(spec: str, total: int, limit: int) -> None:
-    assert fleet.limit_of(spec, total) == limit
+    assert fleet_policy.limit_of(spec, total) == limit
 
 
 def test_a_bad_limit_is_refused() -> None:
@@ -144,7 +140,7 @@ def test_the_third_incident_within_the_window_makes_a_repeat_offender() -> None:
     ],
 )
 def test_approve_mode_asks_a_human_for_every_action(
-    mode: fleet.Mode, action: ActionClass, required: tuple[ActionClass, ...], asks: bool
+    mode: fleet_policy.Mode, action: ActionClass, required: tuple[ActionClass, ...], asks: bool
 ) -> None:
     assert fleet.needs_approval(mode, action, ApprovalPolicy(required_for=required)) is asks
 

@@ -17,7 +17,8 @@ from temporalio.worker import Worker
 
 from gpuheal.clients.temporal import DATA_CONVERTER
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import FleetPolicy, GrantNotice
+from gpuheal.core.fleet import GrantNotice
+from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
 from gpuheal.core.models import (
     POLICY_OPERATOR,

@@ -39,13 +39,11 @@ with workflow.unsafe.imports_passed_through():
         Grant,
         GrantNotice,
         Held,
-        ModeChange,
         OperatorAction,
         Override,
         Placement,
-        PolicyChange,
-        VersionedPolicy,
     )
+    from gpuheal.core.fleet_policy import FleetPolicy, ModeChange, PolicyChange, VersionedPolicy
     from gpuheal.core.models import ActionClass, Notification, Severity
 
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
@@ -321,7 +319,7 @@ class FleetCoordinator:
         self._serve_queue(workflow.now())  # a larger budget lets the line move
         return f"policy version {self._s.policy.version}"
 
-    def _new_policy(self, new: policy.FleetPolicy, operator: str, reason: str) -> None:
+    def _new_policy(self, new: FleetPolicy, operator: str, reason: str) -> None:
         v = self._s.policy.version + 1
         self._s.policy = VersionedPolicy(version=v, policy=new, changed_by=operator, reason=reason, at=workflow.now())
         self._notes.append(("policy_changed", "info", f"policy version {v} by {operator}: {reason}"))

@@ -18,7 +18,8 @@ from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import DomainDecision, ModeChange, OperatorAction, Override
+from gpuheal.core.fleet import DomainDecision, OperatorAction, Override
+from gpuheal.core.fleet_policy import ModeChange
 from gpuheal.core.messages import (
     DOMAIN_DECIDE,
     FLEET_OVERRIDE,

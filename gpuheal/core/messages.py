@@ -25,12 +25,10 @@ from gpuheal.core.fleet import (
     DomainIncidentResult,
     FleetStatus,
     GrantNotice,
-    ModeChange,
     OperatorAction,
     Override,
-    PolicyChange,
-    VersionedPolicy,
 )
+from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
 from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoveryStatus, RecoveryJoin
 from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
 

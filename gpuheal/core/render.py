@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from gpuheal.core.fleet import Placement, VersionedPolicy
+from gpuheal.core.fleet import Placement
+from gpuheal.core.fleet_policy import VersionedPolicy
 from gpuheal.core.job_policy import JobCost
 from gpuheal.core.jobs import RetryBudget, VerifyOutcome
 from gpuheal.core.models import (

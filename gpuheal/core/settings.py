@@ -30,7 +30,7 @@ from pydantic import BaseModel, SecretStr
 
 from gpuheal.core.envvars import load, setting, table, variables
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet import FleetPolicy
+from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.models import RemediationSettings
 
 LOCAL_TEMPORAL_ADDRESS = "127.0.0.1:7233"  # Temporal's dev server, where nothing names another

@@ -22,7 +22,7 @@ from aiohttp import web
 from temporalio.client import Client
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core.fleet import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
+from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.core.models import HealthReport, KubernetesPolicy, RemediationSettings, Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
