@@ -1,4 +1,4 @@
-"""The postmortem's rendering (gpuheal/postmortem.py): one record, Markdown, HTML and an SVG."""
+"""The postmortem's rendering (gpuheal/core/postmortem.py): one record, Markdown, HTML and an SVG."""
 
 from __future__ import annotations
 

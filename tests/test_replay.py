@@ -4,6 +4,12 @@ A change that would break running incidents (a reordered activity, a new timer) 
 The histories in tests/histories were recorded from real runs against the dev server and the
 Slurm (and Kubernetes) sandbox by `make histories` (tests/histories/record.py); record them anew
 when a change is meant to be incompatible, and use workflow.patched() for running ones.
+
+tests/histories/paths holds one incident history per path of the workflow tests
+(tests/test_workflow.py: approval by update, signal and timeout, abort, held then granted or not,
+no capacity, observe, a late report, a failed health check...), recorded on the release before
+the incident workflow was split into workflows/incident/ (597bac0), so every path, not only the
+whole loop, replays through the code as it is now.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from gpuheal.workflows.fleet import FleetCoordinator
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted(HERE.glob("*.json")) + sorted((HERE / "paths").glob("*.json"))
 
 
 def test_histories_are_present() -> None:
     assert len(HISTORIES) >= 3
     assert any(p.name.endswith(".fleet.json") for p in HISTORIES)  # the coordinator's too
+    assert len(list((HERE / "paths").glob("*.json"))) >= 18  # every path of the workflow tests
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -12,6 +12,7 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from gpuheal.clients import temporal
+from gpuheal.core.errors import SettingsError
 from gpuheal.core.settings import Settings
 
 SDK_VARIABLES = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_PROFILE", "TEMPORAL_TLS")
@@ -38,16 +39,32 @@ def test_temporal_address_alone_is_honoured(no_file: dict[str, str]) -> None:
     assert (config["target_host"], config["namespace"]) == ("temporal.example:7233", "prod")
 
 
-def test_a_gpuheal_variable_overrides_the_sdk_one(no_file: dict[str, str]) -> None:
-    env = {
+def test_a_gpuheal_address_takes_the_whole_connection_away_from_the_sdk_profile(no_file: dict[str, str]) -> None:
+    """A profile meant for another server must not send its namespace, TLS or key to this one."""
+    sdk = {
         **no_file,
         "TEMPORAL_ADDRESS": "temporal.example:7233",
         "TEMPORAL_NAMESPACE": "prod",
-        "GPUHEAL_TEMPORAL_ADDRESS": "frontend.temporal:7233",
+        "TEMPORAL_API_KEY": "cloud-key",
     }
-    config = config_for(env)
-    assert (config["target_host"], config["namespace"]) == ("frontend.temporal:7233", "prod")
-    assert config_for({**env, "GPUHEAL_NAMESPACE": "gpu"})["namespace"] == "gpu"
+    config = config_for({**sdk, "GPUHEAL_TEMPORAL_ADDRESS": "frontend.temporal:7233"})
+    assert (config["target_host"], config["namespace"]) == ("frontend.temporal:7233", "default")
+    assert "api_key" not in config and "tls" not in config
+    assert config_for({**sdk, "GPUHEAL_TEMPORAL_ADDRESS": "f:7233", "GPUHEAL_NAMESPACE": "gpu"})["namespace"] == "gpu"
+    # Without it, gpuheal's namespace still overrides the profile's, field by field.
+    assert config_for({**sdk, "GPUHEAL_NAMESPACE": "gpu"})["namespace"] == "gpu"
+
+
+def test_a_gpuheal_api_key_never_goes_in_plain_text(no_file: dict[str, str]) -> None:
+    env = {**no_file, "TEMPORAL_TLS": "false", "GPUHEAL_TEMPORAL_API_KEY": "k"}
+    assert config_for(env)["tls"] is True
+    assert config_for({**env, "GPUHEAL_TEMPORAL_ADDRESS": "f:7233"})["tls"] is True
+
+
+def test_an_unreadable_tls_file_is_a_settings_error_naming_it(no_file: dict[str, str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "ca.pem")
+    with pytest.raises(SettingsError, match=r"GPUHEAL_TEMPORAL_TLS_CA=.*ca.pem.*cannot read it"):
+        config_for({**no_file, "GPUHEAL_TEMPORAL_TLS_CA": missing})
 
 
 def test_the_sdk_profile_file_is_read_and_overridden(tmp_path: Path) -> None:

@@ -257,7 +257,7 @@ class GpuRemediationWorkflow:
         """No spare: take a node from the inference pool (never below its minimum) into Slurm."""
         s = self._s
         async with in_stage(s, Stage.BORROW) as rec:
-            rec.outcome = await borrowing.borrow(s, node.provider_timeout(s), node.PROVIDER_HEARTBEAT)
+            rec.outcome = await borrowing.borrow(s)
             if s.borrowed is not None:
                 await notify(s, "borrowed", "warning", rec.outcome)
 
@@ -274,7 +274,7 @@ class GpuRemediationWorkflow:
             await notify(
                 s, "awaiting_capacity", "warning", render.awaiting_capacity(s.replacement.no_capacity, 0, bound)
             )
-            replaced = await capacity.await_replacement(s, partial(node.replace, s))
+            replaced = await capacity.await_replacement(s, started, partial(node.replace, s))
             waited = (workflow.now() - started).total_seconds()
             rec.outcome = replaced or render.awaiting_capacity(s.replacement.no_capacity, waited, bound)
         return replaced is not None

@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # command -> (module, function); a module is imported only when its command runs, so that the
-# short commands (cli.incident) never load what the long-running ones (cli.serve) need.
+# short commands (gpuheal.cli.incident) never load what the long-running ones (gpuheal.cli.serve)
+# need.
 COMMANDS = {
     "report": ("gpuheal.cli.incident", "report_failure"),
     "approve": ("gpuheal.cli.incident", "decide"),
@@ -116,6 +117,9 @@ COMMANDS = {
     "agent": ("gpuheal.cli.serve", "agent"),
     "healthcheck": ("gpuheal.cli.serve", "healthcheck"),
 }
+# The node's own processes: they report to the webhook and never talk to Temporal, so the
+# Temporal client configuration is not theirs to fail on.
+NO_TEMPORAL = frozenset({"agent", "healthcheck"})
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -135,9 +139,10 @@ def run(argv: list[str] | None = None) -> int:
     address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS") or os.environ.get("TEMPORAL_ADDRESS") or LOCAL_TEMPORAL_ADDRESS
     try:
         settings = Settings.from_env()
-        # the address and namespace the SDK's profile names, for messages and the Web UI's links
-        settings = settings.model_copy(update={"temporal": resolve(settings.temporal)})
-        address = settings.temporal.address or address
+        if args.command not in NO_TEMPORAL:
+            # the address and namespace the SDK's profile names, for messages and the Web UI's links
+            settings = settings.model_copy(update={"temporal": resolve(settings.temporal)})
+            address = settings.temporal.address or address
         module, name = COMMANDS[args.command]
         command = getattr(importlib.import_module(module), name)
         result = command(settings, args)

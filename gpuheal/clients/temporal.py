@@ -6,8 +6,9 @@ Where to connect follows the SDK's own conventions (temporalio.envconfig): the p
 TEMPORAL_PROFILE in TEMPORAL_CONFIG_FILE (or the SDK's default file), then the TEMPORAL_ADDRESS,
 TEMPORAL_NAMESPACE, TEMPORAL_API_KEY and TEMPORAL_TLS_* variables over it. gpuheal's own variables
 (GPUHEAL_TEMPORAL_ADDRESS, GPUHEAL_NAMESPACE, GPUHEAL_TEMPORAL_TLS_CA/_CERT/_KEY,
-GPUHEAL_TEMPORAL_API_KEY: gpuheal.core.settings.TemporalSettings), where set, override the
-profile; with neither, the local dev server (LOCAL_TEMPORAL_ADDRESS, DEFAULT_NAMESPACE).
+GPUHEAL_TEMPORAL_API_KEY: gpuheal.core.settings.TemporalSettings) take over where set (see
+:func:`connect_config` for how); with neither, the local dev server (LOCAL_TEMPORAL_ADDRESS,
+DEFAULT_NAMESPACE).
 
 Whoever can reach Temporal can approve or abort an incident, so production clusters use mTLS or
 an API key and Temporal's authorizer. The key is never logged: the profile and the connect config
@@ -35,26 +36,37 @@ log = logging.getLogger("gpuheal.temporal")
 
 
 def connect_config(t: TemporalSettings, env: Mapping[str, str] | None = None) -> ClientConnectConfig:
-    """What :func:`connect` passes to Client.connect: the SDK's profile (from `env`, else the
-    process's environment), gpuheal's overrides over it, the local dev server where neither says."""
-    try:
-        config = ClientConfigProfile.load(override_env_vars=env).to_client_connect_config()
-    except Exception as err:  # a missing profile, a malformed file, an unreadable PEM file
-        raise SettingsError(f"Temporal's client configuration (TEMPORAL_PROFILE, TEMPORAL_*): {err}") from err
-    config["target_host"] = t.address or config.get("target_host") or LOCAL_TEMPORAL_ADDRESS
+    """What :func:`connect` passes to Client.connect.
+
+    GPUHEAL_TEMPORAL_ADDRESS set: gpuheal's variables alone describe the connection (its
+    namespace, TLS files and API key; the SDK's profile is not read), so a profile meant for
+    another server never sends its key or TLS settings there. Unset: the SDK's profile (from
+    `env`, else the process's environment), with gpuheal's namespace, TLS files and API key over
+    it where set; the local dev server where neither names one. A gpuheal API key always goes
+    over TLS."""
+    config: ClientConnectConfig
+    if t.address:
+        config = {"target_host": t.address}
+    else:
+        try:
+            config = ClientConfigProfile.load(override_env_vars=env).to_client_connect_config()
+        except Exception as err:  # a missing profile, a malformed file, an unreadable PEM file
+            raise SettingsError(f"Temporal's client configuration (TEMPORAL_PROFILE, TEMPORAL_*): {err}") from err
+    config["target_host"] = config.get("target_host") or LOCAL_TEMPORAL_ADDRESS
     config["namespace"] = t.namespace or config.get("namespace") or DEFAULT_NAMESPACE
     if t.tls_ca or t.tls_cert:
         profile_tls = config.get("tls")
         base = profile_tls if isinstance(profile_tls, TLSConfig) else TLSConfig()  # keeps the profile's SNI name
         config["tls"] = dataclasses.replace(
             base,
-            server_root_ca_cert=_read(t.tls_ca) or base.server_root_ca_cert,
-            client_cert=_read(t.tls_cert) or base.client_cert,
-            client_private_key=_read(t.tls_key) or base.client_private_key,
+            server_root_ca_cert=_read("GPUHEAL_TEMPORAL_TLS_CA", t.tls_ca) or base.server_root_ca_cert,
+            client_cert=_read("GPUHEAL_TEMPORAL_TLS_CERT", t.tls_cert) or base.client_cert,
+            client_private_key=_read("GPUHEAL_TEMPORAL_TLS_KEY", t.tls_key) or base.client_private_key,
         )
     if t.api_key:
         config["api_key"] = t.api_key.get_secret_value()
-        config.setdefault("tls", True)  # an API key goes over TLS (unless the profile disabled it)
+        if not config.get("tls"):
+            config["tls"] = True  # never a key in plain text
     return config
 
 
@@ -77,5 +89,10 @@ async def connect(t: TemporalSettings, runtime: Runtime | None = None) -> Client
     return await Client.connect(**config, data_converter=DATA_CONVERTER, runtime=runtime)
 
 
-def _read(path: str | None) -> bytes | None:
-    return Path(path).read_bytes() if path else None
+def _read(variable: str, path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise SettingsError(f"{variable}={path!r}: cannot read it ({err.strerror})") from err

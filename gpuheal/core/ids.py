@@ -9,12 +9,8 @@ gpuheal-prod-gpu01`), Slurm's drain reasons name them, and recorded histories ho
 
 from __future__ import annotations
 
-import re
-import string
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
-
-from gpuheal.core.models import NODE_NAME_PATTERN
 
 if TYPE_CHECKING:
     from gpuheal.core.models import JobSnapshot
@@ -23,21 +19,13 @@ PREFIX = "gpuheal-"
 
 Kind = Literal["coordinator", "domain_incident", "job_recovery", "incident"]
 
-# What follows "gpuheal-{cluster}-" for each kind; recognised in this order (an incident, any node
-# name, last). A field's pattern is what it may hold.
+# What follows "gpuheal-{cluster}-" for each kind. Ids are not parsed back into their kinds: a
+# node may be named "fleet" or "job-1-2-r0", and a cluster's name may hold dashes.
 FORMATS: dict[Kind, str] = {
     "coordinator": "fleet",
     "domain_incident": "domain-{slug}-{at}",
     "job_recovery": "job-{job_id}-{submit_time}-r{restart_count}",
     "incident": "{node}",
-}
-_FIELDS = {
-    "slug": r"[^\s]+",
-    "at": r"\d{14}",
-    "job_id": r"\d+",
-    "submit_time": r"\d+",
-    "restart_count": r"\d+",
-    "node": NODE_NAME_PATTERN.removeprefix("^").removesuffix("$"),
 }
 
 
@@ -71,20 +59,3 @@ def domain_incident_id(cluster: str, domain: str, at: datetime) -> str:
 def is_gpuheal_id(text: str) -> bool:
     """Whether an operator's argument is an id rather than a node name (of any cluster)."""
     return text.startswith(PREFIX)
-
-
-def _pattern(kind: Kind, cluster: str) -> re.Pattern[str]:
-    parts = [re.escape(f"{PREFIX}{cluster}-")]
-    for literal, field, _, _ in string.Formatter().parse(FORMATS[kind]):
-        parts.append(re.escape(literal))
-        if field is not None:
-            parts.append(f"(?:{_FIELDS[field]})")
-    return re.compile("".join(parts))
-
-
-def kind_of(workflow_id: str, cluster: str) -> Kind | None:
-    """Which of the cluster's workflows this id names, or None (another cluster's, or not ours)."""
-    for kind in FORMATS:
-        if _pattern(kind, cluster).fullmatch(workflow_id):
-            return kind
-    return None

@@ -277,7 +277,9 @@ def left_drained(drain: DrainResult | None) -> NodeAt:
 
 
 def returned_replaced(new_node: str | None, detail: str) -> NodeAt:
-    return NodeAt(NodeState.REPLACED, f"replaced by {new_node or '(none yet)'}; {detail}")
+    """The node left the cluster; replaced, or still awaiting its replacement (no spare yet)."""
+    state = NodeState.REPLACED if new_node else NodeState.AWAITING_REPLACEMENT
+    return NodeAt(state, f"replaced by {new_node or '(none yet)'}; {detail}")
 
 
 def replaced_after_failed_health_check(health: str, new_node: str | None, detail: str) -> NodeAt:
@@ -301,10 +303,10 @@ def abort_notice(d: RecordedDecision) -> str:
     return f"remediation aborted by {d.operator}: {d.reason}"
 
 
-def closed_notice(outcome: Outcome, node_state: str, result: RemediationResult) -> str:
+def closed_notice(outcome: Outcome, node_detail: str, result: RemediationResult) -> str:
     jobs = "".join(f"; {job_line(a)}" for a in result.jobs)
     mttr = f", MTTR {result.mttr_s:.1f} s" if result.mttr_s is not None else ""
-    return f"{outcome}: {node_state}{mttr}{jobs}"
+    return f"{outcome}: {node_detail}{mttr}{jobs}"
 
 
 # --- the timeline and the summary -----------------------------------------------------------

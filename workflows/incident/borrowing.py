@@ -12,6 +12,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.incident import node
 from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
@@ -26,7 +27,7 @@ GIVE_BACK_EMPTY_S = 300
 HandOver = Callable[[JobSnapshot, str, str], Awaitable[None]]  # (job, node it was on, why)
 
 
-async def borrow(s: IncidentState, provider_timeout: timedelta, heartbeat: timedelta) -> str:
+async def borrow(s: IncidentState) -> str:
     """Take a node into Slurm from the inference pool; the stage's outcome in words."""
     pool = s.settings.borrow
     assert pool is not None and s.kube is not None
@@ -46,8 +47,8 @@ async def borrow(s: IncidentState, provider_timeout: timedelta, heartbeat: timed
         act.ADOPT_BORROWED_NODE,
         s.borrowed,
         summary=f"{got.node} joins Slurm",
-        timeout=provider_timeout,
-        heartbeat=heartbeat,
+        timeout=node.provider_timeout(s),
+        heartbeat=node.PROVIDER_HEARTBEAT,
     )
     s.capacity_back_at = workflow.now()
     return render.borrowed(got, joined)

@@ -7,7 +7,7 @@ an activity keyed by the incident, so a retried or replayed one counts once."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -56,11 +56,13 @@ async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | Non
     )
 
 
-async def await_replacement(s: IncidentState, replace: Callable[[], Awaitable[ReplacementResult]]) -> str | None:
-    """No spare now: retry on a slow cadence until the capacity bound. The stage's outcome once a
-    replacement came, None when it did not (or an early give-back of a borrowed node ended it)."""
+async def await_replacement(
+    s: IncidentState, started: datetime, replace: Callable[[], Awaitable[ReplacementResult]]
+) -> str | None:
+    """No spare since `started`: retry on a slow cadence until the capacity bound. The stage's
+    outcome once a replacement came, None when it did not (or an early give-back of a borrowed
+    node ended it)."""
     settings = s.settings
-    started = workflow.now()
     while (workflow.now() - started).total_seconds() < settings.capacity_wait_s:
         asked = await gate.wait_for(
             lambda: s.give_back_by,
