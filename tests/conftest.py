@@ -1,13 +1,27 @@
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.testing import WorkflowEnvironment
 
+from gpuheal.clients.temporal import DATA_CONVERTER
+from gpuheal.core import search_attributes as sa
 from infra.sandbox import REPO
 
 BIN = Path(sys.executable).parent
+
+# Property-based tests run the same examples every time (a flaky suite is a defect, and CI must
+# not find a new example by chance); HYPOTHESIS_PROFILE=explore searches afresh, with more of them.
+settings.register_profile("suite", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", max_examples=2000, database=None, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def require_binary(name: str) -> Path:
@@ -21,3 +35,23 @@ def require_binary(name: str) -> Path:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server (the workflow tests): timers and retries of an hour
+    pass in moments. Its binary is the installed one: nothing is downloaded."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(require_binary("temporal-test-server")),
+        data_converter=DATA_CONVERTER,
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace="default",
+            search_attributes={
+                k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL
+            },
+        )
+    )
+    yield env
+    await env.shutdown()

@@ -10,6 +10,7 @@ every call so a test can assert what the workflows asked for.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -85,6 +86,9 @@ class FakeCluster:
         self.gone = gone  # nodes Slurm has not (in service)
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
+        self.notices_down = False
+        self.draining = asyncio.Event()
+        self.drain_gate: asyncio.Event | None = None
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
@@ -151,6 +155,8 @@ class FakeCluster:
         @implements(act.NOTIFY_OPERATORS)
         async def notify(note: Notification) -> None:
             c.calls.append(f"notify:{note.event}")
+            if c.notices_down:  # the operators' receiver refuses every delivery
+                raise ApplicationError("connection refused")
             c.notes.append(note)
 
         @implements(act.LIST_JOBS_ON_NODE)
@@ -161,6 +167,9 @@ class FakeCluster:
         @implements(act.DRAIN_SLURM_NODE)
         async def drain(req: DrainRequest) -> DrainResult:
             c.calls.append("drain")
+            c.draining.set()
+            if c.drain_gate is not None:  # a test holds the drain open (something happens meanwhile)
+                await c.drain_gate.wait()
             return DrainResult(node=req.node.node, drained_by_us=True, already_drained=False)
 
         @implements(act.REPAIR_NODE)

@@ -3,12 +3,13 @@ repeat offenders, modes. Pure functions of the state and the time."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import fleet, fleet_policy
-from gpuheal.core.fleet import Arrival, CapacityRequest, FleetState, Grant, Placement
+from gpuheal.core import coordination, fleet, fleet_policy
+from gpuheal.core.fleet import AdmitRequest, Arrival, CapacityRequest, DomainDecision, FleetState, Grant, Placement
 from gpuheal.core.fleet_policy import (
     BreakerPolicy,
     BudgetPolicy,
@@ -41,14 +42,18 @@ def grant(s: FleetState, node: str, pool: str = "h100", domains: tuple[str, ...]
     s.grants[f"i-{node}"] = Grant(incident_id=f"i-{node}", node=node, pool=pool, domains=domains, at=T0)
 
 
-@pytest.mark.parametrize(("spec", "total", "limit"), [("3", 100, 3), ("5%", 1000, 50), ("5%", 10, 1), ("0", 10, 0)])
+@pytest.mark.parametrize(
+    ("spec", "total", "limit"),
+    [("3", 100, 3), ("5%", 1000, 50), ("5%", 10, 1), ("0", 10, 0), ("0%", 10, 0), ("12.5%", 16, 2)],
+)
 def test_a_limit_is_a_count_or_a_share(spec: str, total: int, limit: int) -> None:
     assert fleet_policy.limit_of(spec, total) == limit
 
 
-def test_a_bad_limit_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a count"):
-        BudgetPolicy(cluster="lots")
+@pytest.mark.parametrize("spec", ["lots", "5.5", "-1", "5%%", "%", ""])
+def test_a_bad_limit_is_refused_with_the_value_quoted(spec: str) -> None:
+    with pytest.raises(ValueError, match=f"{re.escape(repr(spec))} is not a count"):
+        BudgetPolicy(cluster=spec)
 
 
 def test_the_cluster_budget_holds_the_fourth_node() -> None:
@@ -150,3 +155,51 @@ def test_old_arrivals_are_forgotten_but_what_a_window_needs_is_kept() -> None:
     s.arrivals = arrivals(["a"], T0 - timedelta(days=2)) + arrivals(["b"], T0 - timedelta(hours=2))
     fleet.forget_before(s, T0)
     assert [a.node for a in s.arrivals] == ["b"]
+
+
+def test_what_the_coordinator_shows_is_computed_on_the_real_cluster() -> None:
+    """`gpuheal fleet` and the budget gauges: a share of the cluster the placements reported (not
+    of one node), and every pool and domain budget with its limit and use."""
+    s = state(budget=BudgetPolicy(cluster="10%", per_pool="25%", per_domain="1"))
+    for node, pool, rack in (("gpu01", "h100", "rack=r1"), ("gpu02", "a100", "rack=r2")):
+        where = Placement(node=node, cluster_size=200, pool=pool, pool_size=40, domains={rack: 8})
+        coordination.request(
+            s,
+            CapacityRequest(cluster="c", incident_id=f"i-{node}", placement=where, action=ActionClass.REPLACE_NODE),
+            T0,
+        )
+    shown = {u.name: (u.used, u.limit) for u in fleet.budget_uses(s)}
+    assert shown == {
+        "cluster": (2, 20),
+        "pool a100": (1, 10),
+        "pool h100": (1, 10),
+        "domain rack=r1": (1, 1),
+        "domain rack=r2": (1, 1),
+    }
+
+
+@pytest.mark.parametrize("decision", ["release", "dismiss"])
+def test_a_decided_domain_incident_holds_nothing_more_and_the_domain_may_escalate_again(decision: str) -> None:
+    s = state(escalation=EscalationPolicy(domain_share=0.5, window_s=300, min_nodes=2))
+    rack = {"rack=r1": 4}
+    for node in ("gpu01", "gpu02"):
+        req = AdmitRequest(
+            incident_id=f"i-{node}",
+            cluster="c",
+            placement=place(node, domains=rack),
+            action=ActionClass.REPLACE_NODE,
+            what="XID 79",
+            seed=s.policy.policy,
+        )
+        coordination.admit(s, req, T0)
+    opened = s.domain_incidents["rack=r1"]
+    assert fleet.escalated_domain(s, place("gpu03", domains=rack)) == opened  # open: it holds the rack's incidents
+    d = DomainDecision(domain="rack=r1", decision=decision, operator="alice", reason="switch replaced")  # type: ignore[arg-type]
+    coordination.domain_decision(s, d, T0 + timedelta(seconds=60))
+    assert fleet.escalated_domain(s, place("gpu03", domains=rack)) is None  # decided: later incidents go on
+    assert coordination.domain_decision(s, d, T0 + timedelta(seconds=61))[0] == f"rack=r1: already {decision}"
+    # The reports before the decision do not count again; two new ones within the window do.
+    later = T0 + timedelta(seconds=120)
+    assert fleet.escalation(s, place("gpu03", domains=rack), later) is None
+    s.arrivals += arrivals(["gpu03", "gpu04"], at=later, domain="rack=r1")
+    assert fleet.escalation(s, place("gpu04", domains=rack), later) == ("rack=r1", ["gpu03", "gpu04"])

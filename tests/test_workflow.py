@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from gpuheal.clients.temporal import DATA_CONVERTER
-from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import GrantNotice
 from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
@@ -36,7 +31,6 @@ from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
-from tests.conftest import require_binary
 from tests.fakes import FakeCluster
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
@@ -59,24 +53,6 @@ NODE_SIDE = {
     "confirm_capacity",
     "release_capacity",
 }
-
-
-@pytest.fixture(scope="session")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(require_binary("temporal-test-server")),
-        data_converter=DATA_CONVERTER,
-    )
-    await env.client.operator_service.add_search_attributes(
-        AddSearchAttributesRequest(
-            namespace="default",
-            search_attributes={
-                k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL
-            },
-        )
-    )
-    yield env
-    await env.shutdown()
 
 
 def settings() -> Settings:
@@ -328,6 +304,38 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
     assert result.outcome == "resolved" and fake.calls.count("drain") == 1
     held = next(st for st in result.stages if st.stage == Stage.HELD)
     assert held.outcome == "granted: a grant was released"
+
+
+async def test_a_grant_that_comes_while_the_held_node_is_being_drained_is_not_lost(env: WorkflowEnvironment) -> None:
+    """Fault injection: the coordinator grants while the containment drain is still running.
+    The incident must go on at once, not wait out its bound (6 h) while its grant is counted."""
+    fake, s = FakeCluster(grant=False), settings()
+    fake.drain_gate = asyncio.Event()
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await asyncio.wait_for(fake.draining.wait(), 10)
+        await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: the line moved"))
+        await asyncio.sleep(0.2)
+        fake.drain_gate.set()
+        result = await handle.result()
+    held = next(st for st in result.stages if st.stage == Stage.HELD)
+    assert held.outcome == "granted: the line moved"
+    assert result.outcome == "resolved" and fake.calls.count("drain") == 1
+    assert held.ended_at is not None and (held.ended_at - held.started_at).total_seconds() < 600
+
+
+async def test_a_notice_receiver_down_never_fails_the_incident(env: WorkflowEnvironment) -> None:
+    """Fault injection: every notice fails after its retries; the node is still remediated, and
+    the incident's timeline says which notices were lost."""
+    fake, s = FakeCluster(), settings()
+    fake.notices_down = True
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        result = await handle.result()
+        status = await handle.query(GpuRemediationWorkflow.status)
+    assert result.outcome == "resolved" and result.replacement_node is not None
+    assert fake.calls.count("notify:remediating") > 1  # retried, then given up
+    assert any(d.startswith("notice remediating undelivered") for d in status.done)
 
 
 async def test_held_incident_ends_not_granted_at_its_bound(env: WorkflowEnvironment) -> None:

@@ -13,22 +13,24 @@ Its domain incidents are workflows/domain.py.
 
 from __future__ import annotations
 
-from datetime import datetime
+import asyncio
+from collections.abc import Awaitable
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
+from gpuheal.workflows import gate
 from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
+    from gpuheal.core import coordination
     from gpuheal.core import fleet as policy
-    from gpuheal.core import ids
     from gpuheal.core import messages as m
+    from gpuheal.core.coordination import Effects
     from gpuheal.core.fleet import (
         Admission,
         AdmitRequest,
-        Arrival,
-        Breaker,
         CapacityDecision,
         CapacityRequest,
         CoordinatorInput,
@@ -36,16 +38,18 @@ with workflow.unsafe.imports_passed_through():
         DomainIncident,
         FleetState,
         FleetStatus,
-        Grant,
         GrantNotice,
-        Held,
         OperatorAction,
         Override,
-        Placement,
     )
-    from gpuheal.core.fleet_policy import FleetPolicy, ModeChange, PolicyChange, VersionedPolicy
-    from gpuheal.core.models import ActionClass, Notification, Severity
+    from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
+    from gpuheal.core.models import Notification, Severity
 
+# Coordinators started before this release waited only for events (a held incident freed by time
+# alone waited for the next one), awaited each notice in their loop (a notice receiver down failed
+# them), and served no one when a grant was taken back. They keep doing so until they continue as
+# new (workflow.patched: one id for the three), so their histories replay.
+COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
@@ -68,16 +72,41 @@ class FleetCoordinator:
         self._signals: list[tuple[str, GrantNotice]] = []  # to held incidents
         self._notes: list[tuple[str, Severity, str]] = []  # to the operators
         self._domains: list[DomainIncident] = []  # domain incidents to open
+        self._deliveries: set[asyncio.Future[None]] = set()  # notices and openings on their way
+        self._undelivered: list[str] = []  # what could not be done, for the UI's details
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
         while True:
-            await workflow.wait_condition(lambda: self._pending() or self._long())
+            await self._wait()
             await self._send()
             if self._long() and not self._pending():
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._deliveries)
                 if not self._pending():
                     workflow.continue_as_new(CoordinatorInput(cluster=self._s.cluster, seed=self._seed, state=self._s))
+
+    async def _wait(self) -> None:
+        """Until there is something to send, or a held incident's limit frees by time alone (a
+        cooldown ends, the rate's window slides): then the line is served again. A handler that
+        moves that moment (a new hold, a release) wakes the loop to set its timer anew."""
+        if not workflow.patched(COORDINATOR_2):
+            await workflow.wait_condition(lambda: self._pending() or self._long())
+            return
+        wake = coordination.next_wake(self._s, workflow.now())
+
+        def moved() -> bool:
+            return coordination.next_wake(self._s, workflow.now()) != wake
+
+        if wake is None:
+            await workflow.wait_condition(lambda: self._pending() or self._long() or moved())
+            return
+        woken = await gate.wait_for(
+            lambda: True if self._pending() or self._long() or moved() else None,
+            within=wake - workflow.now(),
+            summary="a held incident's cooldown or rate window ends",
+        )
+        if woken is None:
+            self._apply(coordination.serve_queue(self._s, workflow.now()))
 
     def _pending(self) -> bool:
         return bool(self._signals or self._notes or self._domains)
@@ -87,10 +116,15 @@ class FleetCoordinator:
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_LIMIT
 
     async def _send(self) -> None:
-        """What the updates decided, done: signals to held incidents, notices, domain incidents."""
+        """What the updates decided, done: domain incidents, signals to held incidents, notices."""
+        background = workflow.patched(COORDINATOR_2)
         while self._domains:
             domain = self._domains.pop(0)
-            await run(act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}")
+            opening = run(act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}")
+            if background:
+                self._in_background(opening, f"domain incident {domain.domain} not opened")
+            else:
+                await opening
         while self._signals:
             incident, notice = self._signals.pop(0)
             try:
@@ -107,185 +141,76 @@ class FleetCoordinator:
                 node="-",
                 cluster=self._s.cluster,
             )
-            await run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
+            delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
+            if background:
+                self._in_background(delivery, f"notice {event} undelivered")
+            else:
+                await delivery
         self._details()
 
-    # --- incidents --------------------------------------------------------------------------
+    def _in_background(self, call: Awaitable[object], failed: str) -> None:
+        """Run an activity beside the loop: it retries on its own, and when it gives up the
+        coordinator says so and goes on (a notice receiver down must never fail it: the breaker,
+        the grants and the line would be lost with it)."""
+
+        async def attempt() -> None:
+            try:
+                await call
+            except ActivityError as err:
+                self._undelivered.append(f"{failed}: {err.cause or err}")
+                workflow.logger.warning("%s: %s", failed, err.cause or err)
+                self._details()
+
+        task = asyncio.ensure_future(attempt())
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    # --- incidents (each handler one pure state change, gpuheal.core.coordination) ------------
+
+    def _apply(self, out: Effects) -> None:
+        """What a state change asked for, queued for the loop to do (outside the handler)."""
+        self._signals += out.signals
+        self._notes += out.notes
+        self._domains += out.domains
+        self._details()
 
     @workflow.update(name=m.FLEET_ADMIT.name)
     def admit(self, req: AdmitRequest) -> Admission:
         """A new incident: its arrival counts (once), the breaker and the domains are checked."""
-        now = workflow.now()
-        s = self._s
-        policy.forget_before(s, now)
-        if all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals):
-            s.arrivals.append(
-                Arrival(
-                    at=now,
-                    incident_id=req.incident_id,
-                    run_id=req.run_id,
-                    node=req.placement.node,
-                    domains=tuple(req.placement.domains),
-                    gpu_uuids=req.gpu_uuids,
-                )
-            )
-            self._check_breaker(req, now)
-            self._check_domains(req, now)
-        repeat = policy.repeat_offender(s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat)
-        domain = policy.escalated_domain(s, req.placement)
-        self._details()
-        return Admission(
-            policy=s.policy,
-            repeat_offender=repeat,
-            domain_incident=domain.incident_id if domain else None,
-            breaker=s.breaker.why if s.breaker.tripped else None,
-        )
-
-    def _check_breaker(self, req: AdmitRequest, now: datetime) -> None:
-        s = self._s
-        if s.breaker.tripped:
-            return
-        why = policy.breaker_trip(s, req.placement, now)
-        if why is None:
-            return
-        window = policy.within(s.arrivals, now, s.policy.policy.breaker.window_s)
-        nodes = tuple(sorted({a.node for a in window}))
-        s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
-        self._notes.append(
-            (
-                "breaker_tripped",
-                "critical",
-                f"circuit breaker tripped: {why}; nodes {', '.join(nodes)}. New incidents are recorded and held, "
-                "nothing is replaced, until `gpuheal resume --operator NAME --reason TEXT`.",
-            )
-        )
-
-    def _check_domains(self, req: AdmitRequest, now: datetime) -> None:
-        s = self._s
-        found = policy.escalation(s, req.placement, now)
-        if found is None:
-            return
-        domain, nodes = found
-        incident_id = ids.domain_incident_id(s.cluster, domain, now)
-        d = DomainIncident(cluster=s.cluster, domain=domain, incident_id=incident_id, nodes=tuple(nodes), opened_at=now)
-        s.domain_incidents[domain] = d
-        self._domains.append(d)
-        # Those already in line for this domain are held by the domain incident now.
-        for held in s.queue:
-            if domain in held.placement.domains:
-                s.queue[s.queue.index(held)] = held.model_copy(
-                    update={"reason": f"held by domain incident {incident_id}"}
-                )
+        answer, out = coordination.admit(self._s, req, workflow.now())
+        self._apply(out)
+        return answer
 
     @workflow.update(name=m.FLEET_REQUEST_CAPACITY.name)
     def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
         """May this incident take its node out of service now? Idempotent: asked again, the same
         answer (granted, or its place in line)."""
-        return self._decide_capacity(req)
-
-    def _decide_capacity(self, req: CapacityRequest) -> CapacityDecision:
-        s, now = self._s, workflow.now()
-        if req.incident_id in s.grants:
-            return CapacityDecision(granted=True, reason="granted already", already=True)
-        for i, held in enumerate(s.queue):
-            if held.incident_id == req.incident_id:
-                return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True)
-        policy.forget_before(s, now)
-        granted, why = policy.capacity_decision(s, req, now)
-        if granted and not s.queue:  # nobody is ahead in line
-            self._grant(req.incident_id, req.placement, now)
-            self._details()
-            return CapacityDecision(granted=True, reason=why)
-        if granted:
-            granted, why = False, "others are ahead in line"
-        s.queue.append(
-            Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
-        )
-        self._serve_queue(now)  # it may go at once if the ones ahead cannot (another pool)
-        position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
-        self._details()
-        if position is None:
-            return CapacityDecision(granted=True, reason="within the disruption budget")
-        return CapacityDecision(granted=False, reason=s.queue[position - 1].reason, position=position)
+        answer, out = coordination.request(self._s, req, workflow.now())
+        self._apply(out)
+        return answer
 
     @workflow.update(name=m.FLEET_CONFIRM.name)
     def confirm(self, req: CapacityRequest) -> CapacityDecision:
-        """Before a replacement: a grant stands unless the breaker has tripped or the node's
-        domain has become a domain incident since; then it is taken back and the incident held
-        (its node stays drained: nothing is replaced)."""
-        s, now = self._s, workflow.now()
-        if req.incident_id not in s.grants:
-            return self._decide_capacity(req)
-        domain = policy.escalated_domain(s, req.placement)
-        why = ""
-        if s.breaker.tripped:
-            why = f"circuit breaker tripped ({s.breaker.why}); `gpuheal resume` resets it"
-        elif domain is not None:
-            why = f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)"
-        if not why:
-            return CapacityDecision(granted=True, reason="the grant stands", already=True)
-        s.grants.pop(req.incident_id)
-        s.queue.append(
-            Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
-        )
-        self._details()
-        return CapacityDecision(granted=False, reason=why, position=len(s.queue))
+        """Before a replacement: the grant stands unless the breaker tripped or the domain escalated."""
+        answer, out = coordination.confirm(self._s, req, workflow.now(), serve=workflow.patched(COORDINATOR_2))
+        self._apply(out)
+        return answer
 
     @workflow.update(name=m.FLEET_RELEASE.name)
     def release(self, incident_id: str) -> str:
-        """The incident gave its node back (closed, aborted, returned): budget frees, the next
-        in line may go. Idempotent."""
-        s, now = self._s, workflow.now()
-        grant = s.grants.pop(incident_id, None)
-        s.queue = [h for h in s.queue if h.incident_id != incident_id]
-        if grant is not None:
-            s.last_release[grant.node] = now
-        self._serve_queue(now)
-        self._details()
-        return f"released {grant.node}" if grant else "nothing held"
-
-    def _grant(self, incident_id: str, placement: Placement, now: datetime, override: str | None = None) -> None:
-        self._s.grants[incident_id] = Grant(
-            incident_id=incident_id,
-            node=placement.node,
-            pool=placement.pool,
-            domains=tuple(placement.domains),
-            at=now,
-            override=override,
-        )
-        self._s.remediations.append(now)
-        self._s.decisions += 1
-
-    def _serve_queue(self, now: datetime) -> None:
-        """Grant, in order, every held incident the budget has room for now."""
-        s = self._s
-        still: list[Held] = []
-        for held in s.queue:
-            req = CapacityRequest(
-                cluster=s.cluster,
-                incident_id=held.incident_id,
-                placement=held.placement,
-                action=ActionClass.REPLACE_NODE,
-            )
-            granted, why = policy.capacity_decision(s, req, now)
-            if granted:
-                self._grant(held.incident_id, held.placement, now)
-                self._signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
-            else:
-                still.append(held.model_copy(update={"reason": why}))
-        s.queue = still
+        """The incident gave its node back: budget frees, the next in line may go. Idempotent."""
+        answer, out = coordination.release(self._s, incident_id, workflow.now())
+        self._apply(out)
+        return answer
 
     # --- operators --------------------------------------------------------------------------
 
     @workflow.update(name=m.FLEET_PAUSE.name)
     def pause(self, by: OperatorAction) -> str:
         """Trip the breaker by hand: new incidents are held, nothing is replaced."""
-        self._s.breaker = Breaker(
-            tripped=True, at=workflow.now(), why=f"paused by {by.operator}: {by.reason}", by=by.operator
-        )
-        self._notes.append(("breaker_paused", "warning", f"gpuheal paused by {by.operator}: {by.reason}"))
-        self._details()
-        return f"paused by {by.operator}"
+        answer, out = coordination.pause(self._s, by, workflow.now())
+        self._apply(out)
+        return answer
 
     @pause.validator
     def _validate_pause(self, by: OperatorAction) -> None:
@@ -295,12 +220,9 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_RESUME.name)
     def resume(self, by: OperatorAction) -> str:
         """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
-        was = self._s.breaker
-        self._s.breaker = Breaker(by=by.operator, at=workflow.now())
-        self._notes.append(("breaker_reset", "info", f"circuit breaker reset by {by.operator}: {by.reason}"))
-        self._serve_queue(workflow.now())
-        self._details()
-        return f"resumed by {by.operator} (was: {was.why}); {len(self._s.queue)} still held"
+        answer, out = coordination.resume(self._s, by, workflow.now())
+        self._apply(out)
+        return answer
 
     @resume.validator
     def _validate_resume(self, by: OperatorAction) -> None:
@@ -310,35 +232,23 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_SET_MODE.name)
     def set_mode(self, change: ModeChange) -> str:
         old = self._s.policy.policy.mode
-        self._new_policy(self._s.policy.policy.model_copy(update={"mode": change.mode}), change.operator, change.reason)
+        new = self._s.policy.policy.model_copy(update={"mode": change.mode})
+        _, out = coordination.set_policy(self._s, new, change.operator, change.reason, workflow.now(), serve=False)
+        self._apply(out)
         return f"mode {old} -> {change.mode} (policy version {self._s.policy.version})"
 
     @workflow.update(name=m.FLEET_SET_POLICY.name)
     def set_policy(self, change: PolicyChange) -> str:
-        self._new_policy(change.policy, change.operator, change.reason)
-        self._serve_queue(workflow.now())  # a larger budget lets the line move
-        return f"policy version {self._s.policy.version}"
-
-    def _new_policy(self, new: FleetPolicy, operator: str, reason: str) -> None:
-        v = self._s.policy.version + 1
-        self._s.policy = VersionedPolicy(version=v, policy=new, changed_by=operator, reason=reason, at=workflow.now())
-        self._notes.append(("policy_changed", "info", f"policy version {v} by {operator}: {reason}"))
-        self._details()
+        answer, out = coordination.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
+        self._apply(out)
+        return answer
 
     @workflow.update(name=m.FLEET_OVERRIDE.name)
     def override(self, o: Override) -> str:
         """Let one held incident go now, past the budget (the operator answers for it)."""
-        s = self._s
-        held = next((h for h in s.queue if h.incident_id == o.incident_id), None)
-        if held is None:
-            raise ValueError(f"{o.incident_id} is not held")
-        s.queue.remove(held)
-        self._grant(held.incident_id, held.placement, workflow.now(), override=f"{o.operator}: {o.reason}")
-        self._signals.append(
-            (held.incident_id, GrantNotice(granted=True, reason=f"override by {o.operator}: {o.reason}"))
-        )
-        self._details()
-        return f"{o.incident_id} granted by {o.operator}"
+        answer, out = coordination.override(self._s, o, workflow.now())
+        self._apply(out)
+        return answer
 
     @override.validator
     def _validate_override(self, o: Override) -> None:
@@ -349,20 +259,9 @@ class FleetCoordinator:
     def domain_decision(self, d: DomainDecision) -> str:
         """A domain incident's operator decided: release its node incidents (within the budget)
         or dismiss them (they end, the domain is handled as one)."""
-        s, now = self._s, workflow.now()
-        incident = s.domain_incidents.get(d.domain)
-        if incident is None:
-            return f"no domain incident for {d.domain}"
-        s.domain_incidents[d.domain] = incident.model_copy(update={"decided": d.decision})
-        if d.decision == "dismiss":
-            mine = [h for h in s.queue if d.domain in h.placement.domains]
-            s.queue = [h for h in s.queue if h not in mine]
-            for h in mine:
-                why = f"dismissed by domain incident {incident.incident_id} ({d.operator}: {d.reason})"
-                self._signals.append((h.incident_id, GrantNotice(granted=False, reason=why)))
-        self._serve_queue(now)
-        self._details()
-        return f"{d.domain}: {d.decision} by {d.operator}"
+        answer, out = coordination.domain_decision(self._s, d, workflow.now())
+        self._apply(out)
+        return answer
 
     # --- seeing it --------------------------------------------------------------------------
 
@@ -404,4 +303,6 @@ class FleetCoordinator:
             f"domain incident {d.domain}: {', '.join(d.nodes)} ({d.decided or 'open'})"
             for d in s.domain_incidents.values()
         ]
+        if self._undelivered:
+            lines.append(f"undelivered: {len(self._undelivered)} (last: {self._undelivered[-1]})")
         workflow.set_current_details("\n".join(lines))

@@ -131,6 +131,7 @@ class DomainIncident(Frozen):
     nodes: tuple[str, ...]
     opened_at: datetime
     decided: Literal["", "release", "dismiss"] = ""
+    decided_at: datetime | None = None  # from then on it holds nothing, and only newer reports count
 
 
 class OperatorAction(Frozen):
@@ -182,6 +183,9 @@ class FleetState(BaseModel):
     last_release: dict[str, datetime] = {}  # node -> when gpuheal last gave it back (cooldown)
     domain_incidents: dict[str, DomainIncident] = {}
     decisions: int = 0
+    # The sizes the shares are of, as the latest placements said ("cluster", "pool P", "domain D"),
+    # so that what the coordinator shows is computed on the real cluster, not on one node.
+    sizes: dict[str, int] = {}
 
 
 class FleetStatus(Frozen):
@@ -200,21 +204,34 @@ class FleetStatus(Frozen):
 
 
 def budget_uses(state: FleetState, placement: Placement | None = None) -> list[BudgetUse]:
-    """Use against every limit that applies (to `placement`, or to every grant's pool and domain)."""
+    """Use against every limit that applies: to `placement` (a decision), or, with none, to the
+    whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows)."""
     b = state.policy.policy.budget
     grants = list(state.grants.values())
-    size = placement.cluster_size if placement else max((1, *(1 for _ in grants)))
+    if placement is not None:
+        size, pools, domains = placement.cluster_size, {placement.pool: placement.pool_size}, placement.domains
+    else:
+        size = state.sizes.get("cluster", 1)
+        pools = {k.removeprefix("pool "): v for k, v in state.sizes.items() if k.startswith("pool ")}
+        domains = {k.removeprefix("domain "): v for k, v in state.sizes.items() if k.startswith("domain ")}
     uses = [BudgetUse(name="cluster", used=len(grants), limit=limit_of(b.cluster, size))]
-    if placement is not None and b.per_pool is not None:
-        used = sum(1 for g in grants if g.pool == placement.pool)
-        uses.append(
-            BudgetUse(name=f"pool {placement.pool}", used=used, limit=limit_of(b.per_pool, placement.pool_size))
-        )
-    if placement is not None and b.per_domain is not None:
-        for domain, dsize in placement.domains.items():
+    if b.per_pool is not None:
+        for pool, psize in sorted(pools.items()):
+            used = sum(1 for g in grants if g.pool == pool)
+            uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
+    if b.per_domain is not None:
+        for domain, dsize in sorted(domains.items()) if placement is None else domains.items():
             used = sum(1 for g in grants if domain in g.domains)
             uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
     return uses
+
+
+def note_sizes(state: FleetState, placement: Placement) -> None:
+    """Remember the sizes a placement reports (the cluster, its pool, its domains)."""
+    state.sizes["cluster"] = placement.cluster_size
+    state.sizes[f"pool {placement.pool}"] = placement.pool_size
+    for domain, dsize in placement.domains.items():
+        state.sizes[f"domain {domain}"] = dsize
 
 
 def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) -> tuple[bool, str]:
@@ -246,9 +263,11 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
 
 
 def escalated_domain(state: FleetState, placement: Placement) -> DomainIncident | None:
+    """The open domain incident that holds this node's incidents, or None. A decided one holds
+    nothing more: released, its node incidents went on; dismissed, they ended with it."""
     for domain in placement.domains:
         incident = state.domain_incidents.get(domain)
-        if incident is not None and incident.decided != "release":
+        if incident is not None and not incident.decided:
             return incident
     return None
 
@@ -275,9 +294,11 @@ def escalation(state: FleetState, placement: Placement, now: datetime) -> tuple[
     p = state.policy.policy.escalation
     recent = within(state.arrivals, now, p.window_s)
     for domain, size in placement.domains.items():
-        if domain in state.domain_incidents:
-            continue
-        nodes = sorted({a.node for a in recent if domain in a.domains})
+        earlier = state.domain_incidents.get(domain)
+        if earlier is not None and not earlier.decided:
+            continue  # open: it holds them already
+        since = earlier.decided_at if earlier is not None else None  # decided: only what came after
+        nodes = sorted({a.node for a in recent if domain in a.domains and (since is None or a.at > since)})
         if len(nodes) >= p.min_nodes and len(nodes) >= p.domain_share * size:
             return domain, nodes
     return None

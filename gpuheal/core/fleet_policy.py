@@ -16,14 +16,15 @@ from gpuheal.core.envvars import setting
 from gpuheal.core.models import ApprovalPolicy, Frozen, OperatorName
 
 Mode = Literal["observe", "approve", "auto"]
-_LIMIT = re.compile(r"^\d+(\.\d+)?%?$")
+_LIMIT = re.compile(r"^(\d+|\d+(\.\d+)?%)$")  # a whole count, or a share (which may have decimals)
 
 
 def limit_of(spec: str, total: int) -> int:
-    """ "3" is 3 nodes; "5%" is 5 % of `total`, rounded down, and at least 1 (a budget of 0 would
-    hold every incident forever: say "0" to mean that)."""
+    """ "3" is 3 nodes; "5%" is 5 % of `total`, rounded down, and at least 1 (a positive share of a
+    small cluster must still let one node go); "0" or "0%" is none: every incident is held."""
     if spec.endswith("%"):
-        return max(1, math.floor(float(spec[:-1]) / 100 * total))
+        share = float(spec[:-1])
+        return max(1, math.floor(share / 100 * total)) if share > 0 else 0
     return int(spec)
 
 

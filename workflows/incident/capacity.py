@@ -21,6 +21,10 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.fleet import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
     from gpuheal.core.models import ActionClass, ReplacementResult
 
+# Incidents started before it cleared a notice only once they began to wait, so a grant that came
+# during the containment drain was lost; they keep that path (workflow.patched) to replay.
+KEEP_EARLY_GRANT = "keep-a-grant-that-comes-before-the-wait"
+
 
 async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
     ask = AdmitAsk(
@@ -40,17 +44,28 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
 
 async def request(s: IncidentState) -> CapacityDecision:
     """Before capacity leaves service: granted now, or held in line."""
+    _forget_earlier_notices(s)
     return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity")
 
 
 async def confirm(s: IncidentState) -> CapacityDecision:
     """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
+    _forget_earlier_notices(s)
     return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+
+
+def _forget_earlier_notices(s: IncidentState) -> None:
+    """Before asking: an earlier notice does not answer this request. From the moment the
+    coordinator may answer, a notice is kept (it may come while the held incident is still
+    being contained, before it waits)."""
+    if workflow.patched(KEEP_EARLY_GRANT):
+        s.grant = None
 
 
 async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | None:
     """Held: the coordinator's notice (granted, or dismissed into a domain incident), or None."""
-    s.grant = None  # an earlier notice does not answer this wait
+    if not workflow.patched(KEEP_EARLY_GRANT):
+        s.grant = None  # how incidents started before the fix waited (their histories replay so)
     return await gate.wait_for(
         lambda: s.grant, within=timedelta(seconds=within_s), summary="held: capacity never freed within the bound"
     )

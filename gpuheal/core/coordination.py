@@ -1,0 +1,285 @@
+"""The coordinator's state changes, as pure functions over FleetState.
+
+Each of the coordinator's handlers (workflows/fleet.py) is one call here: it changes the state
+and returns what must then be done outside it (Effects: grant notices to held incidents, notices
+to the operators, domain incidents to open). Being pure, the whole coordinator can be driven by
+a property-based test (tests/test_coordination.py) through arrivals, requests, releases, trips,
+overrides, policy changes and clock steps, and its invariants checked after every step: never
+more out of service than the budget allows, a tripped breaker resets only by a person, a held
+incident goes as soon as its limit frees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpuheal.core import fleet as policy
+from gpuheal.core import ids
+from gpuheal.core.fleet import (
+    Admission,
+    AdmitRequest,
+    Arrival,
+    Breaker,
+    CapacityDecision,
+    CapacityRequest,
+    DomainDecision,
+    DomainIncident,
+    FleetState,
+    Grant,
+    GrantNotice,
+    Held,
+    OperatorAction,
+    Override,
+    Placement,
+)
+from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
+from gpuheal.core.models import ActionClass, Severity
+
+
+@dataclass
+class Effects:
+    """What a state change asks to be done: the coordinator's loop does it, outside the handler."""
+
+    signals: list[tuple[str, GrantNotice]] = field(default_factory=list)  # to held incidents
+    notes: list[tuple[str, Severity, str]] = field(default_factory=list)  # to the operators
+    domains: list[DomainIncident] = field(default_factory=list)  # domain incidents to open
+
+    def __iadd__(self, other: Effects) -> Effects:
+        self.signals += other.signals
+        self.notes += other.notes
+        self.domains += other.domains
+        return self
+
+
+# --- incidents ------------------------------------------------------------------------------
+
+
+def admit(s: FleetState, req: AdmitRequest, now: datetime) -> tuple[Admission, Effects]:
+    """A new incident: its arrival counts (once per run), the breaker and the domains are checked."""
+    out = Effects()
+    policy.forget_before(s, now)
+    policy.note_sizes(s, req.placement)
+    if all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals):
+        s.arrivals.append(
+            Arrival(
+                at=now,
+                incident_id=req.incident_id,
+                run_id=req.run_id,
+                node=req.placement.node,
+                domains=tuple(req.placement.domains),
+                gpu_uuids=req.gpu_uuids,
+            )
+        )
+        out += _check_breaker(s, req.placement, now)
+        out += _check_domains(s, req.placement, now)
+    repeat = policy.repeat_offender(s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat)
+    domain = policy.escalated_domain(s, req.placement)
+    answer = Admission(
+        policy=s.policy,
+        repeat_offender=repeat,
+        domain_incident=domain.incident_id if domain else None,
+        breaker=s.breaker.why if s.breaker.tripped else None,
+    )
+    return answer, out
+
+
+def _check_breaker(s: FleetState, placement: Placement, now: datetime) -> Effects:
+    if s.breaker.tripped:
+        return Effects()
+    why = policy.breaker_trip(s, placement, now)
+    if why is None:
+        return Effects()
+    window = policy.within(s.arrivals, now, s.policy.policy.breaker.window_s)
+    nodes = tuple(sorted({a.node for a in window}))
+    s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
+    text = (
+        f"circuit breaker tripped: {why}; nodes {', '.join(nodes)}. New incidents are recorded and held, "
+        "nothing is replaced, until `gpuheal resume --operator NAME --reason TEXT`."
+    )
+    return Effects(notes=[("breaker_tripped", "critical", text)])
+
+
+def _check_domains(s: FleetState, placement: Placement, now: datetime) -> Effects:
+    found = policy.escalation(s, placement, now)
+    if found is None:
+        return Effects()
+    domain, nodes = found
+    incident_id = ids.domain_incident_id(s.cluster, domain, now)
+    d = DomainIncident(cluster=s.cluster, domain=domain, incident_id=incident_id, nodes=tuple(nodes), opened_at=now)
+    s.domain_incidents[domain] = d
+    # Those already in line for this domain are held by the domain incident now.
+    why = f"held by domain incident {incident_id}"
+    s.queue = [h.model_copy(update={"reason": why}) if domain in h.placement.domains else h for h in s.queue]
+    return Effects(domains=[d])
+
+
+def request(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[CapacityDecision, Effects]:
+    """May this incident take its node out of service now? Idempotent: asked again, the same
+    answer (granted, or its place in line)."""
+    if req.incident_id in s.grants:
+        return CapacityDecision(granted=True, reason="granted already", already=True), Effects()
+    for i, held in enumerate(s.queue):
+        if held.incident_id == req.incident_id:
+            return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True), Effects()
+    policy.forget_before(s, now)
+    policy.note_sizes(s, req.placement)
+    granted, why = policy.capacity_decision(s, req, now)
+    if granted and not s.queue:  # nobody is ahead in line
+        _grant(s, req.incident_id, req.placement, now)
+        return CapacityDecision(granted=True, reason=why), Effects()
+    if granted:
+        granted, why = False, "others are ahead in line"
+    s.queue.append(
+        Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
+    )
+    out = serve_queue(s, now)  # it may go at once if the ones ahead cannot (another pool)
+    position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
+    if position is None:  # granted by serving the line (its notice goes too: harmless, and replayed)
+        return CapacityDecision(granted=True, reason="within the disruption budget"), out
+    return CapacityDecision(granted=False, reason=s.queue[position - 1].reason, position=position), out
+
+
+def confirm(s: FleetState, req: CapacityRequest, now: datetime, serve: bool = True) -> tuple[CapacityDecision, Effects]:
+    """Before a replacement: a grant stands unless the breaker has tripped or the node's domain
+    has become a domain incident since; then it is taken back and the incident held (its node
+    stays drained: nothing is replaced), and the budget it held serves the line (`serve`: the
+    coordinators of the release before did not)."""
+    if req.incident_id not in s.grants:
+        return request(s, req, now)
+    domain = policy.escalated_domain(s, req.placement)
+    grant = s.grants[req.incident_id]
+    why = ""
+    if s.breaker.tripped and grant.override is None:  # an operator's override answers for the breaker
+        why = f"circuit breaker tripped ({s.breaker.why}); `gpuheal resume` resets it"
+    elif domain is not None and (grant.override is None or domain.opened_at > grant.at):
+        why = f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)"
+    if not why:
+        return CapacityDecision(granted=True, reason="the grant stands", already=True), Effects()
+    s.grants.pop(req.incident_id)
+    if grant.at in s.remediations:  # granted again later, it counts against the rate once
+        s.remediations.remove(grant.at)
+    s.queue.append(
+        Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
+    )
+    out = serve_queue(s, now) if serve else Effects()  # it stays held (breaker, domain); others may go
+    position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), len(s.queue))
+    return CapacityDecision(granted=False, reason=why, position=position), out
+
+
+def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effects]:
+    """The incident gave its node back (closed, aborted, returned): budget frees, the next in
+    line may go. Idempotent."""
+    grant = s.grants.pop(incident_id, None)
+    s.queue = [h for h in s.queue if h.incident_id != incident_id]
+    if grant is not None:
+        s.last_release[grant.node] = now
+    out = serve_queue(s, now)
+    return (f"released {grant.node}" if grant else "nothing held"), out
+
+
+def _grant(s: FleetState, incident_id: str, placement: Placement, now: datetime, override: str | None = None) -> None:
+    s.grants[incident_id] = Grant(
+        incident_id=incident_id,
+        node=placement.node,
+        pool=placement.pool,
+        domains=tuple(placement.domains),
+        at=now,
+        override=override,
+    )
+    s.remediations.append(now)
+    s.decisions += 1
+
+
+def serve_queue(s: FleetState, now: datetime) -> Effects:
+    """Grant, in order, every held incident the budget has room for now."""
+    out = Effects()
+    still: list[Held] = []
+    for held in s.queue:
+        req = CapacityRequest(
+            cluster=s.cluster, incident_id=held.incident_id, placement=held.placement, action=ActionClass.REPLACE_NODE
+        )
+        granted, why = policy.capacity_decision(s, req, now)
+        if granted:
+            _grant(s, held.incident_id, held.placement, now)
+            out.signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
+        else:
+            still.append(held.model_copy(update={"reason": why}))
+    s.queue = still
+    return out
+
+
+def next_wake(s: FleetState, now: datetime) -> datetime | None:
+    """When a held incident's limit frees by time alone (a held node's cooldown ends, or, with the
+    rate reached, a remediation leaves its window), or None. The coordinator serves its line
+    again then, with no other event needed."""
+    if not s.queue or s.breaker.tripped:
+        return None
+    b = s.policy.policy.budget
+    recent = [t for t in s.remediations if (now - t).total_seconds() < b.rate_window_s]
+    times = [min(recent) + timedelta(seconds=b.rate_window_s)] if len(recent) >= b.rate else []
+    held_nodes = {h.node for h in s.queue}
+    times += [t + timedelta(seconds=b.node_cooldown_s) for n, t in s.last_release.items() if n in held_nodes]
+    later = [t for t in times if t > now]
+    return min(later) if later else None
+
+
+# --- operators ------------------------------------------------------------------------------
+
+
+def pause(s: FleetState, by: OperatorAction, now: datetime) -> tuple[str, Effects]:
+    """Trip the breaker by hand: new incidents are held, nothing is replaced."""
+    s.breaker = Breaker(tripped=True, at=now, why=f"paused by {by.operator}: {by.reason}", by=by.operator)
+    note: tuple[str, Severity, str] = ("breaker_paused", "warning", f"gpuheal paused by {by.operator}: {by.reason}")
+    return f"paused by {by.operator}", Effects(notes=[note])
+
+
+def resume(s: FleetState, by: OperatorAction, now: datetime) -> tuple[str, Effects]:
+    """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
+    was = s.breaker
+    s.breaker = Breaker(by=by.operator, at=now)
+    out = Effects(notes=[("breaker_reset", "info", f"circuit breaker reset by {by.operator}: {by.reason}")])
+    out += serve_queue(s, now)
+    return f"resumed by {by.operator} (was: {was.why}); {len(s.queue)} still held", out
+
+
+def set_policy(
+    s: FleetState, new: FleetPolicy, operator: str, reason: str, now: datetime, serve: bool = True
+) -> tuple[str, Effects]:
+    v = s.policy.version + 1
+    s.policy = VersionedPolicy(version=v, policy=new, changed_by=operator, reason=reason, at=now)
+    out = Effects(notes=[("policy_changed", "info", f"policy version {v} by {operator}: {reason}")])
+    if serve:
+        out += serve_queue(s, now)  # a larger budget lets the line move
+    return f"policy version {v}", out
+
+
+def override(s: FleetState, o: Override, now: datetime) -> tuple[str, Effects]:
+    """Let one held incident go now, past the budget (the operator answers for it)."""
+    held = next((h for h in s.queue if h.incident_id == o.incident_id), None)
+    if held is None:
+        raise ValueError(f"{o.incident_id} is not held")
+    s.queue.remove(held)
+    _grant(s, held.incident_id, held.placement, now, override=f"{o.operator}: {o.reason}")
+    notice = GrantNotice(granted=True, reason=f"override by {o.operator}: {o.reason}")
+    return f"{o.incident_id} granted by {o.operator}", Effects(signals=[(held.incident_id, notice)])
+
+
+def domain_decision(s: FleetState, d: DomainDecision, now: datetime) -> tuple[str, Effects]:
+    """A domain incident's operator decided: release its node incidents (within the budget) or
+    dismiss them (they end, the domain is handled as one)."""
+    incident = s.domain_incidents.get(d.domain)
+    if incident is None:
+        return f"no domain incident for {d.domain}", Effects()
+    if incident.decided:
+        return f"{d.domain}: already {incident.decided}", Effects()
+    s.domain_incidents[d.domain] = incident.model_copy(update={"decided": d.decision, "decided_at": now})
+    out = Effects()
+    if d.decision == "dismiss":
+        mine = [h for h in s.queue if d.domain in h.placement.domains]
+        s.queue = [h for h in s.queue if h not in mine]
+        for h in mine:
+            why = f"dismissed by domain incident {incident.incident_id} ({d.operator}: {d.reason})"
+            out.signals.append((h.incident_id, GrantNotice(granted=False, reason=why)))
+    out += serve_queue(s, now)
+    return f"{d.domain}: {d.decision} by {d.operator}", out

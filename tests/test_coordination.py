@@ -1,0 +1,204 @@
+"""The coordinator's state changes (gpuheal.core.coordination), driven by Hypothesis through
+arrivals, capacity requests, confirmations, releases, pauses and resumes, overrides, policy
+changes, clock steps and continue-as-new; after every step the invariants an SRE relies on are
+checked:
+
+- never more nodes out of service than the budget allows (cluster and pool), except those an
+  operator overrode, and nothing granted while the breaker is tripped unless overridden;
+- a tripped breaker resets only when a person resumes it;
+- a held incident is granted as soon as its limit frees (nothing left in line could go now),
+  including when only time frees it (the coordinator wakes at `next_wake`);
+- every grant belongs to an incident that asked and has not released;
+- the state survives continue-as-new (its JSON round trip) unchanged.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gpuheal.core import coordination
+from gpuheal.core import fleet as policy
+from gpuheal.core.fleet import (
+    AdmitRequest,
+    CapacityRequest,
+    DomainDecision,
+    FleetState,
+    OperatorAction,
+    Override,
+    Placement,
+)
+from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy
+from gpuheal.core.models import ActionClass
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+NODES = [f"gpu{i:02d}" for i in range(12)]
+POOLS = {n: ("train" if i < 8 else "infer") for i, n in enumerate(NODES)}
+BUDGETS = st.sampled_from(["0", "1", "2", "3", "10%", "25%", "50%"])
+BY = OperatorAction(operator="alice", reason="test")
+
+
+def placement(node: str) -> Placement:
+    pool = POOLS[node]
+    return Placement(
+        node=node,
+        cluster_size=len(NODES),
+        pool=pool,
+        pool_size=sum(1 for p in POOLS.values() if p == pool),
+        domains={f"rack=r{NODES.index(node) // 4}": 4},
+    )
+
+
+class Coordinator(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        seed = FleetPolicy(
+            budget=BudgetPolicy(cluster="3", per_pool="2", rate=6, rate_window_s=600, node_cooldown_s=300),
+            breaker=BreakerPolicy(max_incidents=6, window_s=120),
+        )
+        self.now = T0
+        self.s = FleetState(
+            cluster="c", policy=VersionedPolicy(version=1, policy=seed, changed_by="t", reason="t", at=T0)
+        )
+        self.runs = 0
+        self.live: dict[str, str] = {}  # node -> its incident id (asked and not yet released)
+        self.resumed = False
+        self.granted_ever: set[str] = set()
+
+    # --- what happens ---------------------------------------------------------------------
+
+    @rule(node=st.sampled_from(NODES))
+    def an_incident_asks(self, node: str) -> None:
+        if node in self.live:
+            return
+        self.runs += 1
+        incident = f"gpuheal-c-{node}#{self.runs}"  # one id per incident run
+        self.live[node] = incident
+        req = AdmitRequest(
+            incident_id=incident,
+            run_id=str(self.runs),
+            cluster="c",
+            placement=placement(node),
+            action=ActionClass.REPLACE_NODE,
+            what="XID 79",
+            seed=self.s.policy.policy,
+        )
+        self.step(lambda: coordination.admit(self.s, req, self.now))
+        self.step(lambda: coordination.request(self.s, self.capacity(node), self.now))
+
+    @rule(node=st.sampled_from(NODES))
+    def an_incident_confirms(self, node: str) -> None:
+        if node in self.live:
+            self.step(lambda: coordination.confirm(self.s, self.capacity(node), self.now))
+
+    @rule(node=st.sampled_from(NODES))
+    def an_incident_closes(self, node: str) -> None:
+        incident = self.live.pop(node, None)
+        if incident is not None:
+            self.step(lambda: coordination.release(self.s, incident, self.now))
+
+    @precondition(lambda self: not self.s.breaker.tripped)
+    @rule()
+    def an_operator_pauses(self) -> None:
+        self.step(lambda: coordination.pause(self.s, BY, self.now))
+
+    @precondition(lambda self: self.s.breaker.tripped)
+    @rule()
+    def an_operator_resumes(self) -> None:
+        self.resumed = True
+        self.step(lambda: coordination.resume(self.s, BY, self.now))
+
+    @precondition(lambda self: bool(self.s.queue))
+    @rule(data=st.data())
+    def an_operator_overrides(self, data: st.DataObject) -> None:
+        held = data.draw(st.sampled_from(self.s.queue))
+        o = Override(incident_id=held.incident_id, operator="bob", reason="needs it")
+        self.step(lambda: coordination.override(self.s, o, self.now))
+
+    @precondition(lambda self: any(not d.decided for d in self.s.domain_incidents.values()))
+    @rule(data=st.data(), decision=st.sampled_from(["release", "dismiss"]))
+    def an_operator_decides_a_domain(self, data: st.DataObject, decision: str) -> None:
+        domain = data.draw(st.sampled_from([d for d, i in self.s.domain_incidents.items() if not i.decided]))
+        d = DomainDecision(domain=domain, decision=decision, operator="dan", reason="looked")  # type: ignore[arg-type]
+        dismissed = (
+            {h.incident_id for h in self.s.queue if domain in h.placement.domains} if decision == "dismiss" else set()
+        )
+        self.step(lambda: coordination.domain_decision(self.s, d, self.now))
+        for node, incident in list(self.live.items()):  # a dismissed incident ends: it releases
+            if incident in dismissed:
+                self.an_incident_closes(node)
+
+    @rule(cluster=BUDGETS, pool=BUDGETS)
+    def the_policy_changes(self, cluster: str, pool: str) -> None:
+        budget = self.s.policy.policy.budget.model_copy(update={"cluster": cluster, "per_pool": pool})
+        new = self.s.policy.policy.model_copy(update={"budget": budget})
+        self.step(lambda: coordination.set_policy(self.s, new, "carol", "tune", self.now))
+
+    @rule(seconds=st.sampled_from([1, 30, 119, 121, 299, 301, 601, 3600]))
+    def time_passes(self, seconds: int) -> None:
+        """The coordinator's loop: at each wake time on the way, it serves its line."""
+        end = self.now + timedelta(seconds=seconds)
+        while (wake := coordination.next_wake(self.s, self.now)) is not None and wake <= end:
+            self.now = wake
+            self.step(lambda: ((), coordination.serve_queue(self.s, self.now)))
+        self.now = end
+
+    @rule()
+    def it_continues_as_new(self) -> None:
+        carried = FleetState.model_validate_json(self.s.model_dump_json())
+        assert carried == self.s
+        self.s = carried
+
+    # --- the checks -----------------------------------------------------------------------
+
+    def step(self, change: object) -> None:
+        """Run one state change; check what it granted against the limits before it."""
+        tripped_before = self.s.breaker.tripped
+        before = set(self.s.grants)
+        change()  # type: ignore[operator]
+        self.granted_ever |= set(self.s.grants)
+        new = [g for i, g in self.s.grants.items() if i not in before and g.override is None]
+        if new:
+            assert not self.s.breaker.tripped or not tripped_before, "granted while the breaker was tripped"
+            b = self.s.policy.policy.budget
+            assert len(self.s.grants) <= policy.limit_of(b.cluster, len(NODES)), "over the cluster budget"
+            if b.per_pool is not None:
+                for g in new:
+                    in_pool = [x for x in self.s.grants.values() if x.pool == g.pool]
+                    size = placement(g.node).pool_size
+                    assert len(in_pool) <= policy.limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
+
+    def capacity(self, node: str) -> CapacityRequest:
+        return CapacityRequest(
+            cluster="c", incident_id=self.live[node], placement=placement(node), action=ActionClass.REPLACE_NODE
+        )
+
+    @invariant()
+    def the_breaker_resets_only_by_a_person(self) -> None:
+        if getattr(self, "_was_tripped", False) and not self.s.breaker.tripped:
+            assert self.resumed, "the breaker reset itself"
+        self._was_tripped = self.s.breaker.tripped
+        self.resumed = False
+
+    @invariant()
+    def nothing_in_line_could_go_now(self) -> None:
+        copy = self.s.model_copy(deep=True)
+        assert coordination.serve_queue(copy, self.now).signals == [], "a held incident could go but waits"
+
+    @invariant()
+    def each_grant_counts_once_against_the_rate(self) -> None:
+        assert len(self.s.remediations) <= len(self.granted_ever), "an incident counted twice against the rate"
+
+    @invariant()
+    def every_grant_and_hold_belongs_to_an_incident_that_asked(self) -> None:
+        asked = set(self.live.values())
+        assert set(self.s.grants) <= asked
+        assert {h.incident_id for h in self.s.queue} <= asked
+        assert not set(self.s.grants) & {h.incident_id for h in self.s.queue}
+
+
+Coordinator.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCoordinator = Coordinator.TestCase
