@@ -119,7 +119,7 @@ async def send(client: Client, settings: Settings, node: str, run: Run) -> None:
         observed_at=datetime.now(UTC),
     )
     t0 = time.perf_counter()
-    if await already_handled(client, report) is None:
+    if await already_handled(client, settings, report) is None:
         await start_or_join(client, settings, report)
     run.starts_ms.append((time.perf_counter() - t0) * 1000)
 

@@ -66,3 +66,19 @@ def test_a_give_back_alert_is_not_a_failure_report() -> None:
     assert parsed.reports == [] and parsed.rejected == []
     (give_back,) = parsed.give_backs
     assert (give_back.cluster, give_back.node, give_back.reason) == ("prod", "inf02", "LlmQueueLong")
+
+
+def test_an_xid_from_an_annotation_is_part_of_the_alert_key() -> None:
+    """dcgm-exporter's rule keeps one firing alert (one fingerprint and start) while the GPU's last
+    XID changes: XID 79 after XID 63 in that alert is another failure, not the same alert again."""
+
+    def dcgm(xid: str) -> dict[str, Any]:
+        return {**alert({"Hostname": "gpu01", "gpu": "0"}), "annotations": {"xid": xid}}
+
+    (first,) = to_reports(payload(dcgm("63")), "c").reports
+    (later,) = to_reports(payload(dcgm("79")), "c").reports
+    (again,) = to_reports(payload(dcgm("79.0")), "c").reports
+    assert (first.xid, later.xid) == (63, 79)
+    assert first.alert_key == "f@20261130T010000+xid63" and later.alert_key == again.alert_key != first.alert_key
+    (labelled,) = to_reports(payload(alert({"node": "gpu01", "xid": "79"})), "c").reports
+    assert labelled.alert_key == "f@20261130T010000"  # a label is in the fingerprint already

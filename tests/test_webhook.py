@@ -94,7 +94,9 @@ async def test_an_alert_already_handled_names_its_incident_and_starts_nothing() 
     started: list[HealthReport] = []
 
     async def handled(report: HealthReport) -> AlreadyHandled:
-        return AlreadyHandled(incident_id=ids.incident_id(report.cluster, "gpu01"), run_id="r1", why="the same alert")
+        return AlreadyHandled(
+            incident_id=ids.incident_id(report.cluster, "gpu01"), run_id="r1", kind="same_alert", why="the same alert"
+        )
 
     client = await client_for(started, handled=handled)
     try:

@@ -102,19 +102,21 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
             )
             continue
         # dcgm-exporter's rule carries the XID as the alert value, in an annotation
-        xid_s = _first(alert.labels, XID_LABELS) or _first(alert.annotations, XID_LABELS)
+        xid_label = _first(alert.labels, XID_LABELS)
+        xid_s = xid_label or _first(alert.annotations, XID_LABELS)
         gpu_s = _first(alert.labels, GPU_LABELS)
         try:
+            xid = int(float(xid_s)) if xid_s is not None else None
             report = HealthReport(
                 node=_node_from(node),
                 cluster=alert.labels.get("cluster") or default_cluster,
-                xid=int(float(xid_s)) if xid_s is not None else None,
+                xid=xid,
                 signal=alert.labels.get("gpuheal_signal"),
                 gpu=int(gpu_s) if gpu_s is not None and gpu_s.isdigit() else None,
                 source="alertmanager",
                 observed_at=alert.startsAt,
                 summary=(alert.annotations.get("summary") or alert.labels.get("alertname", ""))[:500],
-                alert_key=_alert_key(alert),
+                alert_key=_alert_key(alert, None if xid_label else xid),
                 gpu_uuid=_first(alert.labels, UUID_LABELS),
             )
         except (ValidationError, ValueError) as err:
@@ -164,10 +166,14 @@ def firing_payload(
     return payload.model_dump(mode="json")
 
 
-def _alert_key(alert: Alert) -> str | None:
+def _alert_key(alert: Alert, annotated_xid: int | None = None) -> str | None:
     """fingerprint@startsAt: Alertmanager re-sends a firing alert every repeat_interval with both
-    unchanged; a new firing of the same rule has a new start."""
+    unchanged; a new firing of the same rule has a new start. An XID carried in an annotation
+    (dcgm-exporter's last XID) is not in the fingerprint, so it joins the key: an XID 79 that
+    follows an XID 63 within one firing is another failure, not the same alert again."""
     if not alert.fingerprint:
         return None
     key = f"{alert.fingerprint}@{alert.startsAt.astimezone(UTC):%Y%m%dT%H%M%S}"
+    if annotated_xid is not None:
+        key += f"+xid{annotated_xid}"
     return re.sub(r"[^A-Za-z0-9@:+._-]", "-", key)[:100]

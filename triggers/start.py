@@ -3,38 +3,50 @@
 Every trigger (CLI, Alertmanager webhook, node agent, Slurm health check) ends here. The workflow
 id is derived from cluster and node, and the start is a signal-with-start: a second report for a
 node under remediation is delivered to the running workflow as a `report` signal instead of
-starting a second drain. A report an earlier incident already handled (the same alert, by
-fingerprint and start, or any report within the cluster's duplicate window after that incident
-closed) starts nothing: `already_handled` answers which incident (and run) handled it, and why.
-A report carries what failed, never how to remediate: the policy is the cluster's (its
-coordinator's).
+starting a second drain. A report an earlier incident already handled starts nothing:
+`already_handled` answers which incident (and run) handled it, and why. That is decided by the
+failure, not the node (gpuheal.core.dedupe): the same alert, by fingerprint and start, or the same
+failure on the same GPU while the node is still out of service from that incident, within the
+duplicate window; another failure, a more severe one or a recurrence on a node back in service
+starts a remediation. A report carries what failed, never how to remediate: the policy is the
+cluster's (its coordinator's).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecution, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
-from gpuheal.core import ids, queries
+from gpuheal.clients.slurm.base import NodeOutOfService, SlurmBackend, UnknownNode
+from gpuheal.core import dedupe, ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.messages import FLEET_POLICY, INCIDENT, INCIDENT_GIVE_BACK, INCIDENT_REPORT
-from gpuheal.core.models import Decision, Frozen, HealthReport, RemediationInput, RemediationResult, Stage
+from gpuheal.core.messages import INCIDENT, INCIDENT_GIVE_BACK, INCIDENT_REPORT
+from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
 from gpuheal.core.settings import Settings
 
+log = logging.getLogger("gpuheal.start")
 
-class AlreadyHandled(Frozen):
-    """The incident that already handled a report: the caller starts nothing and says so."""
-
-    incident_id: str
-    run_id: str
-    why: str  # "the same alert, fp@start" or "closed 12 s ago, within ..."
-
-    def __str__(self) -> str:
-        return f"{self.incident_id} ({self.why})"
+# The incident that already handled a report (gpuheal.core.dedupe): the caller starts nothing.
+AlreadyHandled = dedupe.Duplicate
+# Whether the scheduler has a node in service now; None: it cannot tell (unreachable, no access).
+NodeProbe = Callable[[str], Awaitable[bool | None]]
+PROBE_TIMEOUT_S = 3.0
+# A node with more incidents closed within one duplicate window than this is looked at no further.
+RECENT_LIMIT = 10
 
 
 async def start_or_join(
@@ -81,33 +93,99 @@ async def give_back_borrowed(client: Client, cluster: str, node: str, operator: 
     return f"no running incident has borrowed {node}"
 
 
-async def already_handled(client: Client, report: HealthReport) -> AlreadyHandled | None:
-    """The incident that already handled this report, or None (then start or join). Read-only:
-    the same alert (fingerprint@startsAt) in any earlier incident of the node, or any report
-    within the cluster's duplicate window after the node's last incident closed."""
-    node = (queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, report.cluster), queries.eq(sa.NODE, report.node))
-    async for _ in client.list_workflows(queries.where(*node, queries.status("Running")), limit=1):
-        return None  # running: the report joins it
-    if report.alert_key:
-        same_alert = queries.where(*node, queries.contains(sa.ALERT_KEYS, report.alert_key))
-        async for wf in client.list_workflows(same_alert, limit=1):
-            return AlreadyHandled(incident_id=wf.id, run_id=wf.run_id, why=f"the same alert, {report.alert_key}")
-    # Only a node with a closed incident asks the coordinator for the window (a storm of new
-    # nodes costs the coordinator nothing here). The first closed run is the last to close:
-    # visibility's documented default order is CloseTime DESC, StartTime DESC (an explicit
-    # ORDER BY is refused by Temporal Cloud).
-    last: WorkflowExecution | None = None
-    async for wf in client.list_workflows(queries.where(*node, queries.not_status("Running")), limit=1):
-        last = wf
-    if last is None or last.close_time is None:
-        return None
+async def already_handled(
+    client: Client, settings: Settings, report: HealthReport, *, node_in_service: NodeProbe | None = None
+) -> AlreadyHandled | None:
+    """The incident that already handled this report, or None (then start or join). Read-only.
+
+    The duplicate window is this process's configured one (`settings.fleet.duplicate_window_s`,
+    GPUHEAL_DUPLICATE_WINDOW_S of the worker, webhook or CLI), not the coordinator's: asking the
+    coordinator would fail exactly in a storm, when it refuses queries.
+
+    The node's latest run is described by its workflow id, which is consistent where visibility
+    is not: right after a close visibility may still list it running, or not yet list it, and
+    its alert keys may lag. Visibility adds the earlier runs closed within the window, and any
+    run that had the same alert. `node_in_service`, where the caller can ask the scheduler, is
+    asked only before a report is dropped as the same failure, so a node a person resumed after
+    an aborted incident takes its next failure as news."""
     try:
-        cluster_policy = await FLEET_POLICY.ask(client.get_workflow_handle(ids.coordinator_id(report.cluster)))
-    except RPCError:
-        return None  # no coordinator (yet): no window to apply
-    window = cluster_policy.policy.duplicate_window_s
-    ago = (datetime.now(UTC) - last.close_time).total_seconds()
-    if window <= 0 or ago >= window:
+        latest = await INCIDENT.handle(client, ids.incident_id(report.cluster, report.node)).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None  # no incident of this node (within retention): news
+        raise
+    if latest.status == WorkflowExecutionStatus.RUNNING:
+        return None  # the report joins it (its own report signal dedupes and escalates)
+    now = datetime.now(UTC)
+    window = settings.fleet.duplicate_window_s
+    closed: list[WorkflowExecution] = [latest]
+    if window > 0:
+        recent = queries.where(
+            *_node_terms(report),
+            queries.not_status("Running"),
+            queries.after(queries.CLOSE_TIME, now - timedelta(seconds=window)),
+        )
+        closed += [wf async for wf in client.list_workflows(recent, limit=RECENT_LIMIT) if wf.run_id != latest.run_id]
+    past = [await _past(client, wf, with_result=window > 0) for wf in closed]
+    if report.alert_key and not any(report.alert_key in p.alert_keys for p in past):
+        # an older run beyond the window may have had it (the window does not bound the same alert)
+        same_alert = queries.where(*_node_terms(report), queries.contains(sa.ALERT_KEYS, report.alert_key))
+        past += [await _past(client, wf, with_result=False) async for wf in client.list_workflows(same_alert, limit=1)]
+    verdict = dedupe.decide(report, past, now=now, window_s=window)
+    if isinstance(verdict, dedupe.Duplicate) and verdict.kind == "same_failure" and node_in_service is not None:
+        if await _ask(node_in_service, report.node):
+            verdict = dedupe.decide(report, past, now=now, window_s=window, in_service_now=True)
+    if isinstance(verdict, dedupe.New):
+        log.debug("%s: new (%s)", report.describe(), verdict.why)
         return None
-    why = f"closed {ago:.0f} s ago, within the cluster's {window:g} s duplicate window"
-    return AlreadyHandled(incident_id=last.id, run_id=last.run_id, why=why)
+    return verdict
+
+
+def _node_terms(report: HealthReport) -> tuple[queries.Term, ...]:
+    return queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, report.cluster), queries.eq(sa.NODE, report.node)
+
+
+async def _past(client: Client, wf: WorkflowExecution, *, with_result: bool) -> dedupe.PastIncident:
+    """A closed run as the decision reads it: its alert keys from Temporal's record, and (with
+    `with_result`) what it handled and how it left the node, from its result."""
+    keys = frozenset(wf.typed_search_attributes.get(sa.ALERT_KEYS) or ())
+    closed_at = wf.close_time or datetime.now(UTC)
+    base = dedupe.PastIncident(incident_id=wf.id, run_id=wf.run_id, closed_at=closed_at, alert_keys=keys)
+    if not with_result:
+        return base
+    try:
+        result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
+    except WorkflowFailureError:
+        return base  # failed or terminated: no record of the node's state, nothing to swallow
+    return dedupe.PastIncident(
+        incident_id=wf.id,
+        run_id=wf.run_id,
+        closed_at=closed_at,
+        alert_keys=keys | {r.alert_key for r in result.reports if r.alert_key},  # visibility may lag
+        failures=tuple(dedupe.Failure.of(r) for r in result.reports),
+        action=result.action,
+        outcome=result.outcome,
+        node_state=result.node_state,
+    )
+
+
+def slurm_probe(slurm: SlurmBackend) -> NodeProbe:
+    """Slurm's word on a node: in service unless drained, down, or out of the cluster (FUTURE)."""
+
+    async def in_service(node: str) -> bool | None:
+        try:
+            info = await slurm.node(node)
+        except (UnknownNode, NodeOutOfService):
+            return False
+        return not info.drained and info.state != "down"
+
+    return in_service
+
+
+async def _ask(probe: NodeProbe, node: str) -> bool | None:
+    """The probe's answer, or None when it fails or is slow: then the incidents' records stand."""
+    try:
+        return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S)
+    except Exception as err:  # advisory: a scheduler we cannot ask never blocks a report
+        log.debug("could not ask whether %s is in service: %s", node, err)
+        return None

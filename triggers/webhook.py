@@ -18,11 +18,19 @@ from aiohttp import web
 from pydantic import ValidationError
 from temporalio.client import Client
 
+from gpuheal.clients.slurm import build_slurm
 from gpuheal.core.errors import describe_error
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.alertmanager import AlertmanagerPayload, GiveBack, to_reports
-from gpuheal.triggers.start import AlreadyHandled, already_handled, give_back_borrowed, start_or_join
+from gpuheal.triggers.start import (
+    AlreadyHandled,
+    NodeProbe,
+    already_handled,
+    give_back_borrowed,
+    slurm_probe,
+    start_or_join,
+)
 
 log = logging.getLogger("gpuheal.webhook")
 
@@ -97,7 +105,7 @@ def make_app(
         for report in parsed.reports:
             try:
                 by = await handled(report) if handled is not None else None
-                if by is not None:  # re-sent, or within the duplicate window: starts nothing
+                if by is not None:  # the same alert, or the same failure while its node is out: starts nothing
                     skipped.append(
                         {"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()}
                     )
@@ -147,12 +155,27 @@ def temporal_give_back(client: Client) -> GiveBacker:
     return give_back
 
 
+def temporal_handled(client: Client, settings: Settings) -> Handled:
+    """The duplicate check, with this process's duplicate window; where the webhook can reach
+    Slurm, Slurm says whether a node is back in service (else the incidents' records stand)."""
+    try:
+        probe: NodeProbe | None = slurm_probe(build_slurm(settings.slurm))
+    except ValueError as err:  # SettingsError: no slurmrestd address or token
+        log.info("the duplicate check will not ask Slurm whether a node is back in service: %s", err)
+        probe = None
+
+    async def handled(report: HealthReport) -> AlreadyHandled | None:
+        return await already_handled(client, settings, report, node_in_service=probe)
+
+    return handled
+
+
 async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
     app = make_app(
         settings,
         temporal_starter(client, settings),
         give_back=temporal_give_back(client),
-        handled=lambda report: already_handled(client, report),
+        handled=temporal_handled(client, settings),
     )
     runner = web.AppRunner(app)
     await runner.setup()

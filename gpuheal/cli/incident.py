@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
@@ -15,6 +16,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from gpuheal.cli import errors
+from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries, render
 from gpuheal.core import search_attributes as sa
@@ -23,7 +25,7 @@ from gpuheal.core.messages import INCIDENT, INCIDENT_ABORT, INCIDENT_APPROVE, IN
 from gpuheal.core.models import Decision, HealthReport, Outcome, Stage, check_node_name
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
-from gpuheal.triggers.start import already_handled, start_or_join
+from gpuheal.triggers.start import PROBE_TIMEOUT_S, NodeProbe, already_handled, slurm_probe, start_or_join
 
 QUERY_TIMEOUT_S = 3.0
 
@@ -34,6 +36,17 @@ def incident_id(settings: Settings, target: str, cluster: str | None = None) -> 
     if ids.is_gpuheal_id(target):
         return target
     return ids.incident_id(cluster or settings.require_cluster(), target)
+
+
+def _slurm_probe(settings: Settings) -> NodeProbe | None:
+    """Slurm's commands, where this shell has them, say whether the node is back in service (a
+    node resumed after an aborted incident takes its next failure as news). Not over slurmrestd:
+    its client would load aiohttp into the short commands."""
+    s = settings.slurm
+    if s.backend != "cli":
+        return None
+    wrapper = shlex.split(s.cli_wrapper) if s.cli_wrapper else None
+    return slurm_probe(SlurmCli(s.conf, wrapper, timeout_s=PROBE_TIMEOUT_S))
 
 
 async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
@@ -48,7 +61,7 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
         summary=args.summary,
     )
     client = await connect(settings.temporal)
-    by = await already_handled(client, report)
+    by = await already_handled(client, settings, report, node_in_service=_slurm_probe(settings))
     if by is not None:
         print(f"{report.describe()}: already handled by {by}; nothing started")
         return 0

@@ -123,7 +123,9 @@ class FleetPolicy(Frozen):
     duplicate_window_s: float = setting(
         "GPUHEAL_DUPLICATE_WINDOW_S",
         600.0,
-        "a report for a node whose incident closed this recently starts nothing and names that incident",
+        "a report of the same failure (XID or signal, same GPU) while its node is still out of service from the "
+        "incident that handled it, within this long of that close, starts nothing and names that incident (the same "
+        "alert never starts one); applied by the webhook and CLI that receive it, not asked of the coordinator",
         ge=0,
     )
     max_hold_s: float = setting(

@@ -28,6 +28,7 @@ WORKFLOW_TYPE = SearchAttributeKey.for_keyword("WorkflowType")
 WORKFLOW_ID = SearchAttributeKey.for_keyword("WorkflowId")
 EXECUTION_STATUS = SearchAttributeKey.for_keyword("ExecutionStatus")
 START_TIME = SearchAttributeKey.for_datetime("StartTime")
+CLOSE_TIME = SearchAttributeKey.for_datetime("CloseTime")
 
 # ExecutionStatus as visibility spells it.
 Status = Literal["Running", "Completed", "Failed", "Canceled", "Terminated", "ContinuedAsNew", "TimedOut"]

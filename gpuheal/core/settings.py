@@ -167,7 +167,9 @@ class Settings(BaseModel):
         "comma list of the Node labels that name topology domains",
     )
     remediation: RemediationSettings = RemediationSettings()
-    fleet: FleetPolicy = FleetPolicy()  # seeds the cluster's coordinator (its policy rules after)
+    # Seeds the cluster's coordinator (its policy rules after); duplicate_window_s alone is read
+    # from here by whoever receives a report (triggers.start): the coordinator is not asked.
+    fleet: FleetPolicy = FleetPolicy()
 
     @property
     def kubernetes_enabled(self) -> bool:
