@@ -105,12 +105,7 @@ async def test_a_notice_receiver_down_for_an_hour_across_a_trip_never_fails_the_
 ) -> None:
     policy = FleetPolicy(breaker=BreakerPolicy(max_incidents=2, window_s=300))
     receiver, queue = Receiver(up=False), f"tq-{uuid.uuid4()}"
-    async with Worker(
-        env.client,
-        task_queue=queue,
-        workflows=[FleetCoordinator, DomainIncidentWorkflow],
-        activities=receiver.activities(),
-    ):
+    async with worker(env, queue, receiver):
         handle = await coordinator(env, queue, policy)
         for node in ("gpu01", "gpu02", "gpu03"):  # the third trips the breaker: a critical notice
             await admit(handle, node, policy)
@@ -120,9 +115,7 @@ async def test_a_notice_receiver_down_for_an_hour_across_a_trip_never_fails_the_
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         assert receiver.attempts > 1  # it was retried, and gave up, without failing the coordinator
         # It still answers: the next incident is held by the same breaker, nothing reset.
-        req = CapacityRequest(
-            cluster="c", incident_id="gpuheal-c-gpu04", placement=placement("gpu04"), action=ActionClass.REPLACE_NODE
-        )
+        req = ask("gpuheal-c-gpu04", "gpu04")
         await admit(handle, "gpu04", policy)
         decision = await m.FLEET_REQUEST_CAPACITY.execute(handle, req)
         assert not decision.granted and "circuit breaker tripped" in decision.reason
@@ -132,16 +125,9 @@ async def test_a_notice_receiver_down_for_an_hour_across_a_trip_never_fails_the_
 async def test_a_held_incident_goes_when_its_nodes_cooldown_ends_with_no_other_event(env: WorkflowEnvironment) -> None:
     policy = FleetPolicy(budget=BudgetPolicy(cluster="10", node_cooldown_s=1800))
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
-    async with Worker(
-        env.client,
-        task_queue=queue,
-        workflows=[FleetCoordinator, DomainIncidentWorkflow],
-        activities=receiver.activities(),
-    ):
+    async with worker(env, queue, receiver):
         handle = await coordinator(env, queue, policy)
-        first = CapacityRequest(
-            cluster="c", incident_id="gpuheal-c-gpu01", placement=placement("gpu01"), action=ActionClass.REPLACE_NODE
-        )
+        first = ask("gpuheal-c-gpu01", "gpu01")
         assert (await m.FLEET_REQUEST_CAPACITY.execute(handle, first)).granted
         await m.FLEET_RELEASE.execute(handle, first.incident_id)
         again = first.model_copy(update={"incident_id": "gpuheal-c-gpu01#2"})
