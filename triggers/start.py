@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,6 +46,7 @@ AlreadyHandled = dedupe.Duplicate
 # Whether the scheduler has a node in service now; None: it cannot tell (unreachable, no access).
 NodeProbe = Callable[[str], Awaitable[bool | None]]
 PROBE_TIMEOUT_S = 3.0
+PROBE_QUIET_S = 60.0
 # A node with more incidents closed within one duplicate window than this is looked at no further.
 RECENT_LIMIT = 10
 
@@ -150,7 +152,10 @@ async def _past(client: Client, wf: WorkflowExecution, *, with_result: bool) -> 
     `with_result`) what it handled and how it left the node, from its result."""
     keys = frozenset(wf.typed_search_attributes.get(sa.ALERT_KEYS) or ())
     closed_at = wf.close_time or datetime.now(UTC)
-    base = dedupe.PastIncident(incident_id=wf.id, run_id=wf.run_id, closed_at=closed_at, alert_keys=keys)
+    completed = wf.status == WorkflowExecutionStatus.COMPLETED
+    base = dedupe.PastIncident(
+        incident_id=wf.id, run_id=wf.run_id, closed_at=closed_at, alert_keys=keys, completed=completed
+    )
     if not with_result:
         return base
     try:
@@ -166,17 +171,26 @@ async def _past(client: Client, wf: WorkflowExecution, *, with_result: bool) -> 
         action=result.action,
         outcome=result.outcome,
         node_state=result.node_state,
+        completed=completed,
     )
 
 
 def slurm_probe(slurm: SlurmBackend) -> NodeProbe:
     """Slurm's word on a node: in service unless drained, down, or out of the cluster (FUTURE)."""
 
+    quiet_until = 0.0  # after a failure, Slurm is not asked again for PROBE_QUIET_S
+
     async def in_service(node: str) -> bool | None:
+        nonlocal quiet_until
+        if time.monotonic() < quiet_until:
+            return None  # a storm of re-sent alerts must not become a storm of slow Slurm queries
         try:
-            info = await slurm.node(node)
+            info = await asyncio.wait_for(slurm.node(node), PROBE_TIMEOUT_S)
         except (UnknownNode, NodeOutOfService):
             return False
+        except Exception:
+            quiet_until = time.monotonic() + PROBE_QUIET_S
+            raise
         return not info.drained and info.state != "down"
 
     return in_service
@@ -187,5 +201,13 @@ async def _ask(probe: NodeProbe, node: str) -> bool | None:
     try:
         return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S)
     except Exception as err:  # advisory: a scheduler we cannot ask never blocks a report
-        log.debug("could not ask whether %s is in service: %s", node, err)
+        log.warning("could not ask whether %s is in service: %s", node, err)
+        return None
+    try:
+        return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S)
+    except Exception as err:  # advisory: a scheduler we cannot ask never blocks a report
+        _probe_quiet_until = time.monotonic() + PROBE_QUIET_S
+        log.warning(
+            "could not ask Slurm whether %s is in service (not asked again for %g s): %s", node, PROBE_QUIET_S, err
+        )
         return None

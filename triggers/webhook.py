@@ -102,9 +102,22 @@ def make_app(
             )
         started = []
         skipped = []
+
+        async def _duplicate_of(report: HealthReport) -> AlreadyHandled | None:
+            """The duplicate check is advisory: when it fails (Temporal slow, a result that will
+            not decode), the report starts or joins anyway. The node's one workflow id keeps that
+            from starting a second remediation; a dropped real failure would be worse."""
+            if handled is None:
+                return None
+            try:
+                return await handled(report)
+            except Exception as err:
+                log.warning("duplicate check failed for %s (starting or joining anyway): %s", report.describe(), err)
+                return None
+
         for report in parsed.reports:
             try:
-                by = await handled(report) if handled is not None else None
+                by = await _duplicate_of(report)
                 if by is not None:  # the same alert, or the same failure while its node is out: starts nothing
                     skipped.append(
                         {"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()}

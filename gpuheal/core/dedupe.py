@@ -4,8 +4,9 @@ The start path (gpuheal.triggers.start) reads the node's recent incidents from T
 where it can, whether the scheduler has the node in service now); this decides. It dedupes by the
 failure, not by the node:
 
-- the same alert (fingerprint@startsAt) is a duplicate of whichever incident had it, always:
-  Alertmanager re-sends a firing alert every repeat_interval;
+- the same alert (fingerprint@startsAt) is a duplicate of whichever incident had it and ran to its
+  result, always: Alertmanager re-sends a firing alert every repeat_interval (an incident that
+  failed or was terminated handled nothing: the alert is news again);
 - the same failure (XID or signal, on the same GPU) while the node is still out of service from
   the incident that handled it, within the duplicate window, is a duplicate of that incident: a
   second source (the agent and a DCGM rule) or a late delivery of what it already acted on;
@@ -82,6 +83,7 @@ class PastIncident(Frozen):
     action: ActionClass | None = None
     outcome: Outcome | None = None
     node_state: NodeState = NodeState.UNKNOWN
+    completed: bool = True  # ran to its result (not failed, terminated, cancelled or timed out)
 
 
 class Duplicate(Frozen):
@@ -125,7 +127,9 @@ def decide(
     person resumed after an aborted incident takes the next failure as news."""
     if report.alert_key:
         for incident in incidents:
-            if report.alert_key in incident.alert_keys:
+            # Only an incident that ran to its result handled the alert: one that failed or was
+            # terminated (a Slurm outage at triage) must not swallow every re-send of it forever.
+            if report.alert_key in incident.alert_keys and incident.completed:
                 return Duplicate(
                     incident_id=incident.incident_id,
                     run_id=incident.run_id,
