@@ -164,10 +164,11 @@ class Coordinator(RuleBasedStateMachine):
         if new:
             assert not self.s.breaker.tripped or not tripped_before, "granted while the breaker was tripped"
             b = self.s.policy.policy.budget
-            assert len(self.s.grants) <= policy.limit_of(b.cluster, len(NODES)), "over the cluster budget"
+            out = [*self.s.grants.values(), *self.s.contained.values()]  # a contained node is out too
+            assert len(out) <= policy.limit_of(b.cluster, len(NODES)), "over the cluster budget"
             if b.per_pool is not None:
                 for g in new:
-                    in_pool = [x for x in self.s.grants.values() if x.pool == g.pool]
+                    in_pool = [x for x in out if x.pool == g.pool]
                     size = placement(g.node).pool_size
                     assert len(in_pool) <= policy.limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
 
@@ -198,6 +199,8 @@ class Coordinator(RuleBasedStateMachine):
         assert set(self.s.grants) <= asked
         assert {h.incident_id for h in self.s.queue} <= asked
         assert not set(self.s.grants) & {h.incident_id for h in self.s.queue}
+        assert set(self.s.contained) <= {h.incident_id for h in self.s.queue}  # taken back: in line again
+        assert not set(self.s.contained) & set(self.s.grants)
 
 
 Coordinator.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

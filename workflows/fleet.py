@@ -39,16 +39,18 @@ with workflow.unsafe.imports_passed_through():
         FleetState,
         FleetStatus,
         GrantNotice,
+        Note,
         OperatorAction,
         Override,
     )
     from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
-    from gpuheal.core.models import Notification, Severity
+    from gpuheal.core.models import Notification
 
 # Coordinators started before this release waited only for events (a held incident freed by time
 # alone waited for the next one), awaited each notice in their loop (a notice receiver down failed
-# them), and served no one when a grant was taken back. They keep doing so until they continue as
-# new (workflow.patched: one id for the three), so their histories replay.
+# them), served no one when a grant was taken back, and sent a grant notice to an incident that
+# had its grant in the answer already. They keep doing so until they continue as new
+# (workflow.patched: one id for all of it), so their histories replay.
 COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
@@ -70,9 +72,10 @@ class FleetCoordinator:
         self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed)
         self._seed = inp.seed
         self._signals: list[tuple[str, GrantNotice]] = []  # to held incidents
-        self._notes: list[tuple[str, Severity, str]] = []  # to the operators
-        self._domains: list[DomainIncident] = []  # domain incidents to open
-        self._deliveries: set[asyncio.Future[None]] = set()  # notices and openings on their way
+        self._notes: list[Note] = []  # to the operators
+        self._domains: list[DomainIncident] = list(inp.domains)  # domain incidents to open
+        self._notes += list(inp.notes)  # carried across continue-as-new, still to go out
+        self._on_way: dict[asyncio.Future[None], Note | DomainIncident] = {}  # running beside the loop
         self._undelivered: list[str] = []  # what could not be done, for the UI's details
 
     @workflow.run
@@ -81,9 +84,14 @@ class FleetCoordinator:
             await self._wait()
             await self._send()
             if self._long() and not self._pending():
-                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._deliveries)
-                if not self._pending():
-                    workflow.continue_as_new(CoordinatorInput(cluster=self._s.cluster, seed=self._seed, state=self._s))
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._pending():  # what is still on its way goes on in the next run
+                    notes = tuple(x for x in self._on_way.values() if not isinstance(x, DomainIncident))
+                    domains = tuple(x for x in self._on_way.values() if isinstance(x, DomainIncident))
+                    carried = CoordinatorInput(
+                        cluster=self._s.cluster, seed=self._seed, state=self._s, notes=notes, domains=domains
+                    )
+                    workflow.continue_as_new(carried)
 
     async def _wait(self) -> None:
         """Until there is something to send, or a held incident's limit frees by time alone (a
@@ -100,12 +108,12 @@ class FleetCoordinator:
         if wake is None:
             await workflow.wait_condition(lambda: self._pending() or self._long() or moved())
             return
-        woken = await gate.wait_for(
+        await gate.wait_for(
             lambda: True if self._pending() or self._long() or moved() else None,
             within=wake - workflow.now(),
             summary="a held incident's cooldown or rate window ends",
         )
-        if woken is None:
+        if workflow.now() >= wake:  # however the wait ended (an admit may land just after the moment)
             self._apply(coordination.serve_queue(self._s, workflow.now()))
 
     def _pending(self) -> bool:
@@ -122,7 +130,7 @@ class FleetCoordinator:
             domain = self._domains.pop(0)
             opening = run(act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}")
             if background:
-                self._in_background(opening, f"domain incident {domain.domain} not opened")
+                self._in_background(domain, opening, f"domain incident {domain.domain} not opened")
             else:
                 await opening
         while self._signals:
@@ -132,7 +140,8 @@ class FleetCoordinator:
             except Exception as err:  # the incident ended meanwhile: nothing to tell
                 workflow.logger.info("incident %s not told (%s)", incident, err)
         while self._notes:
-            event, severity, message = self._notes.pop(0)
+            item = self._notes.pop(0)
+            event, severity, message = item
             note = Notification(
                 incident_id=workflow.info().workflow_id,
                 event=event,
@@ -143,15 +152,16 @@ class FleetCoordinator:
             )
             delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
             if background:
-                self._in_background(delivery, f"notice {event} undelivered")
+                self._in_background(item, delivery, f"notice {event} undelivered")
             else:
                 await delivery
         self._details()
 
-    def _in_background(self, call: Awaitable[object], failed: str) -> None:
+    def _in_background(self, item: Note | DomainIncident, call: Awaitable[object], failed: str) -> None:
         """Run an activity beside the loop: it retries on its own, and when it gives up the
         coordinator says so and goes on (a notice receiver down must never fail it: the breaker,
-        the grants and the line would be lost with it)."""
+        the grants and the line would be lost with it). A domain incident that could not be
+        opened is tried again: its rack's incidents wait for it."""
 
         async def attempt() -> None:
             try:
@@ -159,11 +169,13 @@ class FleetCoordinator:
             except ActivityError as err:
                 self._undelivered.append(f"{failed}: {err.cause or err}")
                 workflow.logger.warning("%s: %s", failed, err.cause or err)
+                if isinstance(item, DomainIncident):
+                    self._domains.append(item)
                 self._details()
 
         task = asyncio.ensure_future(attempt())
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        self._on_way[task] = item
+        task.add_done_callback(lambda done: self._on_way.pop(done, None))
 
     # --- incidents (each handler one pure state change, gpuheal.core.coordination) ------------
 
@@ -185,7 +197,9 @@ class FleetCoordinator:
     def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
         """May this incident take its node out of service now? Idempotent: asked again, the same
         answer (granted, or its place in line)."""
-        answer, out = coordination.request(self._s, req, workflow.now())
+        answer, out = coordination.request(
+            self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2)
+        )
         self._apply(out)
         return answer
 
@@ -277,7 +291,7 @@ class FleetCoordinator:
             mode=s.policy.policy.mode,
             policy_version=s.policy.version,
             breaker=s.breaker,
-            out_of_service=tuple(s.grants.values()),
+            out_of_service=(*s.grants.values(), *s.contained.values()),
             held=tuple(s.queue),
             budget=tuple(uses),
             domain_incidents=tuple(s.domain_incidents.values()),
@@ -293,7 +307,8 @@ class FleetCoordinator:
         lines = [
             f"mode **{s.policy.policy.mode}**, policy version {s.policy.version}",
             f"breaker: {'TRIPPED: ' + s.breaker.why if s.breaker.tripped else 'closed'}",
-            f"out of service: {len(s.grants)} ({', '.join(g.node for g in s.grants.values()) or '-'})",
+            f"out of service: {len(s.grants) + len(s.contained)} "
+            f"({', '.join(g.node for g in (*s.grants.values(), *s.contained.values())) or '-'})",
             f"held: {len(s.queue)}"
             + "".join(f"\n  {i + 1}. {h.node}: {h.reason}" for i, h in enumerate(s.queue[:DETAILS_HELD])),
         ]

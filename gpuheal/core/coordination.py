@@ -114,9 +114,13 @@ def _check_domains(s: FleetState, placement: Placement, now: datetime) -> Effect
     return Effects(domains=[d])
 
 
-def request(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[CapacityDecision, Effects]:
+def request(
+    s: FleetState, req: CapacityRequest, now: datetime, tell_requester: bool = False
+) -> tuple[CapacityDecision, Effects]:
     """May this incident take its node out of service now? Idempotent: asked again, the same
-    answer (granted, or its place in line)."""
+    answer (granted, or its place in line). Granted while the line is served, it hears it in the
+    answer; a notice as well (`tell_requester`, as the coordinators of the release before sent)
+    could arrive late, after a later confirmation took the grant back, and be taken for a grant."""
     if req.incident_id in s.grants:
         return CapacityDecision(granted=True, reason="granted already", already=True), Effects()
     for i, held in enumerate(s.queue):
@@ -135,7 +139,9 @@ def request(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
     )
     out = serve_queue(s, now)  # it may go at once if the ones ahead cannot (another pool)
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
-    if position is None:  # granted by serving the line (its notice goes too: harmless, and replayed)
+    if position is None:  # granted by serving the line
+        if not tell_requester:
+            out.signals = [(i, n) for i, n in out.signals if i != req.incident_id]
         return CapacityDecision(granted=True, reason="within the disruption budget"), out
     return CapacityDecision(granted=False, reason=s.queue[position - 1].reason, position=position), out
 
@@ -156,7 +162,7 @@ def confirm(s: FleetState, req: CapacityRequest, now: datetime, serve: bool = Tr
         why = f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)"
     if not why:
         return CapacityDecision(granted=True, reason="the grant stands", already=True), Effects()
-    s.grants.pop(req.incident_id)
+    s.contained[req.incident_id] = s.grants.pop(req.incident_id)  # still out: still counted
     if grant.at in s.remediations:  # granted again later, it counts against the rate once
         s.remediations.remove(grant.at)
     s.queue.append(
@@ -170,7 +176,8 @@ def confirm(s: FleetState, req: CapacityRequest, now: datetime, serve: bool = Tr
 def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effects]:
     """The incident gave its node back (closed, aborted, returned): budget frees, the next in
     line may go. Idempotent."""
-    grant = s.grants.pop(incident_id, None)
+    grant = s.grants.pop(incident_id, None) or s.contained.pop(incident_id, None)
+    s.contained.pop(incident_id, None)
     s.queue = [h for h in s.queue if h.incident_id != incident_id]
     if grant is not None:
         s.last_release[grant.node] = now
@@ -179,6 +186,7 @@ def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effect
 
 
 def _grant(s: FleetState, incident_id: str, placement: Placement, now: datetime, override: str | None = None) -> None:
+    s.contained.pop(incident_id, None)  # taken back once, given again: counted once, as a grant
     s.grants[incident_id] = Grant(
         incident_id=incident_id,
         node=placement.node,

@@ -18,7 +18,15 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from gpuheal.core.fleet_policy import FleetPolicy, Mode, RepeatPolicy, VersionedPolicy, limit_of
-from gpuheal.core.models import ActionClass, ApprovalPolicy, Frozen, NodeName, OperatorName, RemediationSettings
+from gpuheal.core.models import (
+    ActionClass,
+    ApprovalPolicy,
+    Frozen,
+    NodeName,
+    OperatorName,
+    RemediationSettings,
+    Severity,
+)
 
 # --- what the coordinator is told about a node ------------------------------------------------
 
@@ -177,6 +185,9 @@ class FleetState(BaseModel):
     policy: VersionedPolicy
     breaker: Breaker = Breaker()
     grants: dict[str, Grant] = {}
+    # Grants taken back before a replacement (breaker, domain incident): the node stays drained
+    # and out of service, so it counts against every budget until its incident releases it.
+    contained: dict[str, Grant] = {}
     queue: list[Held] = []
     arrivals: list[Arrival] = []  # within the longest window that needs them
     remediations: list[datetime] = []  # grants, for the rate
@@ -203,11 +214,13 @@ class FleetStatus(Frozen):
 # --- decisions ----------------------------------------------------------------------------------
 
 
-def budget_uses(state: FleetState, placement: Placement | None = None) -> list[BudgetUse]:
+def budget_uses(state: FleetState, placement: Placement | None = None, asking: str = "") -> list[BudgetUse]:
     """Use against every limit that applies: to `placement` (a decision), or, with none, to the
     whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows)."""
     b = state.policy.policy.budget
-    grants = list(state.grants.values())
+    # Every node out of service because of gpuheal; the asking incident's own (contained) node is
+    # not in the way of its own grant.
+    grants = [g for g in (*state.grants.values(), *state.contained.values()) if g.incident_id != asking]
     if placement is not None:
         size, pools, domains = placement.cluster_size, {placement.pool: placement.pool_size}, placement.domains
     else:
@@ -256,7 +269,7 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
             False,
             f"rate: {len(recent)} remediations within {policy.budget.rate_window_s:g} s (limit {policy.budget.rate})",
         )
-    for use in budget_uses(state, req.placement):
+    for use in budget_uses(state, req.placement, asking=req.incident_id):
         if use.used >= use.limit:
             return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
     return True, "within the disruption budget"
@@ -340,10 +353,15 @@ def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) ->
 # --- the workflows' inputs (their names and messages: gpuheal.core.messages; ids: gpuheal.core.ids)
 
 
+Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, message
+
+
 class CoordinatorInput(Frozen):
     cluster: str
     seed: FleetPolicy
     state: FleetState | None = None  # carried across continue-as-new
+    notes: tuple[Note, ...] = ()  # ... with the notices still on their way
+    domains: tuple[DomainIncident, ...] = ()  # ... and the domain incidents not yet opened
 
 
 class DomainIncidentInput(Frozen):
