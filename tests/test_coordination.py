@@ -157,7 +157,7 @@ class Coordinator(RuleBasedStateMachine):
     def step(self, change: object) -> None:
         """Run one state change; check what it granted against the limits before it."""
         tripped_before = self.s.breaker.tripped
-        before = set(self.s.grants)
+        before = set(self.s.grants) | set(self.s.contained)  # a contained node is out already
         change()  # type: ignore[operator]
         self.granted_ever |= set(self.s.grants)
         new = [g for i, g in self.s.grants.items() if i not in before and g.override is None]
@@ -190,6 +190,14 @@ class Coordinator(RuleBasedStateMachine):
         assert coordination.serve_queue(copy, self.now).signals == [], "a held incident could go but waits"
 
     @invariant()
+    def a_node_out_already_is_never_held_by_the_budget(self) -> None:
+        """Granting a contained incident again takes no more capacity: only the breaker, its
+        domain, a cooldown or the rate may hold it (else contained ones can block each other)."""
+        for h in self.s.queue:
+            if h.incident_id in self.s.contained:
+                assert not h.reason.startswith("disruption budget"), h.reason
+
+    @invariant()
     def each_grant_counts_once_against_the_rate(self) -> None:
         assert len(self.s.remediations) <= len(self.granted_ever), "an incident counted twice against the rate"
 
@@ -203,5 +211,5 @@ class Coordinator(RuleBasedStateMachine):
         assert not set(self.s.contained) & set(self.s.grants)
 
 
-Coordinator.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+Coordinator.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestCoordinator = Coordinator.TestCase

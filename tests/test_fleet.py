@@ -9,7 +9,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuheal.core import coordination, fleet, fleet_policy
-from gpuheal.core.fleet import AdmitRequest, Arrival, CapacityRequest, DomainDecision, FleetState, Grant, Placement
+from gpuheal.core.fleet import (
+    AdmitRequest,
+    Arrival,
+    CapacityRequest,
+    DomainDecision,
+    FleetState,
+    Grant,
+    OperatorAction,
+    Placement,
+)
 from gpuheal.core.fleet_policy import (
     BreakerPolicy,
     BudgetPolicy,
@@ -203,3 +212,23 @@ def test_a_decided_domain_incident_holds_nothing_more_and_the_domain_may_escalat
     assert fleet.escalation(s, place("gpu03", domains=rack), later) is None
     s.arrivals += arrivals(["gpu03", "gpu04"], at=later, domain="rack=r1")
     assert fleet.escalation(s, place("gpu04", domains=rack), later) == ("rack=r1", ["gpu03", "gpu04"])
+
+
+def test_incidents_taken_back_while_out_never_block_each_other() -> None:
+    """Two grants taken back by the breaker stay counted (their nodes are drained); with the
+    budget lowered below them meanwhile, both still go on after the resume: a node out already
+    takes no more capacity (found by the coordinator's state machine, tests/test_coordination.py)."""
+    s = state(budget=BudgetPolicy(cluster="2", rate=100, node_cooldown_s=0))
+    by = OperatorAction(operator="alice", reason="test")
+    for node in ("gpu01", "gpu02"):
+        assert coordination.request(s, ask(node), T0)[0].granted
+    coordination.pause(s, by, T0)
+    for node in ("gpu01", "gpu02"):
+        assert not coordination.confirm(s, ask(node), T0)[0].granted
+    assert set(s.contained) == {"i-gpu01", "i-gpu02"}
+    assert [(u.used, u.limit) for u in fleet.budget_uses(s)] == [(2, 2)]  # still out, still counted
+    lowered = s.policy.policy.model_copy(update={"budget": BudgetPolicy(cluster="1", rate=100, node_cooldown_s=0)})
+    coordination.set_policy(s, lowered, "bob", "smaller", T0)
+    _, out = coordination.resume(s, by, T0)
+    assert set(s.grants) == {"i-gpu01", "i-gpu02"} and not s.queue and not s.contained
+    assert [i for i, n in out.signals if n.granted] == ["i-gpu01", "i-gpu02"]

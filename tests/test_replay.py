@@ -9,7 +9,10 @@ tests/histories/paths holds one incident history per path of the workflow tests
 (tests/test_workflow.py: approval by update, signal and timeout, abort, held then granted or not,
 no capacity, observe, a late report, a failed health check...), recorded on the release before
 the incident workflow was split into workflows/incident/ (597bac0), so every path, not only the
-whole loop, replays through the code as it is now.
+whole loop, replays through the code as it is now; with them one coordinator history from the
+same release through the paths its successor changes (a grant taken back by the breaker, an
+override, a cooldown hold served by the next event, a domain incident released), so a running
+coordinator survives the upgrade.
 """
 
 from __future__ import annotations

@@ -199,15 +199,9 @@ def slurm_probe(slurm: SlurmBackend) -> NodeProbe:
 async def _ask(probe: NodeProbe, node: str) -> bool | None:
     """The probe's answer, or None when it fails or is slow: then the incidents' records stand."""
     try:
-        return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S)
+        # a little longer than the probe's own timeout, so that a slow Slurm ends in the probe
+        # (which then goes quiet) rather than by cancelling it from here
+        return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S + 1)
     except Exception as err:  # advisory: a scheduler we cannot ask never blocks a report
         log.warning("could not ask whether %s is in service: %s", node, err)
-        return None
-    try:
-        return await asyncio.wait_for(probe(node), PROBE_TIMEOUT_S)
-    except Exception as err:  # advisory: a scheduler we cannot ask never blocks a report
-        _probe_quiet_until = time.monotonic() + PROBE_QUIET_S
-        log.warning(
-            "could not ask Slurm whether %s is in service (not asked again for %g s): %s", node, PROBE_QUIET_S, err
-        )
         return None

@@ -103,30 +103,22 @@ def make_app(
         started = []
         skipped = []
 
-        async def _duplicate_of(report: HealthReport) -> AlreadyHandled | None:
-            """The duplicate check is advisory: when it fails (Temporal slow, a result that will
-            not decode), the report starts or joins anyway. The node's one workflow id keeps that
-            from starting a second remediation; a dropped real failure would be worse."""
-            if handled is None:
-                return None
-            try:
-                return await handled(report)
-            except Exception as err:
-                log.warning("duplicate check failed for %s (starting or joining anyway): %s", report.describe(), err)
-                return None
-
+        failed: list[dict[str, str]] = []
         for report in parsed.reports:
             try:
-                by = await _duplicate_of(report)
-                if by is not None:  # the same alert, or the same failure while its node is out: starts nothing
-                    skipped.append(
-                        {"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()}
-                    )
-                    continue
-                workflow_id = await start(report)
+                # the same alert, or the same failure while its node is out: starts nothing
+                by = await handled(report) if handled is not None else None
+                if by is None:
+                    workflow_id = await start(report)
             except Exception as err:
-                log.error("could not start remediation for %s: %s", report.describe(), err)
-                return _error(503, f"could not start remediation for {report.describe()}: {err}")
+                # Neither a guess nor the whole payload: the other reports go on, and the 503 below
+                # makes Alertmanager send the group again (a started one is joined then).
+                log.error("could not check or start remediation for %s: %s", report.describe(), err)
+                failed.append({"report": report.describe(), "error": str(err)})
+                continue
+            if by is not None:
+                skipped.append({"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()})
+                continue
             log.info("report %s -> %s", report.describe(), workflow_id)
             started.append({"workflow_id": workflow_id, "report": report.describe()})
         answers: list[str] = []
@@ -134,15 +126,16 @@ def make_app(
             if give_back is None:
                 return _error(501, "this webhook does not take give-back alerts")
             answers.append(await give_back(request_))
-        return web.json_response(
-            {
-                "started_or_joined": started,
-                "already_handled": skipped,
-                "give_back": answers,
-                "rejected": [r.model_dump() for r in parsed.rejected],
-                "resolved_ignored": parsed.resolved,
-            }
-        )
+        answer = {
+            "started_or_joined": started,
+            "already_handled": skipped,
+            "give_back": answers,
+            "rejected": [r.model_dump() for r in parsed.rejected],
+            "resolved_ignored": parsed.resolved,
+        }
+        if failed:
+            return web.json_response({**answer, "error": "could not start remediation", "failed": failed}, status=503)
+        return web.json_response(answer)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})

@@ -206,7 +206,8 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_CONFIRM.name)
     def confirm(self, req: CapacityRequest) -> CapacityDecision:
         """Before a replacement: the grant stands unless the breaker tripped or the domain escalated."""
-        answer, out = coordination.confirm(self._s, req, workflow.now(), serve=workflow.patched(COORDINATOR_2))
+        old = not workflow.patched(COORDINATOR_2)
+        answer, out = coordination.confirm(self._s, req, workflow.now(), contain=not old, tell_requester=old)
         self._apply(out)
         return answer
 

@@ -146,13 +146,16 @@ def request(
     return CapacityDecision(granted=False, reason=s.queue[position - 1].reason, position=position), out
 
 
-def confirm(s: FleetState, req: CapacityRequest, now: datetime, serve: bool = True) -> tuple[CapacityDecision, Effects]:
+def confirm(
+    s: FleetState, req: CapacityRequest, now: datetime, contain: bool = True, tell_requester: bool = False
+) -> tuple[CapacityDecision, Effects]:
     """Before a replacement: a grant stands unless the breaker has tripped or the node's domain
-    has become a domain incident since; then it is taken back and the incident held (its node
-    stays drained: nothing is replaced), and the budget it held serves the line (`serve`: the
-    coordinators of the release before did not)."""
+    has become a domain incident since; then it is taken back and the incident held. Its node
+    stays drained (nothing is replaced), so with `contain` it keeps counting against the budget
+    until released, and the rate slot it held serves the line. (`contain` False: as the
+    coordinators of the release before did, which freed the budget and served no one.)"""
     if req.incident_id not in s.grants:
-        return request(s, req, now)
+        return request(s, req, now, tell_requester=tell_requester)
     domain = policy.escalated_domain(s, req.placement)
     grant = s.grants[req.incident_id]
     why = ""
@@ -162,13 +165,15 @@ def confirm(s: FleetState, req: CapacityRequest, now: datetime, serve: bool = Tr
         why = f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)"
     if not why:
         return CapacityDecision(granted=True, reason="the grant stands", already=True), Effects()
-    s.contained[req.incident_id] = s.grants.pop(req.incident_id)  # still out: still counted
-    if grant.at in s.remediations:  # granted again later, it counts against the rate once
-        s.remediations.remove(grant.at)
+    s.grants.pop(req.incident_id)
+    if contain:
+        s.contained[req.incident_id] = grant  # still out: still counted
+        if grant.at in s.remediations:  # granted again later, it counts against the rate once
+            s.remediations.remove(grant.at)
     s.queue.append(
         Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
     )
-    out = serve_queue(s, now) if serve else Effects()  # it stays held (breaker, domain); others may go
+    out = serve_queue(s, now) if contain else Effects()  # it stays held (breaker, domain); others may go
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), len(s.queue))
     return CapacityDecision(granted=False, reason=why, position=position), out
 

@@ -269,6 +269,8 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
             False,
             f"rate: {len(recent)} remediations within {policy.budget.rate_window_s:g} s (limit {policy.budget.rate})",
         )
+    if req.incident_id in state.contained:  # its node is out already: a grant takes no more capacity
+        return True, "its node is out of service already (taken back before; granted again)"
     for use in budget_uses(state, req.placement, asking=req.incident_id):
         if use.used >= use.limit:
             return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
