@@ -158,13 +158,16 @@ async def test_whole_loop_with_kubernetes(
 async def test_apiserver_outage_mid_remediation_is_ridden_out(
     slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
-    # The worker's settings rule (not the trigger's): its checkpoint grace is 20 s, and a job that
-    # never confirms its checkpoint keeps the protect stage open that long: time to stop the
-    # apiserver (up to 5 s, and once on a loaded machine more than 8 s with the query after it).
-    settings = k8s_settings.model_copy(
-        update={"remediation": k8s_settings.remediation.model_copy(update={"checkpoint_grace_s": 20})}
-    )
-    job = slurm.submit_training("outage", env={"TRAIN_IGNORE_CHECKPOINT_REQUEST": "1"})
+    # The job confirms gpuheal's checkpoint request only once the test opens its gate, after the
+    # apiserver is down: the protect stage (before the drain and the cordon) stays open exactly as
+    # long as that takes, however loaded the machine (a grace of 8 s, then 20 s, was once too short).
+    # The worker's settings rule (not the trigger's): a grace long enough never to end first, also
+    # for a job whose progress reports lag on a loaded machine (the unconfirmed wait).
+    grace = {"checkpoint_grace_s": 300, "checkpoint_unconfirmed_wait_s": 300}
+    settings = k8s_settings.model_copy(update={"remediation": k8s_settings.remediation.model_copy(update=grace)})
+    gate = slurm.slurm_dir / "jobs" / f"outage-{time.time_ns()}.may-checkpoint"
+    # (no checkpoint of its own meanwhile: any newer than the request would confirm it)
+    job = slurm.submit_training("outage", ckpt_every=1_000_000, env={"TRAIN_CHECKPOINT_WHEN": str(gate)})
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
@@ -173,6 +176,7 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
         try:
             status = await handle.query(GpuRemediationWorkflow.status)
             assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
+            gate.touch()  # the job checkpoints now; the drain follows, then the cordon, which fails
             await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
             await asyncio.sleep(3)
             # Read the clock *before* the apiserver starts: the retried cordon may succeed while

@@ -28,6 +28,9 @@ NOTIFY = os.environ.get("TRAIN_NOTIFY", "")  # where the owner wants to hear, be
 # A job that traps SIGUSR1 (so it survives it) but never checkpoints when asked: for tests of
 # gpuheal's "no confirmation" path.
 IGNORE_REQUEST = os.environ.get("TRAIN_IGNORE_CHECKPOINT_REQUEST") == "1"
+# A file: a checkpoint request waits until it exists (a test holds gpuheal's protect stage open
+# for as long as it needs, instead of racing a grace period).
+CHECKPOINT_WHEN = os.environ.get("TRAIN_CHECKPOINT_WHEN", "")
 # After a requeue: fail at once (exit 1), or hang without a step (a broken restart), for tests of
 # gpuheal's verification of the resume.
 ON_RESTART = os.environ.get("TRAIN_ON_RESTART", "")  # "", "fail" or "hang"
@@ -42,6 +45,10 @@ checkpoint_now = False
 def on_usr1(signum: int, frame: object) -> None:
     global checkpoint_now
     checkpoint_now = not IGNORE_REQUEST
+
+
+def may_checkpoint() -> bool:
+    return not CHECKPOINT_WHEN or Path(CHECKPOINT_WHEN).exists()
 
 
 def publish(step: int, ckpt_step: int, ckpt_at: float) -> None:
@@ -85,7 +92,7 @@ def main() -> int:
     publish(step, ckpt_step, ckpt_at)
     global checkpoint_now
     while step < MAX_STEPS:
-        if checkpoint_now:
+        if checkpoint_now and may_checkpoint():
             checkpoint_now = False
             ckpt_step, ckpt_at = step, save(step, w)
             print(f"checkpoint on request at step {step}", flush=True)
