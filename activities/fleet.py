@@ -19,9 +19,10 @@ import time
 from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.client import WithStartWorkflowOperation
+from temporalio.client import WithStartWorkflowOperation, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
@@ -40,6 +41,8 @@ from gpuheal.core.fleet import (
     DomainIncidentInput,
     Placement,
     ReleaseRequest,
+    RunRef,
+    RunRefs,
 )
 from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.messages import (
@@ -47,6 +50,7 @@ from gpuheal.core.messages import (
     DOMAIN_INCIDENT,
     FLEET_ADMIT,
     FLEET_CONFIRM,
+    FLEET_CONTAIN,
     FLEET_DOMAIN_DECISION,
     FLEET_RELEASE,
     FLEET_REQUEST_CAPACITY,
@@ -56,8 +60,33 @@ from gpuheal.core.models import NodeInfo, RemediationSettings
 
 MAX_IN_FLIGHT_UPDATES = 8
 PLACEMENT_TTL_S = 10.0
+CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
 I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
 O = TypeVar("O")  # noqa: E741
+
+
+@implements(act.FIND_CLOSED_RUNS)
+async def find_closed_runs(refs: RunRefs) -> RunRefs:
+    """Which of these incident runs have closed (completed, failed, terminated, timed out,
+    or gone past retention)? A run is its workflow id's chain from its first run id: a
+    running workflow of that id with another first run is a later incident, and this one
+    closed. What cannot be told (Temporal not answering) counts as running: it is asked
+    again at the next look."""
+    client, lookups = activity.client(), asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
+
+    async def closed(ref: RunRef) -> bool:
+        async with lookups:
+            try:
+                d = await client.get_workflow_handle(ref.incident_id).describe()
+            except RPCError as err:
+                return err.status == RPCStatusCode.NOT_FOUND
+        if d.status != WorkflowExecutionStatus.RUNNING:
+            return True
+        first = d.raw_description.workflow_execution_info.first_run_id
+        return bool(ref.run_id and first and first != ref.run_id)
+
+    found = await asyncio.gather(*(closed(r) for r in refs.runs))
+    return RunRefs(runs=tuple(r for r, gone in zip(refs.runs, found, strict=True) if gone))
 
 
 class FleetActivities:
@@ -160,6 +189,14 @@ class FleetActivities:
     @implements(act.RELEASE_CAPACITY)
     async def release_capacity(self, req: ReleaseRequest) -> str:
         return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
+
+    @implements(act.CONTAIN_WHILE_HELD)
+    async def contain_while_held(self, req: CapacityRequest) -> CapacityDecision:
+        """May this held incident drain its node so nothing new lands on it?"""
+        return await self._update(req.cluster, FLEET_CONTAIN, req)
+
+    # The coordinator's own look for closed runs needs nothing of a worker's but its client.
+    find_closed_runs = staticmethod(find_closed_runs)
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:

@@ -25,6 +25,7 @@ from gpuheal.core.fleet import (
     DomainDecisionFor,
     DomainIncident,
     ReleaseRequest,
+    RunRefs,
 )
 from gpuheal.core.jobs import (
     HoldRequest,
@@ -121,6 +122,8 @@ ADMIT_INCIDENT = Activity("admit_incident", AdmitAsk, AdmitAnswer)
 REQUEST_CAPACITY = Activity("request_capacity", CapacityRequest, CapacityDecision)
 CONFIRM_CAPACITY = Activity("confirm_capacity", CapacityRequest, CapacityDecision)
 RELEASE_CAPACITY = Activity("release_capacity", ReleaseRequest, str)
+CONTAIN_WHILE_HELD = Activity("contain_while_held", CapacityRequest, CapacityDecision)
+FIND_CLOSED_RUNS = Activity("find_closed_runs", RunRefs, RunRefs)
 OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
 DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
 
@@ -160,8 +163,14 @@ JOBS = (
     START_JOB_RECOVERY,
     JOB_RECOVERY_HISTORY,
 )
-FLEET_INCIDENT = (ADMIT_INCIDENT, REQUEST_CAPACITY, CONFIRM_CAPACITY, RELEASE_CAPACITY)  # an incident's side
-FLEET = (*FLEET_INCIDENT, OPEN_DOMAIN_INCIDENT, DECIDE_DOMAIN)
+FLEET_INCIDENT = (  # an incident's side
+    ADMIT_INCIDENT,
+    REQUEST_CAPACITY,
+    CONFIRM_CAPACITY,
+    RELEASE_CAPACITY,
+    CONTAIN_WHILE_HELD,
+)
+FLEET = (*FLEET_INCIDENT, OPEN_DOMAIN_INCIDENT, DECIDE_DOMAIN, FIND_CLOSED_RUNS)
 KUBERNETES = (
     MAP_KUBE_NODE,
     CORDON_AND_TAINT_NODE,

@@ -41,6 +41,12 @@ def repo() -> Path:
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     """Temporal's time-skipping test server (the workflow tests): timers and retries of an hour
     pass in moments. Its binary is the installed one: nothing is downloaded."""
+    env = await start_time_skipping()
+    yield env
+    await env.shutdown()
+
+
+async def start_time_skipping() -> WorkflowEnvironment:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(require_binary("temporal-test-server")),
         data_converter=DATA_CONVERTER,
@@ -53,5 +59,4 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
             },
         )
     )
-    yield env
-    await env.shutdown()
+    return env

@@ -83,6 +83,7 @@ class FakeCluster:
         self.settings = settings or RemediationSettings(checkpoint_grace_s=30)
         self.policy = policy or FleetPolicy()
         self.grant = grant
+        self.contain: str | None = None  # why the coordinator refuses a held incident's containment
         self.gone = gone  # nodes Slurm has not (in service)
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
@@ -135,7 +136,14 @@ class FakeCluster:
             c.calls.append("release_capacity")
             return "released"
 
-        return [admit, request, confirm, release]
+        @implements(act.CONTAIN_WHILE_HELD)
+        async def contain(req: CapacityRequest) -> CapacityDecision:
+            c.calls.append("contain_while_held")
+            if c.contain is None:
+                return CapacityDecision(granted=True, reason="contained while held (nothing new lands on it)")
+            return CapacityDecision(granted=False, reason=c.contain)
+
+        return [admit, request, confirm, release, contain]
 
     def node_activities(self) -> list[Callable[..., Any]]:
         c = self

@@ -8,7 +8,12 @@ checked:
 - a tripped breaker resets only when a person resumes it;
 - a held incident is granted as soon as its limit frees (nothing left in line could go now),
   including when only time frees it (the coordinator wakes at `next_wake`);
-- every grant belongs to an incident that asked and has not released;
+- held nodes are contained (drained while held) only within the containment bound, and never
+  while the breaker is tripped;
+- every grant, containment and place in line belongs to a live incident run, or to a run that
+  closed without giving it back (terminated) and is looked for within REAP_EVERY_S; a look gives
+  back everything closed runs held; keys are per run: a later run of the same node's incident
+  is never "granted already" by an earlier run's grant;
 - the state survives continue-as-new (its JSON round trip) unchanged.
 """
 
@@ -58,15 +63,17 @@ class Coordinator(RuleBasedStateMachine):
         seed = FleetPolicy(
             budget=BudgetPolicy(cluster="3", per_pool="2", rate=6, rate_window_s=600, node_cooldown_s=300),
             breaker=BreakerPolicy(max_incidents=6, window_s=120),
+            containment_limit="2",
         )
         self.now = T0
         self.s = FleetState(
             cluster="c", policy=VersionedPolicy(version=1, policy=seed, changed_by="t", reason="t", at=T0)
         )
         self.runs = 0
-        self.live: dict[str, str] = {}  # node -> its incident id (asked and not yet released)
+        self.live: dict[str, tuple[str, str]] = {}  # node -> its incident run (asked, not yet released)
+        self.dead: dict[tuple[str, str], datetime] = {}  # runs terminated (nothing given back) -> when
         self.resumed = False
-        self.granted_ever: set[str] = set()
+        self.granted_ever: set[tuple[str, str]] = set()  # incident runs
 
     # --- what happens ---------------------------------------------------------------------
 
@@ -75,11 +82,11 @@ class Coordinator(RuleBasedStateMachine):
         if node in self.live:
             return
         self.runs += 1
-        incident = f"gpuheal-c-{node}#{self.runs}"  # one id per incident run
-        self.live[node] = incident
+        incident, run = f"gpuheal-c-{node}", str(self.runs)  # the node's workflow id, a new run of it
+        self.live[node] = (incident, run)
         req = AdmitRequest(
             incident_id=incident,
-            run_id=str(self.runs),
+            run_id=run,
             cluster="c",
             placement=placement(node),
             action=ActionClass.REPLACE_NODE,
@@ -87,18 +94,45 @@ class Coordinator(RuleBasedStateMachine):
             seed=self.s.policy.policy,
         )
         self.step(lambda: coordination.admit(self.s, req, self.now))
-        self.step(lambda: coordination.request(self.s, self.capacity(node), self.now))
+        answer: list[object] = []
+        self.step(lambda: answer.append(coordination.request(self.s, self.capacity(node), self.now)))
+        decision = answer[0][0]  # type: ignore[index]
+        if decision.already and decision.granted:
+            assert self.s.grants[incident].run_id == run, "granted already by an earlier run's grant"
 
-    @rule(node=st.sampled_from(NODES))
-    def an_incident_confirms(self, node: str) -> None:
-        if node in self.live:
-            self.step(lambda: coordination.confirm(self.s, self.capacity(node), self.now))
+    @precondition(lambda self: any(self.live.get(h.node) == (h.incident_id, h.run_id) for h in self.s.queue))
+    @rule(data=st.data())
+    def a_held_incident_asks_to_contain_its_node(self, data: st.DataObject) -> None:
+        held = [h.node for h in self.s.queue if self.live.get(h.node) == (h.incident_id, h.run_id)]
+        node = data.draw(st.sampled_from(held))
+        self.step(lambda: coordination.contain(self.s, self.capacity(node), self.now))
 
-    @rule(node=st.sampled_from(NODES))
-    def an_incident_closes(self, node: str) -> None:
-        incident = self.live.pop(node, None)
-        if incident is not None:
-            self.step(lambda: coordination.release(self.s, incident, self.now))
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def an_incident_is_terminated(self, data: st.DataObject) -> None:
+        """Terminated by hand: it runs no code, gives nothing back."""
+        node = data.draw(st.sampled_from(sorted(self.live)))
+        self.dead[self.live.pop(node)] = self.now
+
+    @precondition(lambda self: (due := coordination.reap_due(self.s, self.now)) is not None and due <= self.now)
+    @rule()
+    def the_coordinator_looks_for_closed_runs(self) -> None:
+        self.look()
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def an_incident_confirms(self, data: st.DataObject) -> None:
+        node = data.draw(st.sampled_from(sorted(self.live)))
+        self.step(lambda: coordination.confirm(self.s, self.capacity(node), self.now))
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def an_incident_closes(self, data: st.DataObject) -> None:
+        self.close(data.draw(st.sampled_from(sorted(self.live))))
+
+    def close(self, node: str) -> None:
+        incident, _ = self.live.pop(node)
+        self.step(lambda: coordination.release(self.s, incident, self.now))
 
     @precondition(lambda self: not self.s.breaker.tripped)
     @rule()
@@ -127,9 +161,9 @@ class Coordinator(RuleBasedStateMachine):
             {h.incident_id for h in self.s.queue if domain in h.placement.domains} if decision == "dismiss" else set()
         )
         self.step(lambda: coordination.domain_decision(self.s, d, self.now))
-        for node, incident in list(self.live.items()):  # a dismissed incident ends: it releases
+        for node, (incident, _) in list(self.live.items()):  # a dismissed incident ends: it releases
             if incident in dismissed:
-                self.an_incident_closes(node)
+                self.close(node)
 
     @rule(cluster=BUDGETS, pool=BUDGETS)
     def the_policy_changes(self, cluster: str, pool: str) -> None:
@@ -137,14 +171,35 @@ class Coordinator(RuleBasedStateMachine):
         new = self.s.policy.policy.model_copy(update={"budget": budget})
         self.step(lambda: coordination.set_policy(self.s, new, "carol", "tune", self.now))
 
+    @rule(limit=BUDGETS)
+    def the_containment_bound_changes(self, limit: str) -> None:
+        new = self.s.policy.policy.model_copy(update={"containment_limit": limit})
+        self.step(lambda: coordination.set_policy(self.s, new, "carol", "tune", self.now))
+
     @rule(seconds=st.sampled_from([1, 30, 119, 121, 299, 301, 601, 3600]))
     def time_passes(self, seconds: int) -> None:
-        """The coordinator's loop: at each wake time on the way, it serves its line."""
+        """The coordinator's loop: at each wake time on the way, it serves its line, or looks for
+        closed runs (and gives back what they held)."""
         end = self.now + timedelta(seconds=seconds)
-        while (wake := coordination.next_wake(self.s, self.now)) is not None and wake <= end:
-            self.now = wake
-            self.step(lambda: ((), coordination.serve_queue(self.s, self.now)))
+        while True:
+            serve, reap = coordination.next_wake(self.s, self.now), coordination.reap_due(self.s, self.now)
+            wake = min((t for t in (serve, reap) if t is not None), default=None)
+            if wake is None or wake > end:
+                break
+            self.now = max(self.now, wake)
+            if serve is not None and self.now >= serve:
+                self.step(lambda: ((), coordination.serve_queue(self.s, self.now)))
+            if reap is not None and self.now >= reap:
+                self.look()
         self.now = end
+
+    def look(self) -> None:
+        """A look for closed runs: the runs it asks about, answered from what has closed."""
+        runs = coordination.start_reap(self.s, self.now)
+        closed = [r for r in runs if (r.incident_id, r.run_id) in self.dead]
+        self.step(lambda: coordination.reap(self.s, closed, self.now))
+        still = {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} & set(self.dead)
+        assert not still, f"closed runs still hold something after a look: {still}"
 
     @rule()
     def it_continues_as_new(self) -> None:
@@ -158,8 +213,13 @@ class Coordinator(RuleBasedStateMachine):
         """Run one state change; check what it granted against the limits before it."""
         tripped_before = self.s.breaker.tripped
         before = set(self.s.grants) | set(self.s.contained)  # a contained node is out already
+        containing_before = set(self.s.containing)
         change()  # type: ignore[operator]
-        self.granted_ever |= set(self.s.grants)
+        if set(self.s.containing) - containing_before:
+            assert not tripped_before, "a held node contained while the breaker was tripped"
+            limit = policy.limit_of(self.s.policy.policy.containment_limit, len(NODES))
+            assert len(self.s.containing) <= limit, "over the containment bound"
+        self.granted_ever |= {(g.incident_id, g.run_id) for g in self.s.grants.values()}
         new = [g for i, g in self.s.grants.items() if i not in before and g.override is None]
         if new:
             assert not self.s.breaker.tripped or not tripped_before, "granted while the breaker was tripped"
@@ -173,8 +233,9 @@ class Coordinator(RuleBasedStateMachine):
                     assert len(in_pool) <= policy.limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
 
     def capacity(self, node: str) -> CapacityRequest:
+        incident, run = self.live[node]
         return CapacityRequest(
-            cluster="c", incident_id=self.live[node], placement=placement(node), action=ActionClass.REPLACE_NODE
+            cluster="c", incident_id=incident, run_id=run, placement=placement(node), action=ActionClass.REPLACE_NODE
         )
 
     @invariant()
@@ -202,10 +263,15 @@ class Coordinator(RuleBasedStateMachine):
         assert len(self.s.remediations) <= len(self.granted_ever), "an incident counted twice against the rate"
 
     @invariant()
-    def every_grant_and_hold_belongs_to_an_incident_that_asked(self) -> None:
-        asked = set(self.live.values())
-        assert set(self.s.grants) <= asked
-        assert {h.incident_id for h in self.s.queue} <= asked
+    def every_grant_and_hold_belongs_to_a_live_run_or_is_looked_for_within_the_bound(self) -> None:
+        live = set(self.live.values())
+        for ref in coordination.holders(self.s):
+            run = (ref.incident_id, ref.run_id)
+            assert run in live or run in self.dead, f"{run} holds something but never asked"
+            if run in self.dead:
+                due = coordination.reap_due(self.s, self.now)
+                bound = self.dead[run] + timedelta(seconds=coordination.REAP_EVERY_S)
+                assert due is not None and due <= bound, f"{run} closed at {self.dead[run]}, next look {due}"
         assert not set(self.s.grants) & {h.incident_id for h in self.s.queue}
         assert set(self.s.contained) <= {h.incident_id for h in self.s.queue}  # taken back: in line again
         assert not set(self.s.contained) & set(self.s.grants)

@@ -6,13 +6,18 @@ under the events it exists for.
   began a fresh one: breaker, grants and line gone).
 - A held incident whose limit frees by time alone (its node's cooldown ends) goes then, without
   any other event.
+- A run terminated while granted (it runs no code, gives nothing back): the coordinator's look
+  for closed runs (the real activity, against the server) gives its grant back within
+  REAP_EVERY_S, and at once when the grant notice finds the run gone; the line goes on.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import pytest
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -20,8 +25,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
-from gpuheal.core import ids
+from gpuheal.core import coordination, ids
 from gpuheal.core import messages as m
 from gpuheal.core.fleet import (
     AdmitRequest,
@@ -35,6 +41,8 @@ from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy
 from gpuheal.core.models import ActionClass, Notification
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
+from tests.conftest import start_time_skipping
+from tests.holder import Holder
 
 
 class Receiver:
@@ -59,32 +67,47 @@ class Receiver:
         async def decide(d: DomainDecisionFor) -> str:
             return "decided"
 
-        return [notify, open_domain, decide]
+        return [notify, open_domain, decide, find_closed_runs]
 
 
 def placement(node: str) -> Placement:
     return Placement(node=node, cluster_size=100, pool="h100", pool_size=100)
 
 
-def ask(incident_id: str, node: str) -> CapacityRequest:
+def ask(incident_id: str, node: str, run_id: str = "") -> CapacityRequest:
     return CapacityRequest(
-        cluster="c", incident_id=incident_id, placement=placement(node), action=ActionClass.REPLACE_NODE
+        cluster="c", incident_id=incident_id, placement=placement(node), action=ActionClass.REPLACE_NODE, run_id=run_id
     )
 
 
+@pytest.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own: these coordinators are left running with work
+    in progress when a test ends, and the test server then no longer skips time for anyone."""
+    env = await start_time_skipping()
+    yield env
+    await env.shutdown()
+
+
+async def holder(env: WorkflowEnvironment, queue: str, node: str) -> tuple[WorkflowHandle[object, None], str]:
+    handle = await env.client.start_workflow("Holder", id=f"gpuheal-{queue}-{node}", task_queue=queue)
+    return handle, handle.first_execution_run_id or ""
+
+
 def worker(env: WorkflowEnvironment, queue: str, receiver: Receiver) -> Worker:
-    workflows = [FleetCoordinator, DomainIncidentWorkflow]
+    workflows = [FleetCoordinator, DomainIncidentWorkflow, Holder]
     return Worker(env.client, task_queue=queue, workflows=workflows, activities=receiver.activities())
 
 
 async def coordinator(env: WorkflowEnvironment, queue: str, policy: FleetPolicy) -> WorkflowHandle[object, None]:
     cluster = f"c{uuid.uuid4().hex[:8]}"
-    return await env.client.start_workflow(
+    handle: WorkflowHandle[object, None] = await env.client.start_workflow(
         m.COORDINATOR.name,
         CoordinatorInput(cluster=cluster, seed=policy),
         id=ids.coordinator_id(cluster),
         task_queue=queue,
     )
+    return handle
 
 
 async def admit(handle: WorkflowHandle[object, None], node: str, policy: FleetPolicy) -> None:
@@ -127,12 +150,52 @@ async def test_a_held_incident_goes_when_its_nodes_cooldown_ends_with_no_other_e
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
     async with worker(env, queue, receiver):
         handle = await coordinator(env, queue, policy)
-        first = ask("gpuheal-c-gpu01", "gpu01")
+        run, run1 = await holder(env, queue, "gpu01")
+        first = ask(run.id, "gpu01", run1)
         assert (await m.FLEET_REQUEST_CAPACITY.execute(handle, first)).granted
         await m.FLEET_RELEASE.execute(handle, first.incident_id)
-        again = first.model_copy(update={"incident_id": "gpuheal-c-gpu01#2"})
-        held = await m.FLEET_REQUEST_CAPACITY.execute(handle, again)
+        await run.terminate("closed")  # the node's next incident is a new run of the same id
+        run, run2 = await holder(env, queue, "gpu01")
+        held = await m.FLEET_REQUEST_CAPACITY.execute(handle, first.model_copy(update={"run_id": run2}))
         assert not held.granted and "cooling down" in held.reason
         await env.sleep(timedelta(minutes=31))  # the cooldown ends; nothing else happens
         status = await m.FLEET_STATUS.ask(handle)
-        assert [g.incident_id for g in status.out_of_service] == ["gpuheal-c-gpu01#2"] and not status.held
+        assert [(g.incident_id, g.run_id) for g in status.out_of_service] == [(run.id, run2)] and not status.held
+
+
+async def test_a_run_terminated_while_granted_has_its_grant_reaped_and_the_line_goes_on(
+    env: WorkflowEnvironment,
+) -> None:
+    policy = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle = await coordinator(env, queue, policy)
+        first, run1 = await holder(env, queue, "gpu01")
+        second, run2 = await holder(env, queue, "gpu02")
+        granted = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))
+        held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
+        assert granted.granted and not held.granted and "disruption budget" in held.reason
+        await first.terminate("an operator, by hand")
+        await env.sleep(timedelta(seconds=coordination.REAP_EVERY_S + 60))
+        status = await m.FLEET_STATUS.ask(handle)
+        assert [g.incident_id for g in status.out_of_service] == [second.id] and not status.held
+        assert "grants_reaped" in receiver.delivered
+
+
+async def test_a_grant_to_a_run_that_is_gone_is_given_back_at_once(env: WorkflowEnvironment) -> None:
+    """Held, then terminated; granted when the line moves: the grant notice finds the run gone,
+    and the coordinator looks at once, without waiting REAP_EVERY_S."""
+    policy = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle = await coordinator(env, queue, policy)
+        first, run1 = await holder(env, queue, "gpu01")
+        second, run2 = await holder(env, queue, "gpu02")
+        await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))
+        await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
+        await second.terminate("an operator, by hand")
+        await m.FLEET_RELEASE.execute(handle, first.id)  # the line moves: gpu02's dead run is granted
+        await env.sleep(timedelta(seconds=30))
+        status = await m.FLEET_STATUS.ask(handle)
+        assert not status.out_of_service and not status.held
+        assert "grants_reaped" in receiver.delivered

@@ -306,6 +306,29 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
     assert held.outcome == "granted: a grant was released"
 
 
+async def test_a_held_incident_touches_nothing_while_the_breaker_is_tripped(env: WorkflowEnvironment) -> None:
+    """A storm of false alerts must not drain the fleet: the coordinator refuses containment
+    while its breaker is tripped, and the held incident drains nothing and says why (in its
+    status and in its held notice), then goes on when granted."""
+    fake, s = FakeCluster(grant=False), settings()
+    fake.contain = "not contained: circuit breaker tripped (11 new incidents within 300 s); nothing new is drained"
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.HELD)
+        for _ in range(100):
+            if "notify:held" in fake.calls:
+                break
+            await asyncio.sleep(0.05)
+        assert "contain_while_held" in fake.calls and "drain" not in fake.calls
+        status = await handle.query(GpuRemediationWorkflow.status)
+        assert status.held is not None and "not contained: circuit breaker tripped" in status.held
+        held_note = next(n for n in fake.notes if n.event == "held")
+        assert "not contained: circuit breaker tripped" in held_note.message
+        await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: breaker reset by alice"))
+        result = await handle.result()
+    assert result.outcome == "resolved" and fake.calls.count("drain") == 1  # drained only once granted
+
+
 async def test_a_grant_that_comes_while_the_held_node_is_being_drained_is_not_lost(env: WorkflowEnvironment) -> None:
     """Fault injection: the coordinator grants while the containment drain is still running.
     The incident must go on at once, not wait out its bound (6 h) while its grant is counted."""

@@ -99,8 +99,10 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.request_capacity,
         fleet.confirm_capacity,
         fleet.release_capacity,
+        fleet.contain_while_held,
         fleet.open_domain_incident,
         fleet.decide_domain,
+        fleet.find_closed_runs,
     ]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -73,6 +73,6 @@ def observe_fleet(status: FleetStatus) -> None:
     FLEET_BREAKER.set(1 if status.breaker.tripped else 0)
     FLEET_OUT.set(len(status.out_of_service))
     FLEET_HELD.set(len(status.held))
-    for use in status.budget:
+    for use in (*status.budget, *([status.containment] if status.containment else [])):
         FLEET_BUDGET_LIMIT.labels(use.name).set(use.limit)
         FLEET_BUDGET_USED.labels(use.name).set(use.used)

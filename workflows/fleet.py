@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from datetime import datetime
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -42,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
         Note,
         OperatorAction,
         Override,
+        RunRef,
+        RunRefs,
     )
     from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
     from gpuheal.core.models import Notification
@@ -52,6 +55,9 @@ with workflow.unsafe.imports_passed_through():
 # had its grant in the answer already. They keep doing so until they continue as new
 # (workflow.patched: one id for all of it), so their histories replay.
 COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
+# Coordinators started before this release never looked for closed runs (a run terminated while
+# granted kept its grant), and had no containment bound to answer.
+COORDINATOR_3 = "coordinator-3-reaps-closed-runs"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
@@ -77,6 +83,9 @@ class FleetCoordinator:
         self._notes += list(inp.notes)  # carried across continue-as-new, still to go out
         self._on_way: dict[asyncio.Future[None], Note | DomainIncident] = {}  # running beside the loop
         self._undelivered: list[str] = []  # what could not be done, for the UI's details
+        self._reaping = False  # a look for closed runs is on its way
+        self._look: asyncio.Future[None] | None = None
+        self._reap_now = False  # a grant notice found its incident gone: look at once
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
@@ -88,6 +97,8 @@ class FleetCoordinator:
                 if not self._pending():  # what is still on its way goes on in the next run
                     notes = tuple(x for x in self._on_way.values() if not isinstance(x, DomainIncident))
                     domains = tuple(x for x in self._on_way.values() if isinstance(x, DomainIncident))
+                    if self._reaping:  # a look on its way is not carried: the next run looks soon
+                        self._s.reaped_at = None
                     carried = CoordinatorInput(
                         cluster=self._s.cluster, seed=self._seed, state=self._s, notes=notes, domains=domains
                     )
@@ -100,21 +111,57 @@ class FleetCoordinator:
         if not workflow.patched(COORDINATOR_2):
             await workflow.wait_condition(lambda: self._pending() or self._long())
             return
-        wake = coordination.next_wake(self._s, workflow.now())
+        reaps = workflow.patched(COORDINATOR_3)
+
+        def wakes() -> tuple[datetime | None, datetime | None]:
+            serve = coordination.next_wake(self._s, workflow.now())
+            return serve, (self._reap_at() if reaps else None)
+
+        serve, reap = wakes()
+        times = [t for t in (serve, reap) if t is not None]
 
         def moved() -> bool:
-            return coordination.next_wake(self._s, workflow.now()) != wake
+            return wakes() != (serve, reap)
 
-        if wake is None:
+        if not times:
             await workflow.wait_condition(lambda: self._pending() or self._long() or moved())
             return
-        await gate.wait_for(
-            lambda: True if self._pending() or self._long() or moved() else None,
-            within=wake - workflow.now(),
-            summary="a held incident's cooldown or rate window ends",
-        )
-        if workflow.now() >= wake:  # however the wait ended (an admit may land just after the moment)
-            self._apply(coordination.serve_queue(self._s, workflow.now()))
+        if min(times) > workflow.now():
+            await gate.wait_for(
+                lambda: True if self._pending() or self._long() or moved() else None,
+                within=min(times) - workflow.now(),
+                summary="a held incident's cooldown or rate window ends, or a look for closed runs",
+            )
+        now = workflow.now()  # however the wait ended (an admit may land just after the moment)
+        if serve is not None and now >= serve:
+            self._apply(coordination.serve_queue(self._s, now))
+        if reap is not None and now >= reap and not self._reaping:
+            self._reap(coordination.start_reap(self._s, now))
+
+    def _reap_at(self) -> datetime | None:
+        if self._reaping:
+            return None
+        return workflow.now() if self._reap_now else coordination.reap_due(self._s, workflow.now())
+
+    def _reap(self, runs: list[RunRef]) -> None:
+        """Look for closed runs among those holding something, beside the loop, and give back
+        what they hold (gpuheal.core.coordination.reap). A look that fails is said in the
+        details and made again at the next one; it never fails the coordinator."""
+        self._reaping, self._reap_now = True, False
+
+        async def look() -> None:
+            try:
+                closed = await run(
+                    act.FIND_CLOSED_RUNS, RunRefs(runs=tuple(runs)), summary="look for closed runs", attempts=3
+                )
+                self._apply(coordination.reap(self._s, closed.runs, workflow.now())[1])
+            except ActivityError as err:
+                self._undelivered.append(f"look for closed runs failed: {err.cause or err}")
+                self._details()
+            finally:
+                self._reaping = False
+
+        self._look = asyncio.ensure_future(look())
 
     def _pending(self) -> bool:
         return bool(self._signals or self._notes or self._domains)
@@ -137,8 +184,9 @@ class FleetCoordinator:
             incident, notice = self._signals.pop(0)
             try:
                 await m.INCIDENT_CAPACITY.send(workflow.get_external_workflow_handle(incident), notice)
-            except Exception as err:  # the incident ended meanwhile: nothing to tell
+            except Exception as err:  # the incident ended meanwhile: what it holds is reaped
                 workflow.logger.info("incident %s not told (%s)", incident, err)
+                self._reap_now = True
         while self._notes:
             item = self._notes.pop(0)
             event, severity, message = item
@@ -208,6 +256,13 @@ class FleetCoordinator:
         """Before a replacement: the grant stands unless the breaker tripped or the domain escalated."""
         old = not workflow.patched(COORDINATOR_2)
         answer, out = coordination.confirm(self._s, req, workflow.now(), contain=not old, tell_requester=old)
+        self._apply(out)
+        return answer
+
+    @workflow.update(name=m.FLEET_CONTAIN.name)
+    def contain(self, req: CapacityRequest) -> CapacityDecision:
+        """May a held incident drain its node as containment? Within its bound, never while tripped."""
+        answer, out = coordination.contain(self._s, req, workflow.now())
         self._apply(out)
         return answer
 
@@ -297,6 +352,8 @@ class FleetCoordinator:
             budget=tuple(uses),
             domain_incidents=tuple(s.domain_incidents.values()),
             remediations_in_window=len(recent),
+            containment=policy.containment_use(s),
+            containing=tuple(s.containing.values()),
         )
 
     @workflow.query(name=m.FLEET_POLICY.name)
@@ -310,6 +367,7 @@ class FleetCoordinator:
             f"breaker: {'TRIPPED: ' + s.breaker.why if s.breaker.tripped else 'closed'}",
             f"out of service: {len(s.grants) + len(s.contained)} "
             f"({', '.join(g.node for g in (*s.grants.values(), *s.contained.values())) or '-'})",
+            f"contained while held: {len(s.containing)} of {policy.containment_use(s).limit}",
             f"held: {len(s.queue)}"
             + "".join(f"\n  {i + 1}. {h.node}: {h.reason}" for i, h in enumerate(s.queue[:DETAILS_HELD])),
         ]

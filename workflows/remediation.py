@@ -159,9 +159,11 @@ class GpuRemediationWorkflow:
         limit = s.cluster_policy.max_hold_s
         async with in_stage(s, Stage.HELD) as rec:
             s.held_for = f"{decision.reason} (number {decision.position} in line)"
+            contain, why = await capacity.may_contain(s) if s.drain is None else (False, "")
+            s.held_for += f"; {why}" if why and not contain else ""
             await notify(self._s, "held", "warning", render.held(self._s.first_report, s.held_for))
-            if s.cluster_policy.containment_while_held == "drain" and s.drain is None:
-                await self._drain("contained while held (nothing new lands on it)")
+            if contain:
+                await self._drain(why)
                 s.stage = Stage.HELD
             notice = await capacity.wait_for_grant(s, limit)
             rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"

@@ -11,6 +11,7 @@ incident goes as soon as its limit frees.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,9 +33,16 @@ from gpuheal.core.fleet import (
     OperatorAction,
     Override,
     Placement,
+    RunRef,
 )
 from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
 from gpuheal.core.models import ActionClass, Severity
+
+# The coordinator looks for closed runs among those holding something this often, while any does:
+# a run terminated by hand runs no code to give back its grant, its containment or its place in
+# line. A grant to a closed run is therefore reaped within this long (and at once when the grant
+# notice finds the run gone).
+REAP_EVERY_S = 300.0
 
 
 @dataclass
@@ -121,23 +129,22 @@ def request(
     answer (granted, or its place in line). Granted while the line is served, it hears it in the
     answer; a notice as well (`tell_requester`, as the coordinators of the release before sent)
     could arrive late, after a later confirmation took the grant back, and be taken for a grant."""
+    out = _forget_earlier_run(s, req, now)
     if req.incident_id in s.grants:
-        return CapacityDecision(granted=True, reason="granted already", already=True), Effects()
+        return CapacityDecision(granted=True, reason="granted already", already=True), out
     for i, held in enumerate(s.queue):
         if held.incident_id == req.incident_id:
-            return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True), Effects()
+            return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True), out
     policy.forget_before(s, now)
     policy.note_sizes(s, req.placement)
     granted, why = policy.capacity_decision(s, req, now)
     if granted and not s.queue:  # nobody is ahead in line
-        _grant(s, req.incident_id, req.placement, now)
-        return CapacityDecision(granted=True, reason=why), Effects()
+        _grant(s, req.incident_id, req.run_id, req.placement, now)
+        return CapacityDecision(granted=True, reason=why), out
     if granted:
         granted, why = False, "others are ahead in line"
-    s.queue.append(
-        Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
-    )
-    out = serve_queue(s, now)  # it may go at once if the ones ahead cannot (another pool)
+    s.queue.append(_held(req, now, why))
+    out += serve_queue(s, now)  # it may go at once if the ones ahead cannot (another pool)
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
     if position is None:  # granted by serving the line
         if not tell_requester:
@@ -154,7 +161,7 @@ def confirm(
     stays drained (nothing is replaced), so with `contain` it keeps counting against the budget
     until released, and the rate slot it held serves the line. (`contain` False: as the
     coordinators of the release before did, which freed the budget and served no one.)"""
-    if req.incident_id not in s.grants:
+    if req.incident_id not in s.grants or _earlier_run(s.grants[req.incident_id].run_id, req.run_id):
         return request(s, req, now, tell_requester=tell_requester)
     domain = policy.escalated_domain(s, req.placement)
     grant = s.grants[req.incident_id]
@@ -170,9 +177,7 @@ def confirm(
         s.contained[req.incident_id] = grant  # still out: still counted
         if grant.at in s.remediations:  # granted again later, it counts against the rate once
             s.remediations.remove(grant.at)
-    s.queue.append(
-        Held(incident_id=req.incident_id, node=req.placement.node, placement=req.placement, since=now, reason=why)
-    )
+    s.queue.append(_held(req, now, why))
     out = serve_queue(s, now) if contain else Effects()  # it stays held (breaker, domain); others may go
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), len(s.queue))
     return CapacityDecision(granted=False, reason=why, position=position), out
@@ -182,7 +187,9 @@ def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effect
     """The incident gave its node back (closed, aborted, returned): budget frees, the next in
     line may go. Idempotent."""
     grant = s.grants.pop(incident_id, None) or s.contained.pop(incident_id, None)
+    grant = grant or s.containing.pop(incident_id, None)
     s.contained.pop(incident_id, None)
+    s.containing.pop(incident_id, None)
     s.queue = [h for h in s.queue if h.incident_id != incident_id]
     if grant is not None:
         s.last_release[grant.node] = now
@@ -190,10 +197,19 @@ def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effect
     return (f"released {grant.node}" if grant else "nothing held"), out
 
 
-def _grant(s: FleetState, incident_id: str, placement: Placement, now: datetime, override: str | None = None) -> None:
+def _held(req: CapacityRequest, now: datetime, why: str) -> Held:
+    p = req.placement
+    return Held(incident_id=req.incident_id, run_id=req.run_id, node=p.node, placement=p, since=now, reason=why)
+
+
+def _grant(
+    s: FleetState, incident_id: str, run_id: str, placement: Placement, now: datetime, override: str | None = None
+) -> None:
     s.contained.pop(incident_id, None)  # taken back once, given again: counted once, as a grant
+    s.containing.pop(incident_id, None)  # contained while held: now out under the budget
     s.grants[incident_id] = Grant(
         incident_id=incident_id,
+        run_id=run_id,
         node=placement.node,
         pool=placement.pool,
         domains=tuple(placement.domains),
@@ -214,7 +230,7 @@ def serve_queue(s: FleetState, now: datetime) -> Effects:
         )
         granted, why = policy.capacity_decision(s, req, now)
         if granted:
-            _grant(s, held.incident_id, held.placement, now)
+            _grant(s, held.incident_id, held.run_id, held.placement, now)
             out.signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
         else:
             still.append(held.model_copy(update={"reason": why}))
@@ -235,6 +251,88 @@ def next_wake(s: FleetState, now: datetime) -> datetime | None:
     times += [t + timedelta(seconds=b.node_cooldown_s) for n, t in s.last_release.items() if n in held_nodes]
     later = [t for t in times if t > now]
     return min(later) if later else None
+
+
+def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[CapacityDecision, Effects]:
+    """May a held incident drain its node as containment (nothing new lands on it)? Within the
+    containment bound, never while the breaker is tripped. Idempotent: asked again, the same."""
+    out = _forget_earlier_run(s, req, now)
+    if req.incident_id in s.containing:
+        return CapacityDecision(granted=True, reason="contained already", already=True), out
+    if req.incident_id in s.grants or req.incident_id in s.contained:
+        return CapacityDecision(granted=True, reason="its node is out of service already", already=True), out
+    policy.note_sizes(s, req.placement)
+    ok, why = policy.containment_decision(s, req)
+    if ok:
+        p = req.placement
+        s.containing[req.incident_id] = Grant(
+            incident_id=req.incident_id, run_id=req.run_id, node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
+        )
+    return CapacityDecision(granted=ok, reason=why), out
+
+
+# --- runs that ended without giving back ------------------------------------------------------
+
+
+def _earlier_run(held_by: str, asking: str) -> bool:
+    """Whether what is held was an earlier run's (its node's workflow id is reused run after
+    run, and a new run starts only once the earlier one closed). Unknown ("") is the same run."""
+    return bool(held_by and asking and held_by != asking)
+
+
+def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> Effects:
+    """A new run of an incident asks while an earlier, closed run of it still holds something
+    (terminated: it ran no code to give it back): that is reaped first, so the new run is
+    decided on its own (before, it found "granted already" and skipped breaker and budget)."""
+    held = [r for r in holders(s) if r.incident_id == req.incident_id and _earlier_run(r.run_id, req.run_id)]
+    return reap(s, held, now)[1] if held else Effects()
+
+
+def holders(s: FleetState) -> list[RunRef]:
+    """Every run that holds something: a grant, a grant taken back, a containment, a place in line."""
+    found: dict[tuple[str, str], None] = {}
+    for g in (*s.grants.values(), *s.contained.values(), *s.containing.values()):
+        found[(g.incident_id, g.run_id)] = None
+    for h in s.queue:
+        found[(h.incident_id, h.run_id)] = None
+    return [RunRef(incident_id=i, run_id=r) for i, r in found]
+
+
+def reap_due(s: FleetState, now: datetime) -> datetime | None:
+    """When to look for closed runs next: every REAP_EVERY_S while anything is held (at once
+    if it has never looked, or not for that long); None while nothing is held. So a run that
+    closes holding something is looked at within REAP_EVERY_S of its close."""
+    if not (s.grants or s.contained or s.containing or s.queue):
+        return None
+    return s.reaped_at + timedelta(seconds=REAP_EVERY_S) if s.reaped_at is not None else now
+
+
+def start_reap(s: FleetState, now: datetime) -> list[RunRef]:
+    """The runs to look at now (and the look recorded, so the next is REAP_EVERY_S later)."""
+    s.reaped_at = now
+    return holders(s)
+
+
+def reap(s: FleetState, closed: Iterable[RunRef], now: datetime) -> tuple[str, Effects]:
+    """Give back what closed runs still hold. Only what that run holds: a newer run of the same
+    incident that asked since keeps its own. The node is left as the run left it (drained, if
+    it was: a failed GPU must not go back to work unchecked), and the operators are told."""
+    runs = {(r.incident_id, r.run_id) for r in closed}
+    gone: list[str] = []
+    for book in (s.grants, s.contained, s.containing):
+        for key in [k for k, g in book.items() if (g.incident_id, g.run_id) in runs]:
+            gone.append(f"{book.pop(key).node} ({key})")
+    gone += [f"{h.node} ({h.incident_id}, in line)" for h in s.queue if (h.incident_id, h.run_id) in runs]
+    s.queue = [h for h in s.queue if (h.incident_id, h.run_id) not in runs]
+    if not gone:
+        return "nothing to reap", Effects()
+    text = (
+        f"reaped what {len(gone)} closed incident run(s) still held: {', '.join(gone)}. They ended without giving "
+        "it back (terminated?); each node is left as it was (drained, if it was): check it with `gpuheal status NODE`."
+    )
+    out = Effects(notes=[("grants_reaped", "warning", text)])
+    out += serve_queue(s, now)
+    return f"reaped {len(gone)}", out
 
 
 # --- operators ------------------------------------------------------------------------------
@@ -273,7 +371,7 @@ def override(s: FleetState, o: Override, now: datetime) -> tuple[str, Effects]:
     if held is None:
         raise ValueError(f"{o.incident_id} is not held")
     s.queue.remove(held)
-    _grant(s, held.incident_id, held.placement, now, override=f"{o.operator}: {o.reason}")
+    _grant(s, held.incident_id, held.run_id, held.placement, now, override=f"{o.operator}: {o.reason}")
     notice = GrantNotice(granted=True, reason=f"override by {o.operator}: {o.reason}")
     return f"{o.incident_id} granted by {o.operator}", Effects(signals=[(held.incident_id, notice)])
 

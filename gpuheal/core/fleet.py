@@ -84,6 +84,20 @@ class CapacityRequest(Frozen):
     incident_id: str
     placement: Placement
     action: ActionClass
+    # The incident's run (its first run id): what it holds is its run's, never its node's, so a
+    # later incident on the same node does not find an earlier, dead run's grant as its own.
+    run_id: str = ""
+
+
+class RunRef(Frozen):
+    """One incident run that holds something of the coordinator's (a grant, a place in line)."""
+
+    incident_id: str
+    run_id: str = ""  # "" for what coordinators of an earlier release recorded: the latest run
+
+
+class RunRefs(Frozen):
+    runs: tuple[RunRef, ...] = ()
 
 
 class ReleaseRequest(Frozen):
@@ -100,6 +114,7 @@ class CapacityDecision(Frozen):
 
 class Grant(Frozen):
     incident_id: str
+    run_id: str = ""
     node: str
     pool: str
     domains: tuple[str, ...]
@@ -109,6 +124,7 @@ class Grant(Frozen):
 
 class Held(Frozen):
     incident_id: str
+    run_id: str = ""
     node: str
     placement: Placement
     since: datetime
@@ -188,6 +204,9 @@ class FleetState(BaseModel):
     # Grants taken back before a replacement (breaker, domain incident): the node stays drained
     # and out of service, so it counts against every budget until its incident releases it.
     contained: dict[str, Grant] = {}
+    # Held incidents' nodes drained as containment (nothing new lands on them): outside the
+    # budget, within a bound of their own (the policy's containment_limit), none while tripped.
+    containing: dict[str, Grant] = {}
     queue: list[Held] = []
     arrivals: list[Arrival] = []  # within the longest window that needs them
     remediations: list[datetime] = []  # grants, for the rate
@@ -197,6 +216,7 @@ class FleetState(BaseModel):
     # The sizes the shares are of, as the latest placements said ("cluster", "pool P", "domain D"),
     # so that what the coordinator shows is computed on the real cluster, not on one node.
     sizes: dict[str, int] = {}
+    reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
 
 
 class FleetStatus(Frozen):
@@ -209,6 +229,8 @@ class FleetStatus(Frozen):
     budget: tuple[BudgetUse, ...]
     domain_incidents: tuple[DomainIncident, ...]
     remediations_in_window: int
+    containment: BudgetUse | None = None  # held nodes drained as containment, and their bound
+    containing: tuple[Grant, ...] = ()
 
 
 # --- decisions ----------------------------------------------------------------------------------
@@ -237,6 +259,28 @@ def budget_uses(state: FleetState, placement: Placement | None = None, asking: s
             used = sum(1 for g in grants if domain in g.domains)
             uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
     return uses
+
+
+def containment_use(state: FleetState, size: int | None = None) -> BudgetUse:
+    """Held incidents' nodes drained as containment, against their own bound."""
+    total = size if size is not None else state.sizes.get("cluster", 1)
+    limit = limit_of(state.policy.policy.containment_limit, total)
+    return BudgetUse(name="containment", used=len(state.containing), limit=limit)
+
+
+def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool, str]:
+    """(drain, why): may a held incident drain its node so nothing new lands on it? Never while
+    the breaker is tripped (a storm of false alerts must not drain the fleet), never past the
+    containment bound, and only where the policy contains at all."""
+    policy = state.policy.policy
+    if policy.containment_while_held == "none":
+        return False, "the policy contains nothing while held (GPUHEAL_HELD_CONTAINMENT=none)"
+    if state.breaker.tripped:
+        return False, f"not contained: circuit breaker tripped ({state.breaker.why}); nothing new is drained"
+    use = containment_use(state, req.placement.cluster_size)
+    if use.used >= use.limit:
+        return False, f"not contained: {use.used} of {use.limit} held nodes drained already (containment bound)"
+    return True, "contained while held (nothing new lands on it)"
 
 
 def note_sizes(state: FleetState, placement: Placement) -> None:

@@ -55,9 +55,13 @@ class BudgetPolicy(Frozen):
     @field_validator("cluster", "per_pool", "per_domain")
     @classmethod
     def _limit(cls, v: str | None) -> str | None:
-        if v is not None and not _LIMIT.match(v):
-            raise ValueError(f"{v!r} is not a count (3) or a share (5%)")
-        return v
+        return check_limit(v)
+
+
+def check_limit(v: str | None) -> str | None:
+    if v is not None and not _LIMIT.match(v):
+        raise ValueError(f"{v!r} is not a count (3) or a share (5%)")
+    return v
 
 
 class BreakerPolicy(Frozen):
@@ -117,8 +121,14 @@ class FleetPolicy(Frozen):
     containment_while_held: Literal["drain", "none"] = setting(
         "GPUHEAL_HELD_CONTAINMENT",
         "drain",
-        "while held: `drain` (nothing new lands; nothing replaced; not counted in the budget) "
-        "or `none` (touch nothing)",
+        "while held: `drain` (nothing new lands on the node, nothing replaced; within "
+        "`GPUHEAL_HELD_CONTAINMENT_LIMIT`, and never while the breaker is tripped) or `none` (touch nothing)",
+    )
+    containment_limit: str = setting(
+        "GPUHEAL_HELD_CONTAINMENT_LIMIT",
+        "10%",
+        "held incidents' nodes drained as containment at once, a count or a share of the cluster, beside "
+        "`GPUHEAL_BUDGET` (with its default, at most 20 % of the cluster out because of gpuheal)",
     )
     duplicate_window_s: float = setting(
         "GPUHEAL_DUPLICATE_WINDOW_S",
@@ -134,6 +144,12 @@ class FleetPolicy(Frozen):
         "a held incident ends `not_granted` (node left as it is, jobs accounted for) after this long",
         gt=0,
     )
+
+    @field_validator("containment_limit")
+    @classmethod
+    def _containment(cls, v: str) -> str:
+        check_limit(v)
+        return v
 
 
 class PolicyChange(Frozen):

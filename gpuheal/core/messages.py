@@ -106,6 +106,7 @@ FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the f
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
 FLEET_RELEASE = Update("release", str, str)  # the incident id
+FLEET_CONTAIN = Update("contain", CapacityRequest, CapacityDecision)  # a held incident's containment drain
 FLEET_PAUSE = Update("pause", OperatorAction, str)
 FLEET_RESUME = Update("resume", OperatorAction, str)
 FLEET_SET_MODE = Update("set_mode", ModeChange, str)
@@ -142,6 +143,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_REQUEST_CAPACITY,
         FLEET_CONFIRM,
         FLEET_RELEASE,
+        FLEET_CONTAIN,
         FLEET_PAUSE,
         FLEET_RESUME,
         FLEET_SET_MODE,

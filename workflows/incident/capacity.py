@@ -24,6 +24,9 @@ with workflow.unsafe.imports_passed_through():
 # Incidents started before it cleared a notice only once they began to wait, so a grant that came
 # during the containment drain was lost; they keep that path (workflow.patched) to replay.
 KEEP_EARLY_GRANT = "keep-a-grant-that-comes-before-the-wait"
+# Incidents started before it drained their node while held whatever the breaker said, outside
+# any bound; they keep doing so (workflow.patched) to replay.
+BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
 
 
 async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
@@ -52,6 +55,19 @@ async def confirm(s: IncidentState) -> CapacityDecision:
     """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
     _forget_earlier_notices(s)
     return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+
+
+async def may_contain(s: IncidentState) -> tuple[bool, str]:
+    """Held: may the node be drained so nothing new lands on it? The coordinator answers (within
+    the containment bound, never while the breaker is tripped); incidents started before it
+    asked only their policy."""
+    drain = s.cluster_policy.containment_while_held == "drain"
+    if not workflow.patched(BOUNDED_CONTAINMENT):
+        return drain, "contained while held (nothing new lands on it)" if drain else ""
+    if not drain:
+        return False, ""  # the policy contains nothing while held: nothing to say
+    answer = await act_run(act.CONTAIN_WHILE_HELD, _ask(s), summary="may the held node be contained?")
+    return answer.granted, answer.reason
 
 
 def _forget_earlier_notices(s: IncidentState) -> None:
@@ -103,5 +119,9 @@ async def release(s: IncidentState) -> None:
 def _ask(s: IncidentState) -> CapacityRequest:
     assert s.placement is not None
     return CapacityRequest(
-        cluster=s.ref.cluster, incident_id=s.ref.incident_id, placement=s.placement, action=s.current_action()
+        cluster=s.ref.cluster,
+        incident_id=s.ref.incident_id,
+        placement=s.placement,
+        action=s.current_action(),
+        run_id=workflow.info().first_execution_run_id,
     )
