@@ -28,7 +28,8 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.slurm import SlurmBackend
-from gpuheal.core import ids
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import (
     AdmitAnswer,
     AdmitAsk,
@@ -39,6 +40,8 @@ from gpuheal.core.fleet import (
     DomainDecisionFor,
     DomainIncident,
     DomainIncidentInput,
+    OpenIncident,
+    OpenIncidents,
     Placement,
     ReleaseRequest,
     RunRef,
@@ -54,9 +57,11 @@ from gpuheal.core.messages import (
     FLEET_DOMAIN_DECISION,
     FLEET_RELEASE,
     FLEET_REQUEST_CAPACITY,
+    INCIDENT,
+    INCIDENT_STATUS,
     Update,
 )
-from gpuheal.core.models import NodeInfo, RemediationSettings
+from gpuheal.core.models import NodeInfo, RemediationSettings, Stage
 
 MAX_IN_FLIGHT_UPDATES = 8
 PLACEMENT_TTL_S = 10.0
@@ -197,6 +202,44 @@ class FleetActivities:
 
     # The coordinator's own look for closed runs needs nothing of a worker's but its client.
     find_closed_runs = staticmethod(find_closed_runs)
+
+    @implements(act.FIND_OPEN_INCIDENTS)
+    async def find_open_incidents(self, cluster: str) -> OpenIncidents:
+        """The cluster's running incidents, with their stage (visibility) and where their node
+        sits; a held one is asked (its status query) whether it drained its node. One that
+        does not answer counts as contained: a rebuilt coordinator must over-count, never under.
+        And how the coordinator's earlier run ended, if it had one."""
+        client = activity.client()
+        query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
+        found: list[OpenIncident] = []
+        async for wf in client.list_workflows(query):
+            node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
+            if node is None or stage not in {s.value for s in Stage}:
+                continue
+            contained = False
+            if stage == Stage.HELD:
+                try:
+                    status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
+                    contained = any(r.stage == Stage.DRAIN for r in status.stages)
+                except RPCError:
+                    contained = True
+            found.append(
+                OpenIncident(
+                    incident_id=wf.id,
+                    run_id=wf.raw_info.first_run_id or wf.run_id,
+                    placement=await self._placement(node),
+                    stage=Stage(stage),
+                    contained=contained,
+                )
+            )
+        earlier = queries.where(
+            queries.eq(queries.WORKFLOW_ID, ids.coordinator_id(cluster)), queries.not_status("Running")
+        )
+        ended = [
+            f"{wf.status.name.title() if wf.status else '?'} at {wf.close_time:%Y-%m-%d %H:%M:%S}"
+            async for wf in client.list_workflows(earlier, limit=1)
+        ]
+        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0] if ended else "")
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:

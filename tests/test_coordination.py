@@ -25,19 +25,21 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpuheal.core import coordination
+from gpuheal.core import coordination, steering
 from gpuheal.core import fleet as policy
 from gpuheal.core.fleet import (
     AdmitRequest,
     CapacityRequest,
     DomainDecision,
     FleetState,
+    OpenIncident,
+    OpenIncidents,
     OperatorAction,
     Override,
     Placement,
 )
 from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy
-from gpuheal.core.models import ActionClass
+from gpuheal.core.models import ActionClass, Stage
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NODES = [f"gpu{i:02d}" for i in range(12)]
@@ -137,20 +139,20 @@ class Coordinator(RuleBasedStateMachine):
     @precondition(lambda self: not self.s.breaker.tripped)
     @rule()
     def an_operator_pauses(self) -> None:
-        self.step(lambda: coordination.pause(self.s, BY, self.now))
+        self.step(lambda: steering.pause(self.s, BY, self.now))
 
     @precondition(lambda self: self.s.breaker.tripped)
     @rule()
     def an_operator_resumes(self) -> None:
         self.resumed = True
-        self.step(lambda: coordination.resume(self.s, BY, self.now))
+        self.step(lambda: steering.resume(self.s, BY, self.now))
 
     @precondition(lambda self: bool(self.s.queue))
     @rule(data=st.data())
     def an_operator_overrides(self, data: st.DataObject) -> None:
         held = data.draw(st.sampled_from(self.s.queue))
         o = Override(incident_id=held.incident_id, operator="bob", reason="needs it")
-        self.step(lambda: coordination.override(self.s, o, self.now))
+        self.step(lambda: steering.override(self.s, o, self.now))
 
     @precondition(lambda self: any(not d.decided for d in self.s.domain_incidents.values()))
     @rule(data=st.data(), decision=st.sampled_from(["release", "dismiss"]))
@@ -160,7 +162,7 @@ class Coordinator(RuleBasedStateMachine):
         dismissed = (
             {h.incident_id for h in self.s.queue if domain in h.placement.domains} if decision == "dismiss" else set()
         )
-        self.step(lambda: coordination.domain_decision(self.s, d, self.now))
+        self.step(lambda: steering.domain_decision(self.s, d, self.now))
         for node, (incident, _) in list(self.live.items()):  # a dismissed incident ends: it releases
             if incident in dismissed:
                 self.close(node)
@@ -169,12 +171,12 @@ class Coordinator(RuleBasedStateMachine):
     def the_policy_changes(self, cluster: str, pool: str) -> None:
         budget = self.s.policy.policy.budget.model_copy(update={"cluster": cluster, "per_pool": pool})
         new = self.s.policy.policy.model_copy(update={"budget": budget})
-        self.step(lambda: coordination.set_policy(self.s, new, "carol", "tune", self.now))
+        self.step(lambda: steering.set_policy(self.s, new, "carol", "tune", self.now))
 
     @rule(limit=BUDGETS)
     def the_containment_bound_changes(self, limit: str) -> None:
         new = self.s.policy.policy.model_copy(update={"containment_limit": limit})
-        self.step(lambda: coordination.set_policy(self.s, new, "carol", "tune", self.now))
+        self.step(lambda: steering.set_policy(self.s, new, "carol", "tune", self.now))
 
     @rule(seconds=st.sampled_from([1, 30, 119, 121, 299, 301, 601, 3600]))
     def time_passes(self, seconds: int) -> None:
@@ -200,6 +202,32 @@ class Coordinator(RuleBasedStateMachine):
         self.step(lambda: coordination.reap(self.s, closed, self.now))
         still = {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} & set(self.dead)
         assert not still, f"closed runs still hold something after a look: {still}"
+
+    @rule()
+    def the_coordinator_is_terminated_and_recreated(self) -> None:
+        """By hand; the next incident starts a fresh one, which rebuilds from the open incidents
+        as visibility shows them (a closed run is not among them)."""
+        live = set(self.live.values())
+        before = {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} & live
+        found = []
+        for node, (incident, run) in self.live.items():
+            if incident in self.s.grants:
+                stage = Stage.REPAIR
+            elif any(h.incident_id == incident for h in self.s.queue):
+                stage = Stage.HELD
+            else:
+                continue  # closed, or it has not asked yet
+            drained = incident in self.s.containing or incident in self.s.contained
+            found.append(
+                OpenIncident(
+                    incident_id=incident, run_id=run, placement=placement(node), stage=stage, contained=drained
+                )
+            )
+        self.s = FleetState(cluster="c", policy=self.s.policy)
+        coordination.rebuild(self.s, OpenIncidents(incidents=tuple(found), earlier_run="Terminated"), self.now)
+        assert {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} == before, "a hold forgotten"
+        assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
+        self.dead.clear()  # what closed runs held went with the terminated coordinator
 
     @rule()
     def it_continues_as_new(self) -> None:

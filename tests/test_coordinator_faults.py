@@ -13,6 +13,7 @@ under the events it exists for.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -35,10 +36,13 @@ from gpuheal.core.fleet import (
     CoordinatorInput,
     DomainDecisionFor,
     DomainIncident,
+    OpenIncident,
+    OpenIncidents,
+    OperatorAction,
     Placement,
 )
 from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy
-from gpuheal.core.models import ActionClass, Notification
+from gpuheal.core.models import ActionClass, Notification, Stage
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
@@ -50,6 +54,7 @@ class Receiver:
 
     def __init__(self, up: bool) -> None:
         self.up, self.attempts, self.delivered = up, 0, list[str]()
+        self.open = OpenIncidents()  # what visibility shows open when a coordinator starts
 
     def activities(self) -> list[object]:
         @implements(act.NOTIFY_OPERATORS)
@@ -67,7 +72,13 @@ class Receiver:
         async def decide(d: DomainDecisionFor) -> str:
             return "decided"
 
-        return [notify, open_domain, decide, find_closed_runs]
+        @implements(act.FIND_OPEN_INCIDENTS)
+        async def find_open(cluster: str) -> OpenIncidents:
+            if self.open.earlier_run:
+                await asyncio.sleep(1)  # a slow visibility: requests arrive before the answer
+            return self.open
+
+        return [notify, open_domain, decide, find_closed_runs, find_open]
 
 
 def placement(node: str) -> Placement:
@@ -199,3 +210,39 @@ async def test_a_grant_to_a_run_that_is_gone_is_given_back_at_once(env: Workflow
         status = await m.FLEET_STATUS.ask(handle)
         assert not status.out_of_service and not status.held
         assert "grants_reaped" in receiver.delivered
+
+
+async def test_a_recreated_coordinator_grants_nothing_before_it_has_rebuilt_and_starts_tripped(
+    env: WorkflowEnvironment,
+) -> None:
+    """Terminated by hand while gpu01 was granted; the next incident's request is the first
+    thing the fresh coordinator hears. It is answered only after the rebuild: held behind the
+    tripped breaker, never granted past a budget the fresh coordinator did not know was used."""
+    policy = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        old = await coordinator(env, queue, policy)
+        cluster = old.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        first, run1 = await holder(env, queue, "gpu01")
+        assert (await m.FLEET_REQUEST_CAPACITY.execute(old, ask(first.id, "gpu01", run1))).granted
+        await old.terminate("an operator, by hand")
+        receiver.open = OpenIncidents(
+            incidents=(
+                OpenIncident(incident_id=first.id, run_id=run1, placement=placement("gpu01"), stage=Stage.REPAIR),
+            ),
+            earlier_run="Terminated at 12:00:00",
+        )
+        fresh = await env.client.start_workflow(
+            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=policy), id=old.id, task_queue=queue
+        )
+        second, run2 = await holder(env, queue, "gpu02")
+        decision = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
+        assert not decision.granted and "circuit breaker tripped (coordinator recreated" in decision.reason
+        status = await m.FLEET_STATUS.ask(fresh)
+        assert [g.incident_id for g in status.out_of_service] == [first.id]
+        await m.FLEET_RESUME.execute(fresh, OperatorAction(operator="alice", reason="checked"))
+        await m.FLEET_RELEASE.execute(fresh, first.id)  # gpu01 done: gpu02 goes, within the budget
+        status = await m.FLEET_STATUS.ask(fresh)
+        assert [g.incident_id for g in status.out_of_service] == [second.id] and not status.held
+        assert "coordinator_rebuilt" in receiver.delivered
+        await fresh.terminate("test over")

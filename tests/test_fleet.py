@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import coordination, fleet, fleet_policy
+from gpuheal.core import coordination, fleet, fleet_policy, steering
 from gpuheal.core.fleet import (
     AdmitRequest,
     Arrival,
@@ -16,6 +16,8 @@ from gpuheal.core.fleet import (
     DomainDecision,
     FleetState,
     Grant,
+    OpenIncident,
+    OpenIncidents,
     OperatorAction,
     Placement,
 )
@@ -27,7 +29,7 @@ from gpuheal.core.fleet_policy import (
     RepeatPolicy,
     VersionedPolicy,
 )
-from gpuheal.core.models import ActionClass, ApprovalPolicy
+from gpuheal.core.models import ActionClass, ApprovalPolicy, Stage
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -204,9 +206,9 @@ def test_a_decided_domain_incident_holds_nothing_more_and_the_domain_may_escalat
     opened = s.domain_incidents["rack=r1"]
     assert fleet.escalated_domain(s, place("gpu03", domains=rack)) == opened  # open: it holds the rack's incidents
     d = DomainDecision(domain="rack=r1", decision=decision, operator="alice", reason="switch replaced")  # type: ignore[arg-type]
-    coordination.domain_decision(s, d, T0 + timedelta(seconds=60))
+    steering.domain_decision(s, d, T0 + timedelta(seconds=60))
     assert fleet.escalated_domain(s, place("gpu03", domains=rack)) is None  # decided: later incidents go on
-    assert coordination.domain_decision(s, d, T0 + timedelta(seconds=61))[0] == f"rack=r1: already {decision}"
+    assert steering.domain_decision(s, d, T0 + timedelta(seconds=61))[0] == f"rack=r1: already {decision}"
     # The reports before the decision do not count again; two new ones within the window do.
     later = T0 + timedelta(seconds=120)
     assert fleet.escalation(s, place("gpu03", domains=rack), later) is None
@@ -222,13 +224,53 @@ def test_incidents_taken_back_while_out_never_block_each_other() -> None:
     by = OperatorAction(operator="alice", reason="test")
     for node in ("gpu01", "gpu02"):
         assert coordination.request(s, ask(node), T0)[0].granted
-    coordination.pause(s, by, T0)
+    steering.pause(s, by, T0)
     for node in ("gpu01", "gpu02"):
         assert not coordination.confirm(s, ask(node), T0)[0].granted
     assert set(s.contained) == {"i-gpu01", "i-gpu02"}
     assert [(u.used, u.limit) for u in fleet.budget_uses(s)] == [(2, 2)]  # still out, still counted
     lowered = s.policy.policy.model_copy(update={"budget": BudgetPolicy(cluster="1", rate=100, node_cooldown_s=0)})
-    coordination.set_policy(s, lowered, "bob", "smaller", T0)
-    _, out = coordination.resume(s, by, T0)
+    steering.set_policy(s, lowered, "bob", "smaller", T0)
+    _, out = steering.resume(s, by, T0)
     assert set(s.grants) == {"i-gpu01", "i-gpu02"} and not s.queue and not s.contained
     assert [i for i, n in out.signals if n.granted] == ["i-gpu01", "i-gpu02"]
+
+
+def test_a_recreated_coordinator_rebuilds_from_the_open_incidents_and_starts_tripped() -> None:
+    """Terminated by hand and started afresh by the next incident: it must not let new ones
+    through past the budget it no longer knows is used, nor reset its breaker by forgetting."""
+    s = state(budget=BudgetPolicy(cluster="1"))
+    open_now = [
+        OpenIncident(incident_id="i-gpu01", run_id="r1", placement=place("gpu01"), stage=Stage.APPROVAL),
+        OpenIncident(incident_id="i-gpu02", run_id="r2", placement=place("gpu02"), stage=Stage.HELD, contained=True),
+        OpenIncident(incident_id="i-gpu03", run_id="r3", placement=place("gpu03"), stage=Stage.TRIAGE),  # asks later
+    ]
+    out = coordination.rebuild(s, OpenIncidents(incidents=tuple(open_now), earlier_run="Terminated at 12:00"), T0)
+    assert list(s.grants) == ["i-gpu01"] and [h.incident_id for h in s.queue] == ["i-gpu02"]
+    assert list(s.containing) == ["i-gpu02"]
+    assert s.breaker.tripped and "recreated (its earlier run: Terminated at 12:00) with 2 open" in s.breaker.why
+    assert s.breaker.nodes == ("gpu01", "gpu02") and [n[0] for n in out.notes] == ["coordinator_rebuilt"]
+    decision, _ = coordination.request(s, ask("gpu03"), T0)
+    assert not decision.granted and "circuit breaker tripped" in decision.reason
+    # The cluster's first coordinator: the incident that started it asked it already.
+    fresh = state()
+    coordination.request(fresh, ask("gpu04"), T0)
+    found = [OpenIncident(incident_id="i-gpu04", run_id="", placement=place("gpu04"), stage=Stage.DRAIN)]
+    assert coordination.rebuild(fresh, OpenIncidents(incidents=tuple(found)), T0) == coordination.Effects()
+    assert not fresh.breaker.tripped
+
+
+def test_a_held_node_is_contained_within_its_own_bound_and_never_while_tripped() -> None:
+    s = state(budget=BudgetPolicy(cluster="1"), containment_limit="2")
+    grant(s, "gpu00")
+    held = [ask(f"gpu0{i}") for i in (1, 2, 3)]
+    for req in held:
+        coordination.request(s, req, T0)
+    answers = [coordination.contain(s, req, T0)[0] for req in held]
+    assert [a.granted for a in answers] == [True, True, False]
+    assert "2 of 2 held nodes drained already (containment bound)" in answers[2].reason
+    assert fleet.containment_use(s).used == 2 and fleet.budget_uses(s)[0].used == 1  # outside the budget
+    steering.pause(s, OperatorAction(operator="alice", reason="storm"), T0)
+    coordination.release(s, "i-gpu01", T0)  # a slot frees, but the breaker is tripped
+    again, _ = coordination.contain(s, held[2], T0)
+    assert not again.granted and "circuit breaker tripped" in again.reason

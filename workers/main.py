@@ -103,6 +103,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.open_domain_incident,
         fleet.decide_domain,
         fleet.find_closed_runs,
+        fleet.find_open_incidents,
     ]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -25,13 +25,14 @@ from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import coordination
+    from gpuheal.core import coordination, steering
     from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
     from gpuheal.core.fleet import (
         Admission,
         AdmitRequest,
+        Breaker,
         CapacityDecision,
         CapacityRequest,
         CoordinatorInput,
@@ -85,10 +86,15 @@ class FleetCoordinator:
         self._undelivered: list[str] = []  # what could not be done, for the UI's details
         self._reaping = False  # a look for closed runs is on its way
         self._look: asyncio.Future[None] | None = None
+        # A fresh start may be a recreation: nothing is granted until it has rebuilt (run()).
+        self._rebuilding = inp.state is None
         self._reap_now = False  # a grant notice found its incident gone: look at once
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
+        if self._rebuilding and workflow.patched(COORDINATOR_3):
+            await self._rebuild()
+        self._rebuilding = False
         while True:
             await self._wait()
             await self._send()
@@ -137,6 +143,23 @@ class FleetCoordinator:
             self._apply(coordination.serve_queue(self._s, now))
         if reap is not None and now >= reap and not self._reaping:
             self._reap(coordination.start_reap(self._s, now))
+
+    async def _rebuild(self) -> None:
+        """Started afresh: incidents of the cluster may be open already (this coordinator was
+        terminated by hand, or its namespace restored). What they hold is rebuilt from them
+        (gpuheal.core.coordination.rebuild); one that cannot be listed trips the breaker too."""
+        try:
+            found = await run(
+                act.FIND_OPEN_INCIDENTS, self._s.cluster, summary="rebuild from the open incidents", attempts=5
+            )
+        except ActivityError as err:
+            why = (
+                f"could not list the open incidents to rebuild from ({err.cause or err}): check them (`gpuheal fleet`)"
+            )
+            self._s.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
+            self._notes.append(("coordinator_rebuilt", "critical", why))
+            return
+        self._apply(coordination.rebuild(self._s, found, workflow.now()))
 
     def _reap_at(self) -> datetime | None:
         if self._reaping:
@@ -241,10 +264,18 @@ class FleetCoordinator:
         self._apply(out)
         return answer
 
+    async def _rebuilt(self) -> None:
+        """Capacity is decided only once a fresh coordinator has rebuilt what the open incidents
+        hold (else the incident that started it could be granted past a budget it does not
+        know is used). Coordinators of earlier releases never wait here: no await, as before."""
+        if self._rebuilding:
+            await workflow.wait_condition(lambda: not self._rebuilding)
+
     @workflow.update(name=m.FLEET_REQUEST_CAPACITY.name)
-    def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
+    async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
         """May this incident take its node out of service now? Idempotent: asked again, the same
         answer (granted, or its place in line)."""
+        await self._rebuilt()
         answer, out = coordination.request(
             self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2)
         )
@@ -252,16 +283,18 @@ class FleetCoordinator:
         return answer
 
     @workflow.update(name=m.FLEET_CONFIRM.name)
-    def confirm(self, req: CapacityRequest) -> CapacityDecision:
+    async def confirm(self, req: CapacityRequest) -> CapacityDecision:
         """Before a replacement: the grant stands unless the breaker tripped or the domain escalated."""
+        await self._rebuilt()
         old = not workflow.patched(COORDINATOR_2)
         answer, out = coordination.confirm(self._s, req, workflow.now(), contain=not old, tell_requester=old)
         self._apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_CONTAIN.name)
-    def contain(self, req: CapacityRequest) -> CapacityDecision:
+    async def contain(self, req: CapacityRequest) -> CapacityDecision:
         """May a held incident drain its node as containment? Within its bound, never while tripped."""
+        await self._rebuilt()
         answer, out = coordination.contain(self._s, req, workflow.now())
         self._apply(out)
         return answer
@@ -278,7 +311,7 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_PAUSE.name)
     def pause(self, by: OperatorAction) -> str:
         """Trip the breaker by hand: new incidents are held, nothing is replaced."""
-        answer, out = coordination.pause(self._s, by, workflow.now())
+        answer, out = steering.pause(self._s, by, workflow.now())
         self._apply(out)
         return answer
 
@@ -290,7 +323,7 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_RESUME.name)
     def resume(self, by: OperatorAction) -> str:
         """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
-        answer, out = coordination.resume(self._s, by, workflow.now())
+        answer, out = steering.resume(self._s, by, workflow.now())
         self._apply(out)
         return answer
 
@@ -303,20 +336,20 @@ class FleetCoordinator:
     def set_mode(self, change: ModeChange) -> str:
         old = self._s.policy.policy.mode
         new = self._s.policy.policy.model_copy(update={"mode": change.mode})
-        _, out = coordination.set_policy(self._s, new, change.operator, change.reason, workflow.now(), serve=False)
+        _, out = steering.set_policy(self._s, new, change.operator, change.reason, workflow.now(), serve=False)
         self._apply(out)
         return f"mode {old} -> {change.mode} (policy version {self._s.policy.version})"
 
     @workflow.update(name=m.FLEET_SET_POLICY.name)
     def set_policy(self, change: PolicyChange) -> str:
-        answer, out = coordination.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
+        answer, out = steering.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
         self._apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_OVERRIDE.name)
     def override(self, o: Override) -> str:
         """Let one held incident go now, past the budget (the operator answers for it)."""
-        answer, out = coordination.override(self._s, o, workflow.now())
+        answer, out = steering.override(self._s, o, workflow.now())
         self._apply(out)
         return answer
 
@@ -329,7 +362,7 @@ class FleetCoordinator:
     def domain_decision(self, d: DomainDecision) -> str:
         """A domain incident's operator decided: release its node incidents (within the budget)
         or dismiss them (they end, the domain is handled as one)."""
-        answer, out = coordination.domain_decision(self._s, d, workflow.now())
+        answer, out = steering.domain_decision(self._s, d, workflow.now())
         self._apply(out)
         return answer
 

@@ -24,25 +24,26 @@ from gpuheal.core.fleet import (
     Breaker,
     CapacityDecision,
     CapacityRequest,
-    DomainDecision,
     DomainIncident,
     FleetState,
     Grant,
     GrantNotice,
     Held,
-    OperatorAction,
-    Override,
+    OpenIncidents,
     Placement,
     RunRef,
 )
-from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
-from gpuheal.core.models import ActionClass, Severity
+from gpuheal.core.models import ActionClass, Severity, Stage
 
 # The coordinator looks for closed runs among those holding something this often, while any does:
 # a run terminated by hand runs no code to give back its grant, its containment or its place in
 # line. A grant to a closed run is therefore reaped within this long (and at once when the grant
 # notice finds the run gone).
 REAP_EVERY_S = 300.0
+# An open incident in one of these stages has been granted its node (a recreated coordinator
+# counts it as out of service); in HELD it waits in line; before (triage) or in observe mode it
+# holds nothing yet.
+GRANTED_STAGES = frozenset(Stage) - {Stage.TRIAGE, Stage.OBSERVE, Stage.HELD, Stage.CLOSE, Stage.DONE}
 
 
 @dataclass
@@ -139,7 +140,7 @@ def request(
     policy.note_sizes(s, req.placement)
     granted, why = policy.capacity_decision(s, req, now)
     if granted and not s.queue:  # nobody is ahead in line
-        _grant(s, req.incident_id, req.run_id, req.placement, now)
+        grant(s, req.incident_id, req.run_id, req.placement, now)
         return CapacityDecision(granted=True, reason=why), out
     if granted:
         granted, why = False, "others are ahead in line"
@@ -202,7 +203,7 @@ def _held(req: CapacityRequest, now: datetime, why: str) -> Held:
     return Held(incident_id=req.incident_id, run_id=req.run_id, node=p.node, placement=p, since=now, reason=why)
 
 
-def _grant(
+def grant(
     s: FleetState, incident_id: str, run_id: str, placement: Placement, now: datetime, override: str | None = None
 ) -> None:
     s.contained.pop(incident_id, None)  # taken back once, given again: counted once, as a grant
@@ -230,7 +231,7 @@ def serve_queue(s: FleetState, now: datetime) -> Effects:
         )
         granted, why = policy.capacity_decision(s, req, now)
         if granted:
-            _grant(s, held.incident_id, held.run_id, held.placement, now)
+            grant(s, held.incident_id, held.run_id, held.placement, now)
             out.signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
         else:
             still.append(held.model_copy(update={"reason": why}))
@@ -335,62 +336,43 @@ def reap(s: FleetState, closed: Iterable[RunRef], now: datetime) -> tuple[str, E
     return f"reaped {len(gone)}", out
 
 
-# --- operators ------------------------------------------------------------------------------
-
-
-def pause(s: FleetState, by: OperatorAction, now: datetime) -> tuple[str, Effects]:
-    """Trip the breaker by hand: new incidents are held, nothing is replaced."""
-    s.breaker = Breaker(tripped=True, at=now, why=f"paused by {by.operator}: {by.reason}", by=by.operator)
-    note: tuple[str, Severity, str] = ("breaker_paused", "warning", f"gpuheal paused by {by.operator}: {by.reason}")
-    return f"paused by {by.operator}", Effects(notes=[note])
-
-
-def resume(s: FleetState, by: OperatorAction, now: datetime) -> tuple[str, Effects]:
-    """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
-    was = s.breaker
-    s.breaker = Breaker(by=by.operator, at=now)
-    out = Effects(notes=[("breaker_reset", "info", f"circuit breaker reset by {by.operator}: {by.reason}")])
-    out += serve_queue(s, now)
-    return f"resumed by {by.operator} (was: {was.why}); {len(s.queue)} still held", out
-
-
-def set_policy(
-    s: FleetState, new: FleetPolicy, operator: str, reason: str, now: datetime, serve: bool = True
-) -> tuple[str, Effects]:
-    v = s.policy.version + 1
-    s.policy = VersionedPolicy(version=v, policy=new, changed_by=operator, reason=reason, at=now)
-    out = Effects(notes=[("policy_changed", "info", f"policy version {v} by {operator}: {reason}")])
-    if serve:
-        out += serve_queue(s, now)  # a larger budget lets the line move
-    return f"policy version {v}", out
-
-
-def override(s: FleetState, o: Override, now: datetime) -> tuple[str, Effects]:
-    """Let one held incident go now, past the budget (the operator answers for it)."""
-    held = next((h for h in s.queue if h.incident_id == o.incident_id), None)
-    if held is None:
-        raise ValueError(f"{o.incident_id} is not held")
-    s.queue.remove(held)
-    _grant(s, held.incident_id, held.run_id, held.placement, now, override=f"{o.operator}: {o.reason}")
-    notice = GrantNotice(granted=True, reason=f"override by {o.operator}: {o.reason}")
-    return f"{o.incident_id} granted by {o.operator}", Effects(signals=[(held.incident_id, notice)])
-
-
-def domain_decision(s: FleetState, d: DomainDecision, now: datetime) -> tuple[str, Effects]:
-    """A domain incident's operator decided: release its node incidents (within the budget) or
-    dismiss them (they end, the domain is handled as one)."""
-    incident = s.domain_incidents.get(d.domain)
-    if incident is None:
-        return f"no domain incident for {d.domain}", Effects()
-    if incident.decided:
-        return f"{d.domain}: already {incident.decided}", Effects()
-    s.domain_incidents[d.domain] = incident.model_copy(update={"decided": d.decision, "decided_at": now})
-    out = Effects()
-    if d.decision == "dismiss":
-        mine = [h for h in s.queue if d.domain in h.placement.domains]
-        s.queue = [h for h in s.queue if h not in mine]
-        for h in mine:
-            why = f"dismissed by domain incident {incident.incident_id} ({d.operator}: {d.reason})"
-            out.signals.append((h.incident_id, GrantNotice(granted=False, reason=why)))
-    out += serve_queue(s, now)
-    return f"{d.domain}: {d.decision} by {d.operator}", out
+def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> Effects:
+    """A coordinator started afresh after an earlier run of it ended (terminated by hand, its
+    namespace restored): it does not know what the open incidents hold, and would let the next
+    ones through past the budget, its breaker reset by forgetting. It rebuilds grants,
+    containments and its line from them, and trips its breaker, saying why, until a person has
+    looked and resumes. An incident it knows already (one that asked since it started) is left
+    as it is. The cluster's first coordinator, with nothing unknown open, changes nothing."""
+    known = {r.incident_id for r in holders(s)}
+    new = [
+        o
+        for o in found.incidents
+        if o.incident_id not in known and (o.stage == Stage.HELD or o.stage in GRANTED_STAGES)
+    ]
+    if not new and not found.earlier_run:
+        return Effects()
+    for o in new:
+        p = o.placement
+        policy.note_sizes(s, p)
+        grant = Grant(
+            incident_id=o.incident_id, run_id=o.run_id, node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
+        )
+        if o.stage != Stage.HELD:
+            s.grants[o.incident_id] = grant  # out of service; it counted against the rate before
+            continue
+        why = "held when the coordinator was recreated (its line rebuilt from the open incidents)"
+        s.queue.append(
+            Held(incident_id=o.incident_id, run_id=o.run_id, node=p.node, placement=p, since=now, reason=why)
+        )
+        if o.contained:
+            s.containing[o.incident_id] = grant
+    nodes = tuple(sorted(o.placement.node for o in new))
+    why = (
+        f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents; "
+        "their grants and line are rebuilt from them: check them (`gpuheal fleet`)"
+    )
+    s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
+    text = (
+        f"{why}; nodes {', '.join(nodes)}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."
+    )
+    return Effects(notes=[("coordinator_rebuilt", "critical", text)])

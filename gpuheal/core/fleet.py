@@ -26,6 +26,7 @@ from gpuheal.core.models import (
     OperatorName,
     RemediationSettings,
     Severity,
+    Stage,
 )
 
 # --- what the coordinator is told about a node ------------------------------------------------
@@ -98,6 +99,24 @@ class RunRef(Frozen):
 
 class RunRefs(Frozen):
     runs: tuple[RunRef, ...] = ()
+
+
+class OpenIncident(Frozen):
+    """A running incident of the cluster, as visibility and its status query show it: what a
+    recreated coordinator rebuilds its grants and its line from."""
+
+    incident_id: str
+    run_id: str
+    placement: Placement
+    stage: Stage
+    contained: bool = False  # held, with its node drained as containment
+
+
+class OpenIncidents(Frozen):
+    incidents: tuple[OpenIncident, ...] = ()
+    # How the coordinator's earlier run ended ("Terminated at 2026-12-01 12:00:00"), if it had
+    # one: then this one is a recreation, not the cluster's first.
+    earlier_run: str = ""
 
 
 class ReleaseRequest(Frozen):

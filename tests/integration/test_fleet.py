@@ -409,3 +409,56 @@ async def test_half_a_rack_is_one_domain_incident_not_two_replacements(
     assert [r.outcome for r in results] == ["escalated", "escalated"]
     assert all(r.replacement_node is None for r in results)  # one domain incident, not two replacements
     assert domain.incident_id in results[0].node_detail
+
+
+async def test_a_coordinator_terminated_by_hand_is_rebuilt_from_the_open_incidents_and_starts_tripped(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """One incident granted (waiting for approval of its replacement), one held by the budget
+    and contained; the coordinator is terminated by hand. The next incident starts a fresh one,
+    which finds both open, counts the grant and the containment, holds the newcomer untouched
+    behind a tripped breaker, and says why; once resumed, the line moves as before."""
+    settings = with_fleet(
+        settings,
+        budget=BudgetPolicy(cluster="1", node_cooldown_s=0),
+        containment_limit="1",
+        approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
+    )
+    fleet_id = ids.coordinator_id(settings.cluster or "")
+    async with make_worker(client, settings):
+        first = await start_or_join(client, settings, report(settings, "gpu01", 79))
+        await until(lambda: _awaiting(first), "gpu01 granted, waiting for approval")
+        second = await start_or_join(client, settings, report(settings, "gpu02", 79))
+
+        async def contained() -> bool:
+            status = await second.query(GpuRemediationWorkflow.status)
+            return status.stage == Stage.HELD and slurm.nodes()["gpu02"].drained
+
+        await until(contained, "gpu02 held and contained")
+        await client.get_workflow_handle(fleet_id).terminate("an operator, by hand")
+        third = await start_or_join(client, settings, report(settings, "gpu03", 79))
+
+        async def rebuilt() -> FleetStatus | None:
+            try:
+                s = await fleet_status(client, settings)
+            except RPCError:
+                return None
+            return s if s.breaker.tripped and len(s.held) == 2 else None
+
+        fleet = await until(rebuilt, "the recreated coordinator, tripped, with its line rebuilt")
+        assert "coordinator recreated (its earlier run: Terminated at" in fleet.breaker.why
+        assert "with 2 open incidents" in fleet.breaker.why
+        assert [g.node for g in fleet.out_of_service] == ["gpu01"]
+        assert [g.node for g in fleet.containing] == ["gpu02"]
+        assert [h.node for h in fleet.held] == ["gpu02", "gpu03"]
+        await asyncio.sleep(2)
+        assert not slurm.nodes()["gpu03"].drained  # the newcomer is untouched behind the breaker
+        resumed = await gpuheal(slurm, settings, "resume", "--operator", "alice", "--reason", "checked the three")
+        assert resumed.returncode == 0, resumed.stderr
+        for handle, node in ((first, "gpu01"), (second, "gpu02"), (third, "gpu03")):
+            await until(lambda h=handle: _awaiting(h), f"{node} waiting for approval", timeout=120)
+            approved = await gpuheal(slurm, settings, "approve", node, "--operator", "alice", "--reason", "go")
+            assert approved.returncode == 0, approved.stderr
+            assert (await asyncio.wait_for(handle.result(), 120)).outcome == "resolved"
+    end = await fleet_status(client, settings)
+    assert end.out_of_service == () and end.held == () and end.containing == ()
