@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -22,7 +24,7 @@ from prometheus_client import start_http_server
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from gpuheal.activities.fleet import FleetActivities
@@ -32,10 +34,11 @@ from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifie
 from gpuheal.clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
 from gpuheal.clients.slurm import build_slurm
 from gpuheal.clients.temporal import connect
-from gpuheal.core import ids, queries
+from gpuheal.core import ids, policy_file, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.messages import FLEET_STATUS, INCIDENT
+from gpuheal.core.fleet_policy import ConfiguredPolicy
+from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, INCIDENT
 from gpuheal.core.settings import Settings
 from gpuheal.providers import build_provider
 from gpuheal.providers.base import ProviderContext
@@ -150,6 +153,26 @@ async def _refresh_gauges(client: Client, cluster: str) -> None:
         await asyncio.sleep(15)
 
 
+async def offer_configuration(client: Client, settings: Settings) -> None:
+    """This worker's configured policy, to its cluster's coordinator: applied if the
+    configuration changed since the last one offered (steering.configure), else the cluster's
+    policy stands. Said loudly either way; no coordinator yet, the first incident seeds it."""
+    c = ConfiguredPolicy(
+        policy=settings.fleet,
+        digest=policy_file.digest(settings.fleet),
+        by=f"worker {socket.gethostname()} pid {os.getpid()}",
+    )
+    handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
+    try:
+        log.warning("cluster policy: %s", await FLEET_CONFIGURE.execute(handle, c))
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        log.info("no coordinator yet: the first incident starts it with this configuration (%s)", c.digest)
+    except Exception as err:
+        log.error("could not offer this worker's configuration to the cluster: %s", err)
+
+
 async def check_search_attributes(client: Client, namespace: str) -> None:
     """Refuse to run against a namespace without the project's search attributes: every incident
     would fail where it upserts one (and a job recovery could not start)."""
@@ -188,7 +211,9 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         sdk_metrics_port,
     )
     async with worker:
+        offered = asyncio.create_task(offer_configuration(client, settings))
         await stop.wait()
+        offered.cancel()
         log.info("shutting down: finishing running tasks (up to 10 s)")
     refresher.cancel()
     log.info("worker stopped")

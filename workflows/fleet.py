@@ -25,7 +25,7 @@ from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import coordination, steering
+    from gpuheal.core import coordination, policy_file, steering
     from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         RunRef,
         RunRefs,
     )
-    from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
+    from gpuheal.core.fleet_policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
     from gpuheal.core.models import Notification
 
 # Coordinators started before this release waited only for events (a held incident freed by time
@@ -76,7 +76,7 @@ class FleetCoordinator:
             reason="the worker's configuration, when the first incident came",
             at=workflow.now(),
         )
-        self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed)
+        self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed, configured=policy_file.digest(inp.seed))
         self._seed = inp.seed
         self._signals: list[tuple[str, GrantNotice]] = []  # to held incidents
         self._notes: list[Note] = []  # to the operators
@@ -343,6 +343,13 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_SET_POLICY.name)
     def set_policy(self, change: PolicyChange) -> str:
         answer, out = steering.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
+        self._apply(out)
+        return answer
+
+    @workflow.update(name=m.FLEET_CONFIGURE.name)
+    def configure(self, c: ConfiguredPolicy) -> str:
+        """A worker started: its configuration applies if it changed since the last one offered."""
+        answer, out = steering.configure(self._s, c, workflow.now())
         self._apply(out)
         return answer
 

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("domain", help="e.g. gpuheal.io/rack=r7")
     dm.add_argument("--operator", required=True)
     dm.add_argument("--reason", required=True)
+    po = sub.add_parser("policy", help="the cluster's policy as a file: show it, diff a file against it, apply one")
+    verbs = po.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("show", help="the current policy, as a file `apply` takes")
+    verbs.add_parser("diff", help="what FILE would change (exit 1 if anything)").add_argument("file")
+    ap = verbs.add_parser("apply", help="apply FILE (all or part of a policy) as a recorded, versioned change")
+    ap.add_argument("file")
+    ap.add_argument("--operator", required=True)
+    ap.add_argument("--reason", required=True)
     hi = sub.add_parser("history", help="a node's incidents: when, which XID, what was done, how it ended")
     hi.add_argument("node")
 
@@ -112,6 +120,7 @@ COMMANDS = {
     "override": ("gpuheal.cli.fleet", "override"),
     "domain": ("gpuheal.cli.fleet", "decide_domain"),
     "history": ("gpuheal.cli.fleet", "node_history"),
+    "policy": ("gpuheal.cli.policy", "policy"),
     "worker": ("gpuheal.cli.serve", "worker"),
     "webhook": ("gpuheal.cli.serve", "webhook"),
     "agent": ("gpuheal.cli.serve", "agent"),

@@ -236,6 +236,7 @@ class FleetState(BaseModel):
     # so that what the coordinator shows is computed on the real cluster, not on one node.
     sizes: dict[str, int] = {}
     reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
+    configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
 
 
 class FleetStatus(Frozen):

@@ -164,6 +164,14 @@ class ModeChange(Frozen):
     mode: Mode
 
 
+class ConfiguredPolicy(Frozen):
+    """A worker's configured policy, offered to its cluster when it starts (see steering.configure)."""
+
+    policy: FleetPolicy
+    digest: str  # gpuheal.core.policy_file.digest(policy)
+    by: str = Field(min_length=1, max_length=200)  # which worker: host and pid
+
+
 class VersionedPolicy(Frozen):
     version: int
     policy: FleetPolicy

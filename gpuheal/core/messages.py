@@ -28,7 +28,7 @@ from gpuheal.core.fleet import (
     OperatorAction,
     Override,
 )
-from gpuheal.core.fleet_policy import ModeChange, PolicyChange, VersionedPolicy
+from gpuheal.core.fleet_policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
 from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoveryStatus, RecoveryJoin
 from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
 
@@ -111,6 +111,7 @@ FLEET_PAUSE = Update("pause", OperatorAction, str)
 FLEET_RESUME = Update("resume", OperatorAction, str)
 FLEET_SET_MODE = Update("set_mode", ModeChange, str)
 FLEET_SET_POLICY = Update("set_policy", PolicyChange, str)
+FLEET_CONFIGURE = Update("configure", ConfiguredPolicy, str)  # a worker's configured policy, at its start
 FLEET_OVERRIDE = Update("override", Override, str)
 FLEET_DOMAIN_DECISION = Update("domain_decision", DomainDecision, str)
 FLEET_STATUS = Query("status", FleetStatus)
@@ -148,6 +149,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_RESUME,
         FLEET_SET_MODE,
         FLEET_SET_POLICY,
+        FLEET_CONFIGURE,
         FLEET_OVERRIDE,
         FLEET_DOMAIN_DECISION,
         FLEET_STATUS,

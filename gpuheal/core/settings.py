@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, SecretStr
 
+from gpuheal.core import policy_file
 from gpuheal.core.envvars import load, setting, table, variables
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.fleet_policy import FleetPolicy
@@ -167,6 +168,12 @@ class Settings(BaseModel):
         "comma list of the Node labels that name topology domains",
     )
     remediation: RemediationSettings = RemediationSettings()
+    policy_file: str | None = setting(
+        "GPUHEAL_POLICY_FILE",
+        None,
+        "the cluster's policy as a YAML file of the policy's fields (the chart's ConfigMap), instead of the policy "
+        "variables (then none may be set): a worker offers it to the coordinator when it starts",
+    )
     # Seeds the cluster's coordinator (its policy rules after); duplicate_window_s alone is read
     # from here by whoever receives a report (triggers.start): the coordinator is not asked.
     fleet: FleetPolicy = FleetPolicy()
@@ -185,8 +192,19 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        """Every declared variable `env` sets; SettingsError (naming it, quoting it) for a bad one."""
-        return load(cls, env)
+        """Every declared variable `env` sets; SettingsError (naming it, quoting it) for a bad one.
+        The policy comes from GPUHEAL_POLICY_FILE where it is set: declared once, never twice."""
+        s = load(cls, env)
+        if s.policy_file is None:
+            return s
+        twice = [v.name for v in variables(cls) if v.path[0] == "fleet" and env.get(v.name)]  # "" is unset
+        if twice:
+            raise SettingsError(f"GPUHEAL_POLICY_FILE is set, and so is {', '.join(twice)}: put it in the file")
+        try:
+            policy = policy_file.merged(FleetPolicy(), policy_file.read(Path(s.policy_file)), source=s.policy_file)
+        except policy_file.PolicyFileError as err:
+            raise SettingsError(f"GPUHEAL_POLICY_FILE: {err}") from err
+        return s.model_copy(update={"fleet": policy})
 
     def incident_url(self, workflow_id: str) -> str:
         namespace = self.temporal.namespace or DEFAULT_NAMESPACE

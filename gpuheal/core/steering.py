@@ -9,7 +9,7 @@ from datetime import datetime
 
 from gpuheal.core.coordination import Effects, grant, serve_queue
 from gpuheal.core.fleet import Breaker, DomainDecision, FleetState, GrantNotice, OperatorAction, Override
-from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
+from gpuheal.core.fleet_policy import ConfiguredPolicy, FleetPolicy, VersionedPolicy
 from gpuheal.core.models import Severity
 
 
@@ -69,3 +69,19 @@ def domain_decision(s: FleetState, d: DomainDecision, now: datetime) -> tuple[st
             out.signals.append((h.incident_id, GrantNotice(granted=False, reason=why)))
     out += serve_queue(s, now)
     return f"{d.domain}: {d.decision} by {d.operator}", out
+
+
+def configure(s: FleetState, c: ConfiguredPolicy, now: datetime) -> tuple[str, Effects]:
+    """A worker started with its configured policy. The configuration changed since a worker
+    last offered one (a Helm upgrade, a new policy file): it is applied, as a change by the
+    configuration, with its version. The same configuration again (a restarted or a second
+    worker): the cluster's policy stands, whatever an operator changed since; a restart must
+    never undo a recorded change."""
+    v = s.policy.version
+    if c.digest == s.configured:
+        return f"configuration {c.digest} unchanged: the cluster's policy version {v} stands", Effects()
+    s.configured = c.digest
+    if c.policy == s.policy.policy:
+        return f"configuration {c.digest} recorded: it is policy version {v} already", Effects()
+    _, out = set_policy(s, c.policy, f"configuration ({c.by})", f"the configuration changed ({c.digest})", now)
+    return f"configuration {c.digest} applied as policy version {s.policy.version} (was {v})", out

@@ -1,0 +1,43 @@
+"""`gpuheal policy show | diff FILE | apply FILE --operator --reason`: the cluster's policy as a
+file (gpuheal.core.policy_file). A file may say part of it; what it does not say stays. `diff`
+exits 0 when the file changes nothing and 1 when it would (as diff(1)); `apply` records the
+change in the coordinator's history with operator, reason and the new version, and a file that
+is not a valid policy is refused, naming the field, with nothing changed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuheal.clients.temporal import connect
+from gpuheal.core import ids, policy_file
+from gpuheal.core.fleet_policy import PolicyChange, VersionedPolicy
+from gpuheal.core.messages import FLEET_POLICY, FLEET_SET_POLICY
+from gpuheal.core.settings import Settings
+
+
+async def policy(settings: Settings, args: argparse.Namespace) -> int:
+    client = await connect(settings.temporal)
+    handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
+    current: VersionedPolicy = await FLEET_POLICY.ask(handle)
+    if args.verb == "show":
+        print(f"# cluster {settings.cluster}: policy version {current.version}, by {current.changed_by}")
+        print(f"# at {current.at:%Y-%m-%d %H:%M:%S}: {current.reason}")
+        print(policy_file.render(current.policy), end="")
+        return 0
+    try:
+        new = policy_file.merged(current.policy, policy_file.read(Path(args.file)), source=args.file)
+    except policy_file.PolicyFileError as err:
+        print(err, file=sys.stderr)
+        return 2
+    changes = policy_file.differences(current.policy, new)
+    if args.verb == "diff":
+        print("\n".join(changes) if changes else f"no change to policy version {current.version}")
+        return 1 if changes else 0
+    if not changes:
+        print(f"no change: policy version {current.version} stands")
+        return 0
+    print("\n".join(changes))
+    print(await FLEET_SET_POLICY.execute(handle, PolicyChange(operator=args.operator, reason=args.reason, policy=new)))
+    return 0
