@@ -8,8 +8,8 @@ start each. Every call is idempotent on the coordinator's side (per incident).
 
 Temporal accepts at most 10 updates in flight per workflow (`history.maxInFlightUpdates`) and
 refuses the rest, so a storm of incidents asking at once would mostly be refused and retried
-with backoff. A worker therefore sends at most MAX_IN_FLIGHT_UPDATES at a time and queues the rest
-here (leaving room for operators' own updates; with several workers, keep workers x this <= 10).
+with backoff. A worker therefore sends at most GPUHEAL_COORDINATOR_UPDATES at a time and queues
+the rest here (with several workers, keep workers x this <= 8: room for operators' own updates).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.slurm import SlurmBackend
-from gpuheal.core import ids, queries
+from gpuheal.core import ids, policy, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import (
     AdmitAnswer,
@@ -63,7 +63,6 @@ from gpuheal.core.messages import (
 )
 from gpuheal.core.models import NodeInfo, RemediationSettings, Stage
 
-MAX_IN_FLIGHT_UPDATES = 8
 PLACEMENT_TTL_S = 10.0
 CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
 I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
@@ -102,6 +101,7 @@ class FleetActivities:
         seed: FleetPolicy,
         settings: RemediationSettings,
         domain_labels: tuple[str, ...],
+        updates: int,
     ) -> None:
         self._slurm = slurm
         self._core = None
@@ -110,7 +110,7 @@ class FleetActivities:
 
             self._core = client.CoreV1Api(kube)
         self._seed = seed
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT_UPDATES)
+        self._in_flight = asyncio.Semaphore(updates)
         self._listing_lock = asyncio.Lock()
         self._listing: tuple[float, dict[str, NodeInfo], dict[str, dict[str, str]]] | None = None
         self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
@@ -202,6 +202,19 @@ class FleetActivities:
 
     # The coordinator's own look for closed runs needs nothing of a worker's but its client.
     find_closed_runs = staticmethod(find_closed_runs)
+
+    @implements(act.FIND_NODES_LEFT_DRAINED)
+    async def find_nodes_left_drained(self, refs: RunRefs) -> RunRefs:
+        """Which of these closed runs' nodes Slurm still shows drained by their incident (its
+        drain reason names it): those stay counted against the budget."""
+        nodes, _ = await self._listings()
+        return RunRefs(
+            runs=tuple(
+                r
+                for r in refs.runs
+                if (n := nodes.get(r.node)) is not None and n.drained and policy.is_our_drain(n.reason, r.incident_id)
+            )
+        )
 
     @implements(act.FIND_OPEN_INCIDENTS)
     async def find_open_incidents(self, cluster: str) -> OpenIncidents:

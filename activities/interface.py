@@ -125,6 +125,7 @@ CONFIRM_CAPACITY = Activity("confirm_capacity", CapacityRequest, CapacityDecisio
 RELEASE_CAPACITY = Activity("release_capacity", ReleaseRequest, str)
 CONTAIN_WHILE_HELD = Activity("contain_while_held", CapacityRequest, CapacityDecision)
 FIND_CLOSED_RUNS = Activity("find_closed_runs", RunRefs, RunRefs)
+FIND_NODES_LEFT_DRAINED = Activity("find_nodes_left_drained", RunRefs, RunRefs)  # Slurm: still drained by them
 FIND_OPEN_INCIDENTS = Activity("find_open_incidents", str, OpenIncidents)  # the cluster's
 OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
 DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
@@ -172,7 +173,14 @@ FLEET_INCIDENT = (  # an incident's side
     RELEASE_CAPACITY,
     CONTAIN_WHILE_HELD,
 )
-FLEET = (*FLEET_INCIDENT, OPEN_DOMAIN_INCIDENT, DECIDE_DOMAIN, FIND_CLOSED_RUNS, FIND_OPEN_INCIDENTS)
+FLEET = (
+    *FLEET_INCIDENT,
+    OPEN_DOMAIN_INCIDENT,
+    DECIDE_DOMAIN,
+    FIND_CLOSED_RUNS,
+    FIND_NODES_LEFT_DRAINED,
+    FIND_OPEN_INCIDENTS,
+)
 KUBERNETES = (
     MAP_KUBE_NODE,
     CORDON_AND_TAINT_NODE,

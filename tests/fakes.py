@@ -90,6 +90,7 @@ class FakeCluster:
         self.notices_down = False
         self.draining = asyncio.Event()
         self.drain_gate: asyncio.Event | None = None
+        self.checkpoint_gate: asyncio.Event | None = None
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
@@ -248,6 +249,8 @@ class FakeCluster:
         @implements(act.WAIT_FOR_CHECKPOINTS)
         async def confirm(req: CheckpointWait) -> CheckpointResult:
             c.calls.append("confirm")
+            if c.checkpoint_gate is not None:  # the test holds the incident in its protect stage
+                await c.checkpoint_gate.wait()
             return CheckpointResult(
                 outcomes=tuple(
                     CheckpointOutcome(

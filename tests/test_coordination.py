@@ -25,7 +25,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpuheal.core import coordination, steering
+from gpuheal.core import coordination, reaping, steering
 from gpuheal.core import fleet as policy
 from gpuheal.core.fleet import (
     AdmitRequest,
@@ -74,6 +74,7 @@ class Coordinator(RuleBasedStateMachine):
         self.runs = 0
         self.live: dict[str, tuple[str, str]] = {}  # node -> its incident run (asked, not yet released)
         self.dead: dict[tuple[str, str], datetime] = {}  # runs terminated (nothing given back) -> when
+        self.returned: set[str] = set()  # nodes an operator put back in service (scontrol resume)
         self.resumed = False
         self.granted_ever: set[tuple[str, str]] = set()  # incident runs
 
@@ -85,6 +86,7 @@ class Coordinator(RuleBasedStateMachine):
             return
         self.runs += 1
         incident, run = f"gpuheal-c-{node}", str(self.runs)  # the node's workflow id, a new run of it
+        self.returned.discard(node)  # its new incident may drain it again
         self.live[node] = (incident, run)
         req = AdmitRequest(
             incident_id=incident,
@@ -116,7 +118,12 @@ class Coordinator(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(sorted(self.live)))
         self.dead[self.live.pop(node)] = self.now
 
-    @precondition(lambda self: (due := coordination.reap_due(self.s, self.now)) is not None and due <= self.now)
+    @precondition(lambda self: bool(self.s.left))
+    @rule(data=st.data())
+    def an_operator_returns_a_node_a_closed_run_left_drained(self, data: st.DataObject) -> None:
+        self.returned.add(data.draw(st.sampled_from(sorted(self.s.left))))
+
+    @precondition(lambda self: (due := reaping.reap_due(self.s, self.now)) is not None and due <= self.now)
     @rule()
     def the_coordinator_looks_for_closed_runs(self) -> None:
         self.look()
@@ -184,7 +191,7 @@ class Coordinator(RuleBasedStateMachine):
         closed runs (and gives back what they held)."""
         end = self.now + timedelta(seconds=seconds)
         while True:
-            serve, reap = coordination.next_wake(self.s, self.now), coordination.reap_due(self.s, self.now)
+            serve, reap = coordination.next_wake(self.s, self.now), reaping.reap_due(self.s, self.now)
             wake = min((t for t in (serve, reap) if t is not None), default=None)
             if wake is None or wake > end:
                 break
@@ -196,11 +203,16 @@ class Coordinator(RuleBasedStateMachine):
         self.now = end
 
     def look(self) -> None:
-        """A look for closed runs: the runs it asks about, answered from what has closed."""
-        runs = coordination.start_reap(self.s, self.now)
+        """A look for closed runs: the runs it asks about, answered from what has closed, and
+        which of their nodes Slurm still shows drained by them (those an operator has not
+        returned yet)."""
+        runs = reaping.start_reap(self.s, self.now)
         closed = [r for r in runs if (r.incident_id, r.run_id) in self.dead]
-        self.step(lambda: coordination.reap(self.s, closed, self.now))
-        still = {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} & set(self.dead)
+        asked = [*closed, *reaping.left_refs(self.s)]
+        drained = [r for r in asked if r.node not in self.returned]
+        self.step(lambda: coordination.reap(self.s, closed, drained, self.now))
+        assert not set(self.s.left) & self.returned, "a node back in service still counted"
+        still = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & set(self.dead)
         assert not still, f"closed runs still hold something after a look: {still}"
 
     @rule()
@@ -208,7 +220,7 @@ class Coordinator(RuleBasedStateMachine):
         """By hand; the next incident starts a fresh one, which rebuilds from the open incidents
         as visibility shows them (a closed run is not among them)."""
         live = set(self.live.values())
-        before = {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} & live
+        before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
         found = []
         for node, (incident, run) in self.live.items():
             if incident in self.s.grants:
@@ -224,8 +236,8 @@ class Coordinator(RuleBasedStateMachine):
                 )
             )
         self.s = FleetState(cluster="c", policy=self.s.policy)
-        coordination.rebuild(self.s, OpenIncidents(incidents=tuple(found), earlier_run="Terminated"), self.now)
-        assert {(r.incident_id, r.run_id) for r in coordination.holders(self.s)} == before, "a hold forgotten"
+        reaping.rebuild(self.s, OpenIncidents(incidents=tuple(found), earlier_run="Terminated"), self.now)
+        assert {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} == before, "a hold forgotten"
         assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
         self.dead.clear()  # what closed runs held went with the terminated coordinator
 
@@ -252,7 +264,8 @@ class Coordinator(RuleBasedStateMachine):
         if new:
             assert not self.s.breaker.tripped or not tripped_before, "granted while the breaker was tripped"
             b = self.s.policy.policy.budget
-            out = [*self.s.grants.values(), *self.s.contained.values()]  # a contained node is out too
+            # A contained node is out too, as is one a closed run left drained (until it is back).
+            out = [*self.s.grants.values(), *self.s.contained.values(), *self.s.left.values()]
             assert len(out) <= policy.limit_of(b.cluster, len(NODES)), "over the cluster budget"
             if b.per_pool is not None:
                 for g in new:
@@ -293,15 +306,17 @@ class Coordinator(RuleBasedStateMachine):
     @invariant()
     def every_grant_and_hold_belongs_to_a_live_run_or_is_looked_for_within_the_bound(self) -> None:
         live = set(self.live.values())
-        for ref in coordination.holders(self.s):
+        for ref in reaping.holders(self.s):
             run = (ref.incident_id, ref.run_id)
             assert run in live or run in self.dead, f"{run} holds something but never asked"
             if run in self.dead:
-                due = coordination.reap_due(self.s, self.now)
-                bound = self.dead[run] + timedelta(seconds=coordination.REAP_EVERY_S)
+                due = reaping.reap_due(self.s, self.now)
+                bound = self.dead[run] + timedelta(seconds=reaping.REAP_EVERY_S)
                 assert due is not None and due <= bound, f"{run} closed at {self.dead[run]}, next look {due}"
         assert not set(self.s.grants) & {h.incident_id for h in self.s.queue}
-        assert set(self.s.contained) <= {h.incident_id for h in self.s.queue}  # taken back: in line again
+        # Taken back: in line again (unless its run closed and the entry waits for the reaper).
+        dead = {incident for incident, _ in self.dead}
+        assert set(self.s.contained) - dead <= {h.incident_id for h in self.s.queue}
         assert not set(self.s.contained) & set(self.s.grants)
 
 

@@ -28,7 +28,7 @@ from temporalio.worker import Worker
 from gpuheal.activities import interface as act
 from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
-from gpuheal.core import coordination, ids
+from gpuheal.core import ids, reaping
 from gpuheal.core import messages as m
 from gpuheal.core.fleet import (
     AdmitRequest,
@@ -40,6 +40,7 @@ from gpuheal.core.fleet import (
     OpenIncidents,
     OperatorAction,
     Placement,
+    RunRefs,
 )
 from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy
 from gpuheal.core.models import ActionClass, Notification, Stage
@@ -55,6 +56,7 @@ class Receiver:
     def __init__(self, up: bool) -> None:
         self.up, self.attempts, self.delivered = up, 0, list[str]()
         self.open = OpenIncidents()  # what visibility shows open when a coordinator starts
+        self.drained: set[str] = set()  # nodes Slurm shows drained by their incident
 
     def activities(self) -> list[object]:
         @implements(act.NOTIFY_OPERATORS)
@@ -72,13 +74,17 @@ class Receiver:
         async def decide(d: DomainDecisionFor) -> str:
             return "decided"
 
+        @implements(act.FIND_NODES_LEFT_DRAINED)
+        async def left_drained(refs: RunRefs) -> RunRefs:
+            return RunRefs(runs=tuple(r for r in refs.runs if r.node in self.drained))
+
         @implements(act.FIND_OPEN_INCIDENTS)
         async def find_open(cluster: str) -> OpenIncidents:
             if self.open.earlier_run:
                 await asyncio.sleep(1)  # a slow visibility: requests arrive before the answer
             return self.open
 
-        return [notify, open_domain, decide, find_closed_runs, find_open]
+        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open]
 
 
 def placement(node: str) -> Placement:
@@ -187,7 +193,7 @@ async def test_a_run_terminated_while_granted_has_its_grant_reaped_and_the_line_
         held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
         assert granted.granted and not held.granted and "disruption budget" in held.reason
         await first.terminate("an operator, by hand")
-        await env.sleep(timedelta(seconds=coordination.REAP_EVERY_S + 60))
+        await env.sleep(timedelta(seconds=reaping.REAP_EVERY_S + 60))
         status = await m.FLEET_STATUS.ask(handle)
         assert [g.incident_id for g in status.out_of_service] == [second.id] and not status.held
         assert "grants_reaped" in receiver.delivered

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import coordination, fleet, fleet_policy, steering
+from gpuheal.core import coordination, fleet, fleet_policy, reaping, steering
 from gpuheal.core.fleet import (
     AdmitRequest,
     Arrival,
@@ -20,6 +20,7 @@ from gpuheal.core.fleet import (
     OpenIncidents,
     OperatorAction,
     Placement,
+    RunRef,
 )
 from gpuheal.core.fleet_policy import (
     BreakerPolicy,
@@ -245,18 +246,18 @@ def test_a_recreated_coordinator_rebuilds_from_the_open_incidents_and_starts_tri
         OpenIncident(incident_id="i-gpu02", run_id="r2", placement=place("gpu02"), stage=Stage.HELD, contained=True),
         OpenIncident(incident_id="i-gpu03", run_id="r3", placement=place("gpu03"), stage=Stage.TRIAGE),  # asks later
     ]
-    out = coordination.rebuild(s, OpenIncidents(incidents=tuple(open_now), earlier_run="Terminated at 12:00"), T0)
+    notes = reaping.rebuild(s, OpenIncidents(incidents=tuple(open_now), earlier_run="Terminated at 12:00"), T0)
     assert list(s.grants) == ["i-gpu01"] and [h.incident_id for h in s.queue] == ["i-gpu02"]
     assert list(s.containing) == ["i-gpu02"]
     assert s.breaker.tripped and "recreated (its earlier run: Terminated at 12:00) with 2 open" in s.breaker.why
-    assert s.breaker.nodes == ("gpu01", "gpu02") and [n[0] for n in out.notes] == ["coordinator_rebuilt"]
+    assert s.breaker.nodes == ("gpu01", "gpu02") and [n[0] for n in notes] == ["coordinator_rebuilt"]
     decision, _ = coordination.request(s, ask("gpu03"), T0)
     assert not decision.granted and "circuit breaker tripped" in decision.reason
     # The cluster's first coordinator: the incident that started it asked it already.
     fresh = state()
     coordination.request(fresh, ask("gpu04"), T0)
     found = [OpenIncident(incident_id="i-gpu04", run_id="", placement=place("gpu04"), stage=Stage.DRAIN)]
-    assert coordination.rebuild(fresh, OpenIncidents(incidents=tuple(found)), T0) == coordination.Effects()
+    assert reaping.rebuild(fresh, OpenIncidents(incidents=tuple(found)), T0) == []
     assert not fresh.breaker.tripped
 
 
@@ -274,3 +275,24 @@ def test_a_held_node_is_contained_within_its_own_bound_and_never_while_tripped()
     coordination.release(s, "i-gpu01", T0)  # a slot frees, but the breaker is tripped
     again, _ = coordination.contain(s, held[2], T0)
     assert not again.granted and "circuit breaker tripped" in again.reason
+
+
+def test_a_node_a_terminated_run_left_drained_stays_counted_until_it_is_back() -> None:
+    """The reaper must not fail open: a closed run's grant is given back, but a node Slurm
+    still shows drained by it stays counted against the budget until it is back in service."""
+    s = state(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+    a = ask("gpu01").model_copy(update={"run_id": "r1"})
+    assert coordination.request(s, a, T0)[0].granted
+    dead = RunRef(incident_id="i-gpu01", run_id="r1", node="gpu01")
+    out = coordination.reap(s, [dead], [dead], T0)  # terminated; Slurm: still drained by it
+    assert not s.grants and list(s.left) == ["gpu01"] and "counted against the budget" in out.notes[0][2]
+    held, _ = coordination.request(s, ask("gpu02").model_copy(update={"run_id": "r2"}), T0)
+    assert not held.granted and "disruption budget: 1 of 1" in held.reason
+    out = coordination.reap(s, [], [], T0)  # the next look: an operator resumed gpu01
+    assert not s.left and [i for i, _ in out.signals] == ["i-gpu02"]  # the line moves
+    # A node's next incident takes over what the closed run left: no second slot.
+    t = state(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+    coordination.request(t, a, T0)
+    coordination.reap(t, [dead], [dead], T0)
+    again, _ = coordination.request(t, ask("gpu01").model_copy(update={"run_id": "r3"}), T0)
+    assert again.granted and "taken over" in again.reason and not t.left and list(t.grants) == ["i-gpu01"]

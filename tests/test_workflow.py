@@ -406,3 +406,21 @@ async def test_report_for_a_node_slurm_has_not_and_gpuheal_never_replaced_fails_
             await handle.result()
     assert "gpu01" in str(err.value.cause) and "not in service" in str(err.value.cause)
     assert fake.calls == ["look_up", "find_earlier_replacement"]
+
+
+async def test_an_escalation_to_a_drain_asks_the_coordinator_before_draining(env: WorkflowEnvironment) -> None:
+    """An application-class failure takes no capacity; when a second, more severe report comes
+    while the incident protects its jobs, the drain it now needs asks for a grant first (it
+    drained without one, past the budget and the breaker)."""
+    fake, s = FakeCluster(), settings()
+    fake.checkpoint_gate = asyncio.Event()
+    first = report(13)
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.PROTECT)
+        assert "request_capacity" not in fake.calls
+        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
+        fake.checkpoint_gate.set()
+        result = await handle.result()
+    assert result.action == ActionClass.REPLACE_NODE
+    assert fake.calls.index("request_capacity") < fake.calls.index("drain")

@@ -73,7 +73,9 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     if routes:
         owners = WebhookOwnerNotifier(routes, settings.owner_format)
     jobs = JobActivities(slurm, owners, settings.remediation.jobs)
-    fleet = FleetActivities(slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels)
+    fleet = FleetActivities(
+        slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels, settings.coordinator_updates
+    )
     found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,
         acts.find_earlier_replacement,
@@ -107,6 +109,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.decide_domain,
         fleet.find_closed_runs,
         fleet.find_open_incidents,
+        fleet.find_nodes_left_drained,
     ]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -71,7 +71,7 @@ def observe_fleet(status: FleetStatus) -> None:
     for mode in ("observe", "approve", "auto"):
         FLEET_MODE.labels(mode).set(1 if status.mode == mode else 0)
     FLEET_BREAKER.set(1 if status.breaker.tripped else 0)
-    FLEET_OUT.set(len(status.out_of_service))
+    FLEET_OUT.set(len(status.out_of_service) + len(status.containing) + len(status.left))
     FLEET_HELD.set(len(status.held))
     for use in (*status.budget, *([status.containment] if status.containment else [])):
         FLEET_BUDGET_LIMIT.labels(use.name).set(use.limit)

@@ -28,6 +28,10 @@ RETRY = RetryPolicy(
     non_retryable_error_types=list(NON_RETRYABLE),
 )
 SHORT = timedelta(seconds=30)
+# An incident's calls to its coordinator wait their turn in the worker's share of the updates in
+# flight (GPUHEAL_COORDINATOR_UPDATES): in a storm a grant took p99 52 s (bench/storm.py), so a
+# 30 s bound retried them, each retry queueing again.
+COORDINATOR = timedelta(seconds=180)
 
 
 async def run(

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -25,7 +26,7 @@ from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import coordination, policy_file, steering
+    from gpuheal.core import coordination, policy_file, reaping, steering
     from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
@@ -57,11 +58,16 @@ with workflow.unsafe.imports_passed_through():
 # (workflow.patched: one id for all of it), so their histories replay.
 COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
 # Coordinators started before this release never looked for closed runs (a run terminated while
-# granted kept its grant), and had no containment bound to answer.
+# granted kept its grant); they keep so until they continue as new.
 COORDINATOR_3 = "coordinator-3-reaps-closed-runs"
+# Nor did they rebuild from the open incidents when started afresh (their own marker: a start
+# is one moment, the reaping a way of running).
+REBUILD = "coordinator-rebuilds-from-the-open-incidents"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
+# A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
+LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
 DETAILS_HELD = 20  # the UI's details list the first held incidents (every update redraws them)
 
 
@@ -92,7 +98,7 @@ class FleetCoordinator:
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
-        if self._rebuilding and workflow.patched(COORDINATOR_3):
+        if self._rebuilding and workflow.patched(REBUILD):
             await self._rebuild()
         self._rebuilding = False
         while True:
@@ -142,12 +148,12 @@ class FleetCoordinator:
         if serve is not None and now >= serve:
             self._apply(coordination.serve_queue(self._s, now))
         if reap is not None and now >= reap and not self._reaping:
-            self._reap(coordination.start_reap(self._s, now))
+            self._reap(reaping.start_reap(self._s, now))
 
     async def _rebuild(self) -> None:
         """Started afresh: incidents of the cluster may be open already (this coordinator was
         terminated by hand, or its namespace restored). What they hold is rebuilt from them
-        (gpuheal.core.coordination.rebuild); one that cannot be listed trips the breaker too."""
+        (gpuheal.core.reaping.rebuild); one that cannot be listed trips the breaker too."""
         try:
             found = await run(
                 act.FIND_OPEN_INCIDENTS, self._s.cluster, summary="rebuild from the open incidents", attempts=5
@@ -159,25 +165,33 @@ class FleetCoordinator:
             self._s.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
             self._notes.append(("coordinator_rebuilt", "critical", why))
             return
-        self._apply(coordination.rebuild(self._s, found, workflow.now()))
+        self._apply(Effects(notes=reaping.rebuild(self._s, found, workflow.now())))
 
     def _reap_at(self) -> datetime | None:
         if self._reaping:
             return None
-        return workflow.now() if self._reap_now else coordination.reap_due(self._s, workflow.now())
+        return workflow.now() if self._reap_now else reaping.reap_due(self._s, workflow.now())
 
     def _reap(self, runs: list[RunRef]) -> None:
         """Look for closed runs among those holding something, beside the loop, and give back
-        what they hold (gpuheal.core.coordination.reap). A look that fails is said in the
-        details and made again at the next one; it never fails the coordinator."""
+        what they hold (gpuheal.core.reaping.reap): their nodes that Slurm still shows drained
+        by them stay counted. A look that fails is said in the details and made again at the
+        next one; it never fails the coordinator."""
         self._reaping, self._reap_now = True, False
 
         async def look() -> None:
             try:
                 closed = await run(
-                    act.FIND_CLOSED_RUNS, RunRefs(runs=tuple(runs)), summary="look for closed runs", attempts=3
+                    act.FIND_CLOSED_RUNS, RunRefs(runs=tuple(runs)), summary="look for closed runs", **LOOK
                 )
-                self._apply(coordination.reap(self._s, closed.runs, workflow.now())[1])
+                check = RunRefs(runs=(*closed.runs, *reaping.left_refs(self._s)))
+                try:
+                    drained = check
+                    if check.runs:
+                        drained = await run(act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK)
+                except ActivityError:  # Slurm not answering: every node counts as still drained
+                    drained = check
+                self._apply(coordination.reap(self._s, closed.runs, drained.runs, workflow.now()))
             except ActivityError as err:
                 self._undelivered.append(f"look for closed runs failed: {err.cause or err}")
                 self._details()
@@ -394,6 +408,7 @@ class FleetCoordinator:
             remediations_in_window=len(recent),
             containment=policy.containment_use(s),
             containing=tuple(s.containing.values()),
+            left=tuple(s.left.values()),
         )
 
     @workflow.query(name=m.FLEET_POLICY.name)
@@ -408,6 +423,7 @@ class FleetCoordinator:
             f"out of service: {len(s.grants) + len(s.contained)} "
             f"({', '.join(g.node for g in (*s.grants.values(), *s.contained.values())) or '-'})",
             f"contained while held: {len(s.containing)} of {policy.containment_use(s).limit}",
+            f"left drained by closed runs (counted): {len(s.left)} ({', '.join(s.left) or '-'})",
             f"held: {len(s.queue)}"
             + "".join(f"\n  {i + 1}. {h.node}: {h.reason}" for i, h in enumerate(s.queue[:DETAILS_HELD])),
         ]

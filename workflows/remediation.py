@@ -82,7 +82,8 @@ class GpuRemediationWorkflow:
         if s.observing:
             return await self._observe(action)
         plan = policy.plan_for(action)
-        if (plan.drain or plan.repair is not None) and not (await self._granted(await capacity.request(s))):
+        asked = plan.drain or plan.repair is not None
+        if asked and not (await self._granted(await capacity.request(s))):
             return await self._close_held()
         if fleet.needs_approval(s.cluster_policy.mode, s.current_action(), s.cluster_policy.approval):
             decision = await self._approval_gate(s.current_action())
@@ -91,6 +92,9 @@ class GpuRemediationWorkflow:
         await self._notify_remediating()
         await self._protect_progress()
         plan = policy.plan_for(s.current_action())  # a later report may have escalated it
+        if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
+            if not await self._granted(await capacity.request(s)):  # a drain takes a grant, however it came
+                return await self._close_held()
         if plan.drain and s.drain is None:
             await self._drain(s.reason())
         if plan.requeue:

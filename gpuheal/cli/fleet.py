@@ -54,12 +54,15 @@ async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
         print(f"budget      {use.name}: {use.used} of {use.limit} out of service, {max(0, use.limit - use.used)} left")
     if s.containment is not None:
         c = s.containment
-        print(f"contained   {c.used} of {c.limit} held nodes drained as containment (none new while tripped)")
+        tripped = " (none new: the breaker is tripped)" if s.breaker.tripped else ""
+        print(f"contained   {c.used} of {c.limit} held nodes drained as containment{tripped}")
     print(f"rate        {s.remediations_in_window} remediations in the rate window")
     for g in s.out_of_service:
         print(f"out         {g.node:<12} {g.incident_id}" + (f" (override {g.override})" if g.override else ""))
     for g in s.containing:
         print(f"contained   {g.node:<12} {g.incident_id} (held)")
+    for g in s.left:
+        print(f"left        {g.node:<12} {g.incident_id} (its run closed; still drained; counted)")
     for i, h in enumerate(s.held, 1):
         print(f"held {i:>3}    {h.node:<12} {h.incident_id}: {h.reason}")
     for d in s.domain_incidents:

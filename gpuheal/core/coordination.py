@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpuheal.core import fleet as policy
-from gpuheal.core import ids
+from gpuheal.core import ids, reaping
 from gpuheal.core.fleet import (
     Admission,
     AdmitRequest,
@@ -29,21 +29,10 @@ from gpuheal.core.fleet import (
     Grant,
     GrantNotice,
     Held,
-    OpenIncidents,
     Placement,
     RunRef,
 )
-from gpuheal.core.models import ActionClass, Severity, Stage
-
-# The coordinator looks for closed runs among those holding something this often, while any does:
-# a run terminated by hand runs no code to give back its grant, its containment or its place in
-# line. A grant to a closed run is therefore reaped within this long (and at once when the grant
-# notice finds the run gone).
-REAP_EVERY_S = 300.0
-# An open incident in one of these stages has been granted its node (a recreated coordinator
-# counts it as out of service); in HELD it waits in line; before (triage) or in observe mode it
-# holds nothing yet.
-GRANTED_STAGES = frozenset(Stage) - {Stage.TRIAGE, Stage.OBSERVE, Stage.HELD, Stage.CLOSE, Stage.DONE}
+from gpuheal.core.models import ActionClass, Severity
 
 
 @dataclass
@@ -162,7 +151,7 @@ def confirm(
     stays drained (nothing is replaced), so with `contain` it keeps counting against the budget
     until released, and the rate slot it held serves the line. (`contain` False: as the
     coordinators of the release before did, which freed the budget and served no one.)"""
-    if req.incident_id not in s.grants or _earlier_run(s.grants[req.incident_id].run_id, req.run_id):
+    if req.incident_id not in s.grants or reaping.earlier_run(s.grants[req.incident_id].run_id, req.run_id):
         return request(s, req, now, tell_requester=tell_requester)
     domain = policy.escalated_domain(s, req.placement)
     grant = s.grants[req.incident_id]
@@ -208,6 +197,7 @@ def grant(
 ) -> None:
     s.contained.pop(incident_id, None)  # taken back once, given again: counted once, as a grant
     s.containing.pop(incident_id, None)  # contained while held: now out under the budget
+    s.left.pop(placement.node, None)  # left drained by an earlier incident: this one takes it over
     s.grants[incident_id] = Grant(
         incident_id=incident_id,
         run_id=run_id,
@@ -262,6 +252,8 @@ def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
         return CapacityDecision(granted=True, reason="contained already", already=True), out
     if req.incident_id in s.grants or req.incident_id in s.contained:
         return CapacityDecision(granted=True, reason="its node is out of service already", already=True), out
+    if all((h.incident_id, h.run_id) != (req.incident_id, req.run_id) for h in s.queue):
+        return CapacityDecision(granted=False, reason="not contained: it is not in line (dismissed, or done)"), out
     policy.note_sizes(s, req.placement)
     ok, why = policy.containment_decision(s, req)
     if ok:
@@ -272,107 +264,30 @@ def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
     return CapacityDecision(granted=ok, reason=why), out
 
 
-# --- runs that ended without giving back ------------------------------------------------------
-
-
-def _earlier_run(held_by: str, asking: str) -> bool:
-    """Whether what is held was an earlier run's (its node's workflow id is reused run after
-    run, and a new run starts only once the earlier one closed). Unknown ("") is the same run."""
-    return bool(held_by and asking and held_by != asking)
+# --- runs that ended without giving back (gpuheal.core.reaping) ---------------------------------
 
 
 def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> Effects:
     """A new run of an incident asks while an earlier, closed run of it still holds something
-    (terminated: it ran no code to give it back): that is reaped first, so the new run is
-    decided on its own (before, it found "granted already" and skipped breaker and budget)."""
-    held = [r for r in holders(s) if r.incident_id == req.incident_id and _earlier_run(r.run_id, req.run_id)]
-    return reap(s, held, now)[1] if held else Effects()
-
-
-def holders(s: FleetState) -> list[RunRef]:
-    """Every run that holds something: a grant, a grant taken back, a containment, a place in line."""
-    found: dict[tuple[str, str], None] = {}
-    for g in (*s.grants.values(), *s.contained.values(), *s.containing.values()):
-        found[(g.incident_id, g.run_id)] = None
-    for h in s.queue:
-        found[(h.incident_id, h.run_id)] = None
-    return [RunRef(incident_id=i, run_id=r) for i, r in found]
-
-
-def reap_due(s: FleetState, now: datetime) -> datetime | None:
-    """When to look for closed runs next: every REAP_EVERY_S while anything is held (at once
-    if it has never looked, or not for that long); None while nothing is held. So a run that
-    closes holding something is looked at within REAP_EVERY_S of its close."""
-    if not (s.grants or s.contained or s.containing or s.queue):
-        return None
-    return s.reaped_at + timedelta(seconds=REAP_EVERY_S) if s.reaped_at is not None else now
-
-
-def start_reap(s: FleetState, now: datetime) -> list[RunRef]:
-    """The runs to look at now (and the look recorded, so the next is REAP_EVERY_S later)."""
-    s.reaped_at = now
-    return holders(s)
-
-
-def reap(s: FleetState, closed: Iterable[RunRef], now: datetime) -> tuple[str, Effects]:
-    """Give back what closed runs still hold. Only what that run holds: a newer run of the same
-    incident that asked since keeps its own. The node is left as the run left it (drained, if
-    it was: a failed GPU must not go back to work unchecked), and the operators are told."""
-    runs = {(r.incident_id, r.run_id) for r in closed}
-    gone: list[str] = []
-    for book in (s.grants, s.contained, s.containing):
-        for key in [k for k, g in book.items() if (g.incident_id, g.run_id) in runs]:
-            gone.append(f"{book.pop(key).node} ({key})")
-    gone += [f"{h.node} ({h.incident_id}, in line)" for h in s.queue if (h.incident_id, h.run_id) in runs]
-    s.queue = [h for h in s.queue if (h.incident_id, h.run_id) not in runs]
-    if not gone:
-        return "nothing to reap", Effects()
-    text = (
-        f"reaped what {len(gone)} closed incident run(s) still held: {', '.join(gone)}. They ended without giving "
-        "it back (terminated?); each node is left as it was (drained, if it was): check it with `gpuheal status NODE`."
-    )
-    out = Effects(notes=[("grants_reaped", "warning", text)])
-    out += serve_queue(s, now)
-    return f"reaped {len(gone)}", out
-
-
-def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> Effects:
-    """A coordinator started afresh after an earlier run of it ended (terminated by hand, its
-    namespace restored): it does not know what the open incidents hold, and would let the next
-    ones through past the budget, its breaker reset by forgetting. It rebuilds grants,
-    containments and its line from them, and trips its breaker, saying why, until a person has
-    looked and resumes. An incident it knows already (one that asked since it started) is left
-    as it is. The cluster's first coordinator, with nothing unknown open, changes nothing."""
-    known = {r.incident_id for r in holders(s)}
-    new = [
-        o
-        for o in found.incidents
-        if o.incident_id not in known and (o.stage == Stage.HELD or o.stage in GRANTED_STAGES)
-    ]
-    if not new and not found.earlier_run:
+    (terminated: it ran no code to give it back): that is dropped first, so the new run is
+    decided on its own (before, it found "granted already" and skipped breaker and budget). Its
+    node is the new run's own, so nothing is left uncounted."""
+    earlier = {
+        (r.incident_id, r.run_id)
+        for r in reaping.holders(s)
+        if r.incident_id == req.incident_id and reaping.earlier_run(r.run_id, req.run_id)
+    }
+    if not earlier:
         return Effects()
-    for o in new:
-        p = o.placement
-        policy.note_sizes(s, p)
-        grant = Grant(
-            incident_id=o.incident_id, run_id=o.run_id, node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
-        )
-        if o.stage != Stage.HELD:
-            s.grants[o.incident_id] = grant  # out of service; it counted against the rate before
-            continue
-        why = "held when the coordinator was recreated (its line rebuilt from the open incidents)"
-        s.queue.append(
-            Held(incident_id=o.incident_id, run_id=o.run_id, node=p.node, placement=p, since=now, reason=why)
-        )
-        if o.contained:
-            s.containing[o.incident_id] = grant
-    nodes = tuple(sorted(o.placement.node for o in new))
-    why = (
-        f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents; "
-        "their grants and line are rebuilt from them: check them (`gpuheal fleet`)"
-    )
-    s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
-    text = (
-        f"{why}; nodes {', '.join(nodes)}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."
-    )
-    return Effects(notes=[("coordinator_rebuilt", "critical", text)])
+    dropped = reaping.drop(s, earlier)
+    text = f"{req.incident_id}: an earlier run ended holding {', '.join(dropped)}; its new run is decided afresh"
+    return Effects(notes=[("grants_reaped", "info", text)])
+
+
+def reap(s: FleetState, closed: Iterable[RunRef], still_drained: Iterable[RunRef], now: datetime) -> Effects:
+    """What a look for closed runs found, given back (gpuheal.core.reaping.reap), and the line
+    served with what freed."""
+    out = Effects(notes=reaping.reap(s, closed, still_drained, now))
+    if out.notes:
+        out += serve_queue(s, now)
+    return out

@@ -95,6 +95,7 @@ class RunRef(Frozen):
 
     incident_id: str
     run_id: str = ""  # "" for what coordinators of an earlier release recorded: the latest run
+    node: str = ""
 
 
 class RunRefs(Frozen):
@@ -236,6 +237,8 @@ class FleetState(BaseModel):
     # so that what the coordinator shows is computed on the real cluster, not on one node.
     sizes: dict[str, int] = {}
     reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
+    # Nodes closed runs left drained (node -> the grant): still out, still counted (gpuheal.core.reaping).
+    left: dict[str, Grant] = {}
     configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
 
 
@@ -251,18 +254,22 @@ class FleetStatus(Frozen):
     remediations_in_window: int
     containment: BudgetUse | None = None  # held nodes drained as containment, and their bound
     containing: tuple[Grant, ...] = ()
+    left: tuple[Grant, ...] = ()  # drained by incident runs that closed without giving back: counted
 
 
 # --- decisions ----------------------------------------------------------------------------------
 
 
-def budget_uses(state: FleetState, placement: Placement | None = None, asking: str = "") -> list[BudgetUse]:
+def budget_uses(
+    state: FleetState, placement: Placement | None = None, asking: str = "", asking_node: str = ""
+) -> list[BudgetUse]:
     """Use against every limit that applies: to `placement` (a decision), or, with none, to the
     whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows)."""
     b = state.policy.policy.budget
     # Every node out of service because of gpuheal; the asking incident's own (contained) node is
     # not in the way of its own grant.
-    grants = [g for g in (*state.grants.values(), *state.contained.values()) if g.incident_id != asking]
+    out = (*state.grants.values(), *state.contained.values(), *state.left.values())
+    grants = [g for g in out if g.incident_id != asking and g.node != asking_node]
     if placement is not None:
         size, pools, domains = placement.cluster_size, {placement.pool: placement.pool_size}, placement.domains
     else:
@@ -297,6 +304,9 @@ def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool,
         return False, "the policy contains nothing while held (GPUHEAL_HELD_CONTAINMENT=none)"
     if state.breaker.tripped:
         return False, f"not contained: circuit breaker tripped ({state.breaker.why}); nothing new is drained"
+    domain = escalated_domain(state, req.placement)
+    if domain is not None:  # a suspected switch or power fault: its nodes are likely fine
+        return False, f"not contained: held by domain incident {domain.incident_id} ({domain.domain})"
     use = containment_use(state, req.placement.cluster_size)
     if use.used >= use.limit:
         return False, f"not contained: {use.used} of {use.limit} held nodes drained already (containment bound)"
@@ -335,7 +345,9 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
         )
     if req.incident_id in state.contained:  # its node is out already: a grant takes no more capacity
         return True, "its node is out of service already (taken back before; granted again)"
-    for use in budget_uses(state, req.placement, asking=req.incident_id):
+    if req.placement.node in state.left:
+        return True, "its node is out of service already (left drained by an earlier incident; taken over)"
+    for use in budget_uses(state, req.placement, asking=req.incident_id, asking_node=req.placement.node):
         if use.used >= use.limit:
             return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
     return True, "within the disruption budget"

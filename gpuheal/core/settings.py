@@ -168,6 +168,14 @@ class Settings(BaseModel):
         "comma list of the Node labels that name topology domains",
     )
     remediation: RemediationSettings = RemediationSettings()
+    coordinator_updates: int = setting(
+        "GPUHEAL_COORDINATOR_UPDATES",
+        4,
+        "updates this worker sends its cluster's coordinator at once; Temporal accepts 10 in flight per workflow: "
+        "keep workers x this <= 8 (the chart's 2 replicas x 4), leaving room for operators' own",
+        ge=1,
+        le=10,
+    )
     policy_file: str | None = setting(
         "GPUHEAL_POLICY_FILE",
         None,

@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import CapacityRequest, FleetStatus, Placement
-from gpuheal.core.fleet_policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy, limit_of
+from gpuheal.core.fleet_policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_STATUS, INCIDENT
 from gpuheal.core.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
 from gpuheal.core.settings import Settings
@@ -108,27 +108,37 @@ async def test_a_storm_never_takes_more_than_the_budget(big: Sandbox, settings: 
     assert after.out_of_service == () and after.held == ()
 
 
+@pytest.fixture
+def paired(slurm: Sandbox) -> Sandbox:
+    """12 nodes in service and a spare for each."""
+    slurm.extra_env.update({"GPUHEAL_SLURM_ACTIVE": "12", "GPUHEAL_SLURM_SPARES": "12"})
+    try:
+        slurm.start_slurm(clean=True)
+    finally:
+        slurm.extra_env.pop("GPUHEAL_SLURM_ACTIVE")
+        slurm.extra_env.pop("GPUHEAL_SLURM_SPARES")
+    return slurm
+
+
 async def test_every_node_failing_at_once_with_the_defaults_drains_no_more_than_the_bounds(
-    big: Sandbox, settings: Settings, client: Client
+    paired: Sandbox, settings: Settings, client: Client
 ) -> None:
     """A false alert on every node in service (a bad rule, an agent bug), with the default
     policy: at no time does Slurm show more drained than the budget plus the containment bound
-    (10 % each of the 22 nodes: 2 + 2), the breaker trips and from then on nothing new is drained,
-    `gpuheal fleet` shows the containment bound, and once an operator resumes, every incident
-    ends resolved within the budget."""
+    (10 % each of the cluster, at least one each), the breaker trips and from then on nothing new
+    is drained, `gpuheal fleet` shows the containment bound, and once an operator resumes, every
+    incident ends resolved."""
     settings = settings.model_copy(update={"fleet": FleetPolicy()})  # the defaults, as shipped
-    size = len(big.nodes())
-    bound = limit_of(settings.fleet.budget.cluster, size) + limit_of(settings.fleet.containment_limit, size)
     out_at_once: list[int] = []
     sampling = True
 
     def sample() -> None:
         while sampling:
-            out_at_once.append(sum(1 for n in big.nodes().values() if n.drained or n.state == "down"))
+            out_at_once.append(sum(1 for n in paired.nodes().values() if n.drained or n.state == "down"))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    nodes = sorted(nodes_in_service(big))
+    nodes = sorted(nodes_in_service(paired))
     assert len(nodes) == 12
     try:
         async with make_worker(client, settings):
@@ -143,13 +153,16 @@ async def test_every_node_failing_at_once_with_the_defaults_drains_no_more_than_
                 return s if s.breaker.tripped and past == len(nodes) and len(s.held) >= len(nodes) - 2 else None
 
             fleet = await until(settled, "all held behind the tripped breaker", timeout=120)
-            drained_then = sum(1 for n in big.nodes().values() if n.drained)
-            await asyncio.sleep(5)  # nothing new drained while tripped
-            assert sum(1 for n in big.nodes().values() if n.drained) == drained_then
-            shown = await gpuheal(big, settings, "fleet")
+            # The bounds as the coordinator computes them, on the cluster's size as Slurm lists it.
+            assert fleet.containment is not None
+            bound = fleet.budget[0].limit + fleet.containment.limit
+            drained_then = sum(1 for n in paired.nodes().values() if n.drained)
+            await asyncio.sleep(10)  # nothing new drained while tripped
+            assert sum(1 for n in paired.nodes().values() if n.drained) == drained_then
+            shown = await gpuheal(paired, settings, "fleet")
             assert shown.returncode == 0, shown.stderr
             assert fleet.containment is not None and f"of {fleet.containment.limit}" in shown.stdout
-            resumed = await gpuheal(big, settings, "resume", "--operator", "alice", "--reason", "rule fixed")
+            resumed = await gpuheal(paired, settings, "resume", "--operator", "alice", "--reason", "rule fixed")
             assert resumed.returncode == 0, resumed.stderr
             results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 400)
     finally:

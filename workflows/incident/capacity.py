@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows import gate
+from gpuheal.workflows.activity import COORDINATOR
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident.state import IncidentState
 
@@ -27,6 +29,9 @@ KEEP_EARLY_GRANT = "keep-a-grant-that-comes-before-the-wait"
 # Incidents started before it drained their node while held whatever the breaker said, outside
 # any bound; they keep doing so (workflow.patched) to replay.
 BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
+# Incidents started before it drained their node without a grant when a later report escalated
+# an action that needed none (an application restart) to one that drains.
+ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
 
 
 async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
@@ -39,7 +44,9 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         what=what,
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
     )
-    answer = await act_run(act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator")
+    answer = await act_run(
+        act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator", timeout=COORDINATOR
+    )
     s.settings, s.placement = answer.settings, answer.placement
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
@@ -48,13 +55,13 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
 async def request(s: IncidentState) -> CapacityDecision:
     """Before capacity leaves service: granted now, or held in line."""
     _forget_earlier_notices(s)
-    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity")
+    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR)
 
 
 async def confirm(s: IncidentState) -> CapacityDecision:
     """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
     _forget_earlier_notices(s)
-    return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+    return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?", timeout=COORDINATOR)
 
 
 async def may_contain(s: IncidentState) -> tuple[bool, str]:
@@ -66,7 +73,12 @@ async def may_contain(s: IncidentState) -> tuple[bool, str]:
         return drain, "contained while held (nothing new lands on it)" if drain else ""
     if not drain:
         return False, ""  # the policy contains nothing while held: nothing to say
-    answer = await act_run(act.CONTAIN_WHILE_HELD, _ask(s), summary="may the held node be contained?")
+    try:
+        answer = await act_run(
+            act.CONTAIN_WHILE_HELD, _ask(s), summary="may the held node be contained?", timeout=COORDINATOR, attempts=5
+        )
+    except ActivityError as err:  # containment is optional: an unanswered ask never fails the incident
+        return False, f"not contained: the coordinator did not answer ({err.cause or err})"
     return answer.granted, answer.reason
 
 
@@ -113,7 +125,7 @@ async def release(s: IncidentState) -> None:
     if s.policy is None or s.observing:
         return
     req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id)
-    await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
+    await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster", timeout=COORDINATOR)
 
 
 def _ask(s: IncidentState) -> CapacityRequest:
