@@ -77,6 +77,9 @@ async def find_closed_runs(refs: RunRefs) -> RunRefs:
     closed. What cannot be told (Temporal not answering) counts as running: it is asked
     again at the next look."""
     client, lookups = activity.client(), asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
+    # "Not found" reaps, so it must mean "gone": the coordinator asking must be found itself
+    # (a wrong namespace, or a server failing over, would otherwise reap every live run).
+    await client.get_workflow_handle(activity.info().workflow_id or "").describe()
 
     async def closed(ref: RunRef) -> bool:
         async with lookups:

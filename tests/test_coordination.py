@@ -254,13 +254,16 @@ class Coordinator(RuleBasedStateMachine):
         tripped_before = self.s.breaker.tripped
         before = set(self.s.grants) | set(self.s.contained)  # a contained node is out already
         containing_before = set(self.s.containing)
+        left_before = set(self.s.left)  # a node a closed run left drained: out already
         change()  # type: ignore[operator]
         if set(self.s.containing) - containing_before:
             assert not tripped_before, "a held node contained while the breaker was tripped"
             limit = policy.limit_of(self.s.policy.policy.containment_limit, len(NODES))
             assert len(self.s.containing) <= limit, "over the containment bound"
         self.granted_ever |= {(g.incident_id, g.run_id) for g in self.s.grants.values()}
-        new = [g for i, g in self.s.grants.items() if i not in before and g.override is None]
+        new = [
+            g for i, g in self.s.grants.items() if i not in before and g.override is None and g.node not in left_before
+        ]
         if new:
             assert not self.s.breaker.tripped or not tripped_before, "granted while the breaker was tripped"
             b = self.s.policy.policy.budget

@@ -296,3 +296,15 @@ def test_a_node_a_terminated_run_left_drained_stays_counted_until_it_is_back() -
     coordination.reap(t, [dead], [dead], T0)
     again, _ = coordination.request(t, ask("gpu01").model_copy(update={"run_id": "r3"}), T0)
     assert again.granted and "taken over" in again.reason and not t.left and list(t.grants) == ["i-gpu01"]
+
+
+def test_a_pools_budget_bounds_its_contained_nodes_too() -> None:
+    s = state(budget=BudgetPolicy(cluster="100", per_pool="2"), containment_limit="50")
+    grant(s, "gpu00")  # one out in pool h100 (of 2)
+    s.sizes["cluster"] = 100
+    held = [ask(f"gpu0{i}") for i in (1, 2)]
+    for req in held:
+        s.queue.append(coordination._held(req, T0, "test: held"))
+    answers = [coordination.contain(s, req, T0)[0] for req in held]
+    assert [a.granted for a in answers] == [True, False]
+    assert "2 of 2 nodes out in pool h100" in answers[1].reason

@@ -310,6 +310,13 @@ def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool,
     use = containment_use(state, req.placement.cluster_size)
     if use.used >= use.limit:
         return False, f"not contained: {use.used} of {use.limit} held nodes drained already (containment bound)"
+    # A pool's or a domain's own budget bounds everything out in it, contained nodes too: the
+    # cluster-wide bound alone would let one pool be drained whole.
+    for b in budget_uses(state, req.placement)[1:]:
+        kind, name = b.name.split(" ", 1)
+        inside = sum(1 for g in state.containing.values() if (g.pool == name if kind == "pool" else name in g.domains))
+        if b.used + inside >= b.limit:
+            return False, f"not contained: {b.used + inside} of {b.limit} nodes out in {b.name}"
     return True, "contained while held (nothing new lands on it)"
 
 
