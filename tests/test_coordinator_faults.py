@@ -180,18 +180,26 @@ async def test_a_held_incident_goes_when_its_nodes_cooldown_ends_with_no_other_e
         assert [(g.incident_id, g.run_id) for g in status.out_of_service] == [(run.id, run2)] and not status.held
 
 
+Handle = WorkflowHandle[object, None]
+
+
+async def one_granted_one_held(env: WorkflowEnvironment, queue: str) -> tuple[Handle, Handle, Handle]:
+    """A coordinator with a budget of one: gpu01's run granted, gpu02's held behind it."""
+    handle = await coordinator(env, queue, FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0)))
+    first, run1 = await holder(env, queue, "gpu01")
+    second, run2 = await holder(env, queue, "gpu02")
+    granted = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))
+    held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
+    assert granted.granted and not held.granted and "disruption budget" in held.reason
+    return handle, first, second
+
+
 async def test_a_run_terminated_while_granted_has_its_grant_reaped_and_the_line_goes_on(
     env: WorkflowEnvironment,
 ) -> None:
-    policy = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
     async with worker(env, queue, receiver):
-        handle = await coordinator(env, queue, policy)
-        first, run1 = await holder(env, queue, "gpu01")
-        second, run2 = await holder(env, queue, "gpu02")
-        granted = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))
-        held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
-        assert granted.granted and not held.granted and "disruption budget" in held.reason
+        handle, first, second = await one_granted_one_held(env, queue)
         await first.terminate("an operator, by hand")
         await env.sleep(timedelta(seconds=reaping.REAP_EVERY_S + 60))
         status = await m.FLEET_STATUS.ask(handle)
@@ -202,14 +210,9 @@ async def test_a_run_terminated_while_granted_has_its_grant_reaped_and_the_line_
 async def test_a_grant_to_a_run_that_is_gone_is_given_back_at_once(env: WorkflowEnvironment) -> None:
     """Held, then terminated; granted when the line moves: the grant notice finds the run gone,
     and the coordinator looks at once, without waiting REAP_EVERY_S."""
-    policy = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
     async with worker(env, queue, receiver):
-        handle = await coordinator(env, queue, policy)
-        first, run1 = await holder(env, queue, "gpu01")
-        second, run2 = await holder(env, queue, "gpu02")
-        await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))
-        await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
+        handle, first, second = await one_granted_one_held(env, queue)
         await second.terminate("an operator, by hand")
         await m.FLEET_RELEASE.execute(handle, first.id)  # the line moves: gpu02's dead run is granted
         await env.sleep(timedelta(seconds=30))

@@ -49,16 +49,21 @@ async def fleet_status(client: Client, settings: Settings) -> FleetStatus:
     return await FLEET_STATUS.ask(client.get_workflow_handle(ids.coordinator_id(settings.cluster or "")))
 
 
-@pytest.fixture
-def big(slurm: Sandbox) -> Sandbox:
-    """12 nodes in service and 10 spares."""
-    slurm.extra_env.update({"GPUHEAL_SLURM_ACTIVE": "12", "GPUHEAL_SLURM_SPARES": "10"})
+def sized(slurm: Sandbox, active: int, spares: int) -> Sandbox:
+    """Slurm restarted with `active` nodes in service and `spares` spares."""
+    slurm.extra_env.update({"GPUHEAL_SLURM_ACTIVE": str(active), "GPUHEAL_SLURM_SPARES": str(spares)})
     try:
         slurm.start_slurm(clean=True)
     finally:
         slurm.extra_env.pop("GPUHEAL_SLURM_ACTIVE")
         slurm.extra_env.pop("GPUHEAL_SLURM_SPARES")
     return slurm
+
+
+@pytest.fixture
+def big(slurm: Sandbox) -> Sandbox:
+    """12 nodes in service and 10 spares."""
+    return sized(slurm, 12, 10)
 
 
 async def test_a_storm_never_takes_more_than_the_budget(big: Sandbox, settings: Settings, client: Client) -> None:
@@ -111,13 +116,7 @@ async def test_a_storm_never_takes_more_than_the_budget(big: Sandbox, settings: 
 @pytest.fixture
 def paired(slurm: Sandbox) -> Sandbox:
     """12 nodes in service and a spare for each."""
-    slurm.extra_env.update({"GPUHEAL_SLURM_ACTIVE": "12", "GPUHEAL_SLURM_SPARES": "12"})
-    try:
-        slurm.start_slurm(clean=True)
-    finally:
-        slurm.extra_env.pop("GPUHEAL_SLURM_ACTIVE")
-        slurm.extra_env.pop("GPUHEAL_SLURM_SPARES")
-    return slurm
+    return sized(slurm, 12, 12)
 
 
 async def test_every_node_failing_at_once_with_the_defaults_drains_no_more_than_the_bounds(
