@@ -221,9 +221,10 @@ class FleetActivities:
 
     @implements(act.FIND_OPEN_INCIDENTS)
     async def find_open_incidents(self, cluster: str) -> OpenIncidents:
-        """The cluster's running incidents, with their stage (visibility) and where their node
-        sits; a held one is asked (its status query) whether it drained its node. One that
-        does not answer counts as contained: a rebuilt coordinator must over-count, never under.
+        """The cluster's running incidents (visibility), each with its stage and whether it
+        drained its node (its status query), and where its node sits. One that does not answer
+        counts as visibility shows it, contained if held: a rebuilt coordinator must over-count,
+        never under.
         And how the coordinator's earlier run ended, if it had one."""
         client = activity.client()
         query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
@@ -232,13 +233,16 @@ class FleetActivities:
             node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
             if node is None or stage not in {s.value for s in Stage}:
                 continue
+            # Its own status says where it is (visibility's Stage is the last stage entered: a
+            # held incident shows `drain` while and after it is contained); one that does not
+            # answer is taken as visibility says, and a held one as contained.
             contained = False
-            if stage == Stage.HELD:
-                try:
-                    status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
-                    contained = any(r.stage == Stage.DRAIN for r in status.stages)
-                except RPCError:
-                    contained = True
+            try:
+                status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
+                stage = status.stage.value
+                contained = stage == Stage.HELD and any(r.stage == Stage.DRAIN for r in status.stages)
+            except RPCError:
+                contained = stage == Stage.HELD
             found.append(
                 OpenIncident(
                     incident_id=wf.id,

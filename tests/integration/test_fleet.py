@@ -472,5 +472,5 @@ async def test_a_coordinator_terminated_by_hand_is_rebuilt_from_the_open_inciden
             approved = await gpuheal(slurm, settings, "approve", node, "--operator", "alice", "--reason", "go")
             assert approved.returncode == 0, approved.stderr
             assert (await asyncio.wait_for(handle.result(), 120)).outcome == "resolved"
-    end = await fleet_status(client, settings)
+        end = await fleet_status(client, settings)
     assert end.out_of_service == () and end.held == () and end.containing == ()

@@ -84,7 +84,7 @@ async def test_a_policy_file_applied_reaches_the_next_incident_and_a_restart_kee
             shown = await gpuheal(slurm, settings, "policy", "show")
             assert shown.returncode == 0 and "policy version 3" in shown.stdout
             assert "containment_limit: '1'" in shown.stdout and "mode: auto" in shown.stdout
-            fourth = await incident(client, settings, "gpu01")
+            fourth = await incident(client, settings, "gpu02")  # (gpu01 was replaced by the first)
             assert fourth.outcome == "resolved" and fourth.policy_version == 3
         finally:
             Sandbox.stop_process(worker)
