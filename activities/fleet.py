@@ -28,7 +28,7 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.slurm import SlurmBackend
-from gpuheal.core import ids, policy, queries
+from gpuheal.core import ids, policy, policy_file, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import (
     AdmitAnswer,
@@ -134,7 +134,7 @@ class FleetActivities:
         )
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             COORDINATOR.name,
-            CoordinatorInput(cluster=ask.cluster, seed=self._seed),
+            CoordinatorInput(cluster=ask.cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
             id=ids.coordinator_id(ask.cluster),
             task_queue=activity.info().task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -227,31 +227,6 @@ class FleetActivities:
         never under.
         And how the coordinator's earlier run ended, if it had one."""
         client = activity.client()
-        query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
-        found: list[OpenIncident] = []
-        async for wf in client.list_workflows(query):
-            node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
-            if node is None or stage not in {s.value for s in Stage}:
-                continue
-            # Its own status says where it is (visibility's Stage is the last stage entered: a
-            # held incident shows `drain` while and after it is contained); one that does not
-            # answer is taken as visibility says, and a held one as contained.
-            contained = False
-            try:
-                status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
-                stage = status.stage.value
-                contained = stage == Stage.HELD and any(r.stage == Stage.DRAIN for r in status.stages)
-            except RPCError:
-                contained = stage == Stage.HELD
-            found.append(
-                OpenIncident(
-                    incident_id=wf.id,
-                    run_id=wf.raw_info.first_run_id or wf.run_id,
-                    placement=await self._placement(node),
-                    stage=Stage(stage),
-                    contained=contained,
-                )
-            )
         earlier = queries.where(
             queries.eq(queries.WORKFLOW_ID, ids.coordinator_id(cluster)), queries.not_status("Running")
         )
@@ -259,7 +234,41 @@ class FleetActivities:
             f"{wf.status.name.title() if wf.status else '?'} at {wf.close_time:%Y-%m-%d %H:%M:%S}"
             async for wf in client.list_workflows(earlier, limit=1)
         ]
-        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0] if ended else "")
+        if not ended:  # the cluster's first coordinator: nothing to rebuild (and no race with its first incident)
+            return OpenIncidents()
+        query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
+        listed = [wf async for wf in client.list_workflows(query)]
+        asking = asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
+
+        async def where(wf: Any) -> OpenIncident | None:
+            node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
+            if node is None or stage not in {s.value for s in Stage}:
+                return None
+            # Its own status says where it is (visibility's Stage is the last stage entered: a
+            # held incident shows `drain` while and after it is contained) and whether its action
+            # takes capacity; one that does not answer is taken as visibility says, over-counted.
+            contained, takes = stage == Stage.HELD, True
+            try:
+                async with asking:
+                    status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
+                stage = status.stage.value
+                contained = stage == Stage.HELD and any(r.stage == Stage.DRAIN for r in status.stages)
+                plan = policy.plan_for(status.action) if status.action is not None else None
+                drained = any(r.stage == Stage.DRAIN for r in status.stages)
+                takes = plan is None or plan.drain or plan.repair is not None or drained
+            except Exception as err:
+                activity.logger.warning("%s did not answer its status (%s): counted as visibility shows it", wf.id, err)
+            return OpenIncident(
+                incident_id=wf.id,
+                run_id=wf.raw_info.first_run_id or wf.run_id,
+                placement=await self._placement(node),
+                stage=Stage(stage),
+                contained=contained,
+                takes_capacity=takes,
+            )
+
+        found = [o for o in await asyncio.gather(*(where(wf) for wf in listed)) if o is not None]
+        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0])
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -42,7 +42,7 @@ from gpuheal.core.fleet import (
     Placement,
     RunRefs,
 )
-from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy
+from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, PolicyChange
 from gpuheal.core.models import ActionClass, Notification, Stage
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
@@ -255,3 +255,20 @@ async def test_a_recreated_coordinator_grants_nothing_before_it_has_rebuilt_and_
         assert [g.incident_id for g in status.out_of_service] == [second.id] and not status.held
         assert "coordinator_rebuilt" in receiver.delivered
         await fresh.terminate("test over")
+
+
+async def test_a_policy_change_made_against_an_old_version_is_refused(env: WorkflowEnvironment) -> None:
+    """`gpuheal policy apply` reads, merges and sends: a change someone made meanwhile must
+    not be overwritten without a word."""
+    policy = FleetPolicy()
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle = await coordinator(env, queue, policy)
+        observe = policy.model_copy(update={"mode": "observe"})
+        first = PolicyChange(operator="alice", reason="trial", policy=observe, expected_version=1)
+        assert await m.FLEET_SET_POLICY.execute(handle, first) == "policy version 2"
+        stale = PolicyChange(operator="bob", reason="tune", policy=policy, expected_version=1)
+        with pytest.raises(WorkflowUpdateFailedError) as err:
+            await m.FLEET_SET_POLICY.execute(handle, stale)
+        assert "at version 2 now, not 1 (changed by alice: trial)" in str(err.value.cause)
+        assert (await m.FLEET_POLICY.ask(handle)).policy.mode == "observe"

@@ -156,6 +156,9 @@ async def _refresh_gauges(client: Client, cluster: str) -> None:
         await asyncio.sleep(15)
 
 
+OFFER_ATTEMPTS = 8  # about four minutes of backoff: a worker starting beside a busy or restarting server
+
+
 async def offer_configuration(client: Client, settings: Settings) -> None:
     """This worker's configured policy, to its cluster's coordinator: applied if the
     configuration changed since the last one offered (steering.configure), else the cluster's
@@ -166,14 +169,19 @@ async def offer_configuration(client: Client, settings: Settings) -> None:
         by=f"worker {socket.gethostname()} pid {os.getpid()}",
     )
     handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
-    try:
-        log.warning("cluster policy: %s", await FLEET_CONFIGURE.execute(handle, c))
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        log.info("no coordinator yet: the first incident starts it with this configuration (%s)", c.digest)
-    except Exception as err:
-        log.error("could not offer this worker's configuration to the cluster: %s", err)
+    for attempt in range(OFFER_ATTEMPTS):
+        try:
+            log.warning("cluster policy: %s", await FLEET_CONFIGURE.execute(handle, c))
+            return
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                log.info("no coordinator yet: the first incident starts it with this configuration (%s)", c.digest)
+                return
+            last: Exception = err
+        except Exception as err:  # an update refused (a coordinator still run by the release before)
+            last = err
+        await asyncio.sleep(2**attempt)
+    log.error("could not offer this worker's configuration (%s) to the cluster: %s", c.digest, last)
 
 
 async def check_search_attributes(client: Client, namespace: str) -> None:

@@ -26,7 +26,7 @@ from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import coordination, policy_file, reaping, steering
+    from gpuheal.core import coordination, reaping, steering
     from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
@@ -82,7 +82,7 @@ class FleetCoordinator:
             reason="the worker's configuration, when the first incident came",
             at=workflow.now(),
         )
-        self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed, configured=policy_file.digest(inp.seed))
+        self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed, configured=inp.seed_digest)
         self._seed = inp.seed
         self._signals: list[tuple[str, GrantNotice]] = []  # to held incidents
         self._notes: list[Note] = []  # to the operators
@@ -359,6 +359,15 @@ class FleetCoordinator:
         answer, out = steering.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
         self._apply(out)
         return answer
+
+    @set_policy.validator
+    def _validate_set_policy(self, change: PolicyChange) -> None:
+        v = self._s.policy.version
+        if change.expected_version is not None and change.expected_version != v:
+            raise ValueError(
+                f"the policy is at version {v} now, not {change.expected_version} (changed by "
+                f"{self._s.policy.changed_by}: {self._s.policy.reason}); diff the file again"
+            )
 
     @workflow.update(name=m.FLEET_CONFIGURE.name)
     def configure(self, c: ConfiguredPolicy) -> str:

@@ -10,6 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, policy_file
 from gpuheal.core.fleet_policy import PolicyChange, VersionedPolicy
@@ -20,7 +23,14 @@ from gpuheal.core.settings import Settings
 async def policy(settings: Settings, args: argparse.Namespace) -> int:
     client = await connect(settings.temporal)
     handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
-    current: VersionedPolicy = await FLEET_POLICY.ask(handle)
+    try:
+        current: VersionedPolicy = await FLEET_POLICY.ask(handle)
+    except RPCError as err:
+        print(
+            f"no coordinator for cluster {settings.cluster!r} yet (the first incident starts it): {err}",
+            file=sys.stderr,
+        )
+        return 1
     if args.verb == "show":
         print(f"# cluster {settings.cluster}: policy version {current.version}, by {current.changed_by}")
         print(f"# at {current.at:%Y-%m-%d %H:%M:%S}: {current.reason}")
@@ -39,5 +49,10 @@ async def policy(settings: Settings, args: argparse.Namespace) -> int:
         print(f"no change: policy version {current.version} stands")
         return 0
     print("\n".join(changes))
-    print(await FLEET_SET_POLICY.execute(handle, PolicyChange(operator=args.operator, reason=args.reason, policy=new)))
+    change = PolicyChange(operator=args.operator, reason=args.reason, policy=new, expected_version=current.version)
+    try:
+        print(await FLEET_SET_POLICY.execute(handle, change))
+    except WorkflowUpdateFailedError as err:  # refused: changed meanwhile
+        print(f"refused: {err.cause or err}", file=sys.stderr)
+        return 1
     return 0

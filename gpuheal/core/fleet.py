@@ -111,6 +111,7 @@ class OpenIncident(Frozen):
     placement: Placement
     stage: Stage
     contained: bool = False  # held, with its node drained as containment
+    takes_capacity: bool = True  # its action drains or repairs (an application restart takes none)
 
 
 class OpenIncidents(Frozen):
@@ -444,6 +445,9 @@ Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, 
 class CoordinatorInput(Frozen):
     cluster: str
     seed: FleetPolicy
+    # The starting worker's configuration digest (policy_file.digest, computed where the
+    # configuration was read: what it set, not its defaults), so a restart of it changes nothing.
+    seed_digest: str = ""
     state: FleetState | None = None  # carried across continue-as-new
     notes: tuple[Note, ...] = ()  # ... with the notices still on their way
     domains: tuple[DomainIncident, ...] = ()  # ... and the domain incidents not yet opened

@@ -156,6 +156,9 @@ class PolicyChange(Frozen):
     operator: OperatorName
     reason: str = Field(min_length=1, max_length=500)
     policy: FleetPolicy
+    # The version the change was made against (`gpuheal policy apply` reads, merges, sends): a
+    # change made meanwhile by someone else is refused rather than silently overwritten.
+    expected_version: int | None = None
 
 
 class ModeChange(Frozen):

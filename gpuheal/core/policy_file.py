@@ -41,7 +41,7 @@ def read(path: Path) -> dict[str, Any]:
 def merged(current: FleetPolicy, changes: Mapping[str, Any], source: str = "the file") -> FleetPolicy:
     """`current` with what `changes` says, validated as a whole (a budget of "5.5" or a field
     that does not exist is refused, naming it and quoting the value)."""
-    data = _merge(current.model_dump(mode="json"), changes)
+    data = _merge(current.model_dump(mode="json", exclude_unset=True), changes)  # what is set stays "set"
     try:
         return FleetPolicy.model_validate(data)
     except ValidationError as err:
@@ -80,9 +80,12 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def digest(policy: FleetPolicy) -> str:
-    """A short fingerprint of a whole policy: what the coordinator remembers of the last
-    configuration a worker offered, to tell a changed configuration from a restarted worker."""
-    canonical = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """A short fingerprint of what a configuration sets (its variables or its file: defaults
+    left out, so a release that adds a field or changes a default does not make an unchanged
+    configuration look changed): what the coordinator remembers of the last one a worker
+    offered, to tell a changed configuration from a restarted worker."""
+    said = policy.model_dump(mode="json", exclude_unset=True)
+    canonical = json.dumps(said, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

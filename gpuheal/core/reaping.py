@@ -125,14 +125,14 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
     containments and its line from them, and trips its breaker, saying why, until a person has
     looked and resumes. An incident it knows already (one that asked since it started) is left
     as it is. The cluster's first coordinator, with nothing unknown open, changes nothing."""
+    if not found.earlier_run:  # the cluster's first coordinator: there was nothing to forget
+        return []
     known = {r.incident_id for r in holders(s)}
     new = [
         o
         for o in found.incidents
-        if o.incident_id not in known and (o.stage == Stage.HELD or o.stage in GRANTED_STAGES)
+        if o.incident_id not in known and (o.stage == Stage.HELD or (o.stage in GRANTED_STAGES and o.takes_capacity))
     ]
-    if not new and not found.earlier_run:
-        return []
     for o in new:
         p = o.placement
         policy.note_sizes(s, p)
@@ -148,13 +148,12 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
         )
         if o.contained:
             s.containing[o.incident_id] = grant
-    nodes = tuple(sorted(o.placement.node for o in new))
+    nodes = tuple(sorted(o.placement.node for o in new))[:NOTE_NODES]
     why = (
         f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents; "
         "their grants and line are rebuilt from them: check them (`gpuheal fleet`)"
     )
     s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
-    text = (
-        f"{why}; nodes {', '.join(nodes)}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."
-    )
+    names = _names(sorted(o.placement.node for o in new))
+    text = f"{why}; nodes {names or '-'}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."
     return [("coordinator_rebuilt", "critical", text)]

@@ -174,7 +174,7 @@ class Settings(BaseModel):
         "updates this worker sends its cluster's coordinator at once; Temporal accepts 10 in flight per workflow: "
         "keep workers x this <= 8 (the chart's 2 replicas x 4), leaving room for operators' own",
         ge=1,
-        le=10,
+        le=8,
     )
     policy_file: str | None = setting(
         "GPUHEAL_POLICY_FILE",

@@ -76,11 +76,14 @@ def configure(s: FleetState, c: ConfiguredPolicy, now: datetime) -> tuple[str, E
     last offered one (a Helm upgrade, a new policy file): it is applied, as a change by the
     configuration, with its version. The same configuration again (a restarted or a second
     worker): the cluster's policy stands, whatever an operator changed since; a restart must
-    never undo a recorded change."""
+    never undo a recorded change. A coordinator that kept no digest yet (started by the release
+    before) records the first one offered and keeps its policy: an upgrade undoes nothing."""
     v = s.policy.version
     if c.digest == s.configured:
         return f"configuration {c.digest} unchanged: the cluster's policy version {v} stands", Effects()
-    s.configured = c.digest
+    first, s.configured = not s.configured, c.digest
+    if first:  # a coordinator of the release before, which kept no digest: its policy stands
+        return f"configuration {c.digest} recorded; the cluster's policy version {v} stands", Effects()
     if c.policy == s.policy.policy:
         return f"configuration {c.digest} recorded: it is policy version {v} already", Effects()
     _, out = set_policy(s, c.policy, f"configuration ({c.by})", f"the configuration changed ({c.digest})", now)
