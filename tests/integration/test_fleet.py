@@ -330,7 +330,16 @@ async def test_a_grant_is_counted_once_whatever_the_retries_and_kills(
             worker.send_signal(signal.SIGKILL)  # between the grant and the drain
             worker.wait()
             worker = slurm.start_worker()
-            fleet = await fleet_status(client, settings)
+
+            async def answers() -> FleetStatus | None:
+                """A query right after the kill may wait out the dead worker's sticky queue
+                (longer than a query may take): asked again until the new worker answers."""
+                try:
+                    return await fleet_status(client, settings)
+                except RPCError:
+                    return None
+
+            fleet = await until(answers, "the coordinator after the restart")
             grant = fleet.out_of_service[0]
             again = await FLEET_REQUEST_CAPACITY.execute(
                 client.get_workflow_handle(ids.coordinator_id(settings.cluster or "")),
