@@ -56,6 +56,7 @@ from gpuheal.core.messages import (
     FLEET_CONTAIN,
     FLEET_DOMAIN_DECISION,
     FLEET_RELEASE,
+    FLEET_RELEASE_RUN,
     FLEET_REQUEST_CAPACITY,
     INCIDENT,
     INCIDENT_STATUS,
@@ -196,7 +197,9 @@ class FleetActivities:
 
     @implements(act.RELEASE_CAPACITY)
     async def release_capacity(self, req: ReleaseRequest) -> str:
-        return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
+        if not req.run_id:  # scheduled by an incident of an earlier release
+            return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
+        return await self._update(req.cluster, FLEET_RELEASE_RUN, RunRef(incident_id=req.incident_id, run_id=req.run_id))
 
     @implements(act.CONTAIN_WHILE_HELD)
     async def contain_while_held(self, req: CapacityRequest) -> CapacityDecision:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -37,8 +39,8 @@ from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import FleetStatus
-from gpuheal.core.messages import FLEET_STATUS, INCIDENT
+from gpuheal.core.fleet_view import FleetView
+from gpuheal.core.messages import FLEET_VIEW, INCIDENT
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -47,6 +49,9 @@ from infra.sandbox.stack import Sandbox
 
 RESULTS = REPO / "bench" / "results" / "storm.md"
 SPARES = 3
+VIEW_TIMEOUT = timedelta(seconds=5)
+GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
+AFTER_S = 30  # watched on after every incident is decided: held ones still ask to be contained
 
 
 def pct(values: list[float], q: float) -> float:
@@ -76,6 +81,7 @@ class Run:
     history_events: int = 0
     history_kb: float = 0.0
     coordinator_runs: int = 0
+    watch: Watch | None = None
 
 
 def node_names(n: int) -> list[str]:
@@ -83,14 +89,15 @@ def node_names(n: int) -> list[str]:
     return ["gpu01", "gpu02", "gpu03"] + [f"fleet{i:04d}" for i in range(1, n - 2)]
 
 
-async def fleet(client: Client, cluster: str) -> FleetStatus | None:
+async def fleet(client: Client, cluster: str) -> FleetView | None:
+    """What `gpuheal fleet` reads: the coordinator's view in its memo (the server answers it)."""
     try:
-        return await FLEET_STATUS.ask(client.get_workflow_handle(ids.coordinator_id(cluster)))
+        return await FLEET_VIEW.read(client.get_workflow_handle(ids.coordinator_id(cluster)), rpc_timeout=VIEW_TIMEOUT)
     except Exception:
         return None
 
 
-async def decided(client: Client, cluster: str) -> tuple[int, FleetStatus | None]:
+async def decided(client: Client, cluster: str) -> tuple[int, FleetView | None]:
     """Incidents past admission: granted (out of service now, or closed since) or held."""
     s = await fleet(client, cluster)
     if s is None:
@@ -98,7 +105,58 @@ async def decided(client: Client, cluster: str) -> tuple[int, FleetStatus | None
     closed = await client.count_workflows(
         queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.not_status("Running"))
     )
-    return len(s.out_of_service) + len(s.held) + closed.count, s
+    return s.out + s.held + closed.count, s
+
+
+class Watch:
+    """Throughout a run: how long `gpuheal fleet`'s read takes (every second, in process, and the
+    command itself every 15 s), and how many of the reported nodes Slurm shows drained (every
+    second), beside the bound the coordinator computes (cluster budget + containment bound)."""
+
+    def __init__(self, sb: Sandbox, client: Client, cluster: str, nodes: list[str]) -> None:
+        self.sb, self.client, self.cluster, self.nodes = sb, client, cluster, set(nodes)
+        self.handle = client.get_workflow_handle(ids.coordinator_id(cluster))
+        self.read_ms: list[float] = []
+        self.command_ms: list[float] = []
+        self.unanswered: list[str] = []  # reads that failed or timed out once a coordinator existed
+        self.command_failed: list[str] = []  # `gpuheal fleet` that exited non-zero
+        self.drained: list[int] = []
+        self.bound = 0
+        self.on = True
+
+    def slurm(self) -> None:  # a thread: sinfo blocks
+        while self.on:
+            states = self.sb.nodes()
+            self.drained.append(sum(1 for n, i in states.items() if n in self.nodes and i.drained))
+            time.sleep(1)
+
+    async def reads(self) -> None:
+        seen = False
+        last_command = 0.0
+        while self.on:
+            t0 = time.perf_counter()
+            try:
+                v = await FLEET_VIEW.read(self.handle, rpc_timeout=VIEW_TIMEOUT)
+            except Exception as err:  # no coordinator yet, or the read failed
+                v = None
+                if seen:
+                    self.unanswered.append(f"{time.perf_counter() - t0:.1f} s: {err}"[:200])
+            if v is not None:
+                seen = True
+                self.read_ms.append((time.perf_counter() - t0) * 1000)
+                if v.containment is not None:
+                    self.bound = max(self.bound, v.budget[0].limit + v.containment.limit)
+            if seen and time.monotonic() - last_command >= 15:
+                last_command = time.monotonic()
+                t0 = time.perf_counter()
+                done = await asyncio.to_thread(
+                    subprocess.run, [GPUHEAL, "fleet"], env=self.sb.env(), capture_output=True, timeout=60
+                )
+                if done.returncode == 0:
+                    self.command_ms.append((time.perf_counter() - t0) * 1000)
+                else:
+                    self.command_failed.append(done.stdout.decode()[-200:] + done.stderr.decode()[-200:])
+            await asyncio.sleep(1)
 
 
 async def until_decided(client: Client, cluster: str, count: int, deadline: float) -> None:
@@ -148,6 +206,10 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
     worker = sb.start_worker()
     run = Run(name, len(nodes))
     cluster = settings.require_cluster()
+    watch = run.watch = Watch(sb, client, cluster, nodes)
+    sampler = threading.Thread(target=watch.slurm, daemon=True)
+    sampler.start()
+    reads = asyncio.ensure_future(watch.reads())
     try:
         gate = asyncio.Semaphore(in_flight)
 
@@ -177,7 +239,11 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
             await asyncio.sleep(0.2)
         run.all_decided_s = time.monotonic() - t0
         assert s is not None
-        run.granted, run.held = done - len(s.held), len(s.held)
+        run.granted, run.held = done - s.held, s.held
+        await asyncio.sleep(AFTER_S)
+        watch.on = False
+        await reads
+        await asyncio.to_thread(sampler.join)
         print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
         run.worker_mb = peak_rss_mb(worker.pid)
         run.temporal_mb = peak_rss_mb(int((sb.root / "temporal" / "server.pid").read_text()))
@@ -196,6 +262,8 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
 
         await asyncio.gather(*(latency(n) for n in nodes))
     finally:
+        watch.on = False
+        reads.cancel()
         Sandbox.stop_process(worker)
         sb.stop_temporal()  # the incidents go with the server's database (fresh next run)
         sb.stop_slurm()
@@ -203,6 +271,8 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
 
 
 def table(runs: list[Run]) -> list[str]:
+    watches = [r.watch for r in runs if r.watch is not None]
+
     def ms(v: list[float]) -> str:
         return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} ms" if v else "n/a"
 
@@ -220,7 +290,43 @@ def table(runs: list[Run]) -> list[str]:
         + " | ".join(f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)
         + " | |",
         "| coordinator runs (continue-as-new) | " + " | ".join(str(r.coordinator_runs) for r in runs) + " | |",
+        "| `gpuheal fleet`'s read (memo), p50 / max | "
+        + " | ".join(peak(w.read_ms) for w in watches)
+        + " | max < 1 s |",
+        "| `gpuheal fleet` command (with Python's start), p50 / max | "
+        + " | ".join(peak(w.command_ms) for w in watches)
+        + " | max < 1 s |",
+        "| fleet reads unanswered / commands failed | "
+        + " | ".join(f"{len(w.unanswered)} / {len(w.command_failed)}" for w in watches)
+        + " | 0 / 0 |",
+        "| most reported nodes drained at once (Slurm, every 1 s) / bound | "
+        + " | ".join(f"{max(w.drained, default=0)} / {w.bound} ({len(w.drained)} samples)" for w in watches)
+        + " | at most the bound |",
     ]
+    return lines
+
+
+def peak(v: list[float]) -> str:
+    return f"{statistics.median(v):.0f} / {max(v):.0f} ms ({len(v)} reads)" if v else "n/a"
+
+
+def goals(r: Run) -> list[str]:
+    """Each goal beside its figure, met or missed, said plainly."""
+    w = r.watch
+    assert w is not None
+    checks = [
+        ("report -> workflow started p99 < 200 ms", pct(r.starts_ms, 0.99) < 200),
+        ("coordinator grant p99 < 1 s", pct(r.grants_ms, 0.99) < 1000),
+        ("`gpuheal fleet` read within 1 s every time", bool(w.read_ms) and max(w.read_ms) < 1000 and not w.unanswered),
+        (
+            "`gpuheal fleet` command within 1 s every time",
+            bool(w.command_ms) and max(w.command_ms) < 1000 and not w.command_failed,
+        ),
+        ("never more drained than the bound", bool(w.drained) and 0 < w.bound and max(w.drained) <= w.bound),
+    ]
+    lines = [f"- {r.name}: {what}: **{'met' if ok else 'MISSED'}**" for what, ok in checks]
+    lines += [f"  - read unanswered: {e}" for e in w.unanswered]
+    lines += [f"  - command failed: {e!r}" for e in w.command_failed]
     return lines
 
 
@@ -264,6 +370,9 @@ async def main() -> int:
         f"grant p99 x{pct(storm.grants_ms, 0.99) / pct(base.grants_ms, 0.99):.1f}, "
         f"worker RSS x{storm.worker_mb / base.worker_mb:.2f}, "
         f"Temporal RSS x{storm.temporal_mb / base.temporal_mb:.2f}.",
+        "",
+        "Goals:",
+        *goals(storm),
         "",
     ]
     RESULTS.write_text("\n".join(lines))

@@ -77,6 +77,8 @@ class Coordinator(RuleBasedStateMachine):
         self.returned: set[str] = set()  # nodes an operator put back in service (scontrol resume)
         self.resumed = False
         self.granted_ever: set[tuple[str, str]] = set()  # incident runs
+        self.stuck: set[str] = set()  # nodes left drained by an incident that ended contained
+        self.recreated = False
 
     # --- what happens ---------------------------------------------------------------------
 
@@ -121,7 +123,9 @@ class Coordinator(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.s.left))
     @rule(data=st.data())
     def an_operator_returns_a_node_a_closed_run_left_drained(self, data: st.DataObject) -> None:
-        self.returned.add(data.draw(st.sampled_from(sorted(self.s.left))))
+        node = data.draw(st.sampled_from(sorted(self.s.left)))
+        self.returned.add(node)
+        self.stuck.discard(node)
 
     @precondition(lambda self: (due := reaping.reap_due(self.s, self.now)) is not None and due <= self.now)
     @rule()
@@ -140,8 +144,26 @@ class Coordinator(RuleBasedStateMachine):
         self.close(data.draw(st.sampled_from(sorted(self.live))))
 
     def close(self, node: str) -> None:
-        incident, _ = self.live.pop(node)
-        self.step(lambda: coordination.release(self.s, incident, self.now))
+        """An incident ends and releases; one contained while held (it ends not granted) leaves
+        its node drained, as the real one does, until an operator returns it."""
+        incident, run = self.live.pop(node)
+        if incident in self.s.grants:
+            self.stuck.discard(node)  # replaced or returned to service
+        if incident in self.s.containing:
+            self.stuck.add(node)
+        self.step(lambda: coordination.release(self.s, incident, self.now, run, keep_contained=True))
+
+    @precondition(lambda self: bool(self.dead))
+    @rule(data=st.data())
+    def a_terminated_runs_release_arrives_late(self, data: st.DataObject) -> None:
+        """Its activity was on its way when the run was terminated: it must not free a later
+        run's grant of the same node (releases are per run)."""
+        incident, run = data.draw(st.sampled_from(sorted(self.dead)))
+        live = set(self.live.values())
+        before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
+        self.step(lambda: coordination.release(self.s, incident, self.now, run, keep_contained=True))
+        after = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
+        assert before <= after, f"a late release freed a live run's hold: {before - after}"
 
     @precondition(lambda self: not self.s.breaker.tripped)
     @rule()
@@ -215,6 +237,7 @@ class Coordinator(RuleBasedStateMachine):
         still = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & set(self.dead)
         assert not still, f"closed runs still hold something after a look: {still}"
 
+    @precondition(lambda self: not self.recreated)  # once: it trips the breaker, and little else happens then
     @rule()
     def the_coordinator_is_terminated_and_recreated(self) -> None:
         """By hand; the next incident starts a fresh one, which rebuilds from the open incidents
@@ -235,11 +258,13 @@ class Coordinator(RuleBasedStateMachine):
                     incident_id=incident, run_id=run, placement=placement(node), stage=stage, contained=drained
                 )
             )
+        self.recreated = True
         self.s = FleetState(cluster="c", policy=self.s.policy)
         reaping.rebuild(self.s, OpenIncidents(incidents=tuple(found), earlier_run="Terminated"), self.now)
         assert {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} == before, "a hold forgotten"
         assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
         self.dead.clear()  # what closed runs held went with the terminated coordinator
+        self.stuck.clear()  # and the nodes they left drained (not recovered: README, "Still open")
 
     @rule()
     def it_continues_as_new(self) -> None:
@@ -301,6 +326,12 @@ class Coordinator(RuleBasedStateMachine):
         for h in self.s.queue:
             if h.incident_id in self.s.contained:
                 assert not h.reason.startswith("disruption budget"), h.reason
+
+    @invariant()
+    def a_node_left_drained_by_an_ended_containment_stays_counted(self) -> None:
+        counted = {g.node for g in (*self.s.grants.values(), *self.s.contained.values(), *self.s.containing.values())}
+        counted |= set(self.s.left)
+        assert self.stuck <= counted, f"drained, not counted: {self.stuck - counted}"
 
     @invariant()
     def each_grant_counts_once_against_the_rate(self) -> None:

@@ -272,3 +272,22 @@ async def test_a_policy_change_made_against_an_old_version_is_refused(env: Workf
             await m.FLEET_SET_POLICY.execute(handle, stale)
         assert "at version 2 now, not 1 (changed by alice: trial)" in str(err.value.cause)
         assert (await m.FLEET_POLICY.ask(handle)).policy.mode == "observe"
+
+
+async def test_the_fleet_view_is_read_from_the_server_while_no_worker_can_answer_a_query(
+    env: WorkflowEnvironment,
+) -> None:
+    """What `gpuheal fleet` shows is in the coordinator's memo, written as it decides: it reads
+    right while the coordinator cannot answer a query (here no worker runs at all; in a storm
+    Temporal refuses queries to the busy coordinator for minutes)."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle, first, second = await one_granted_one_held(env, queue)
+        live = await m.FLEET_STATUS.ask(handle)
+    with pytest.raises(Exception):  # noqa: B017 (whatever the SDK raises: no answer in time)
+        await m.FLEET_STATUS.ask(handle, rpc_timeout=timedelta(seconds=2))
+    view = await m.FLEET_VIEW.read(handle)
+    assert view is not None and (view.out, view.held) == (1, 1)
+    assert [x.incident_id for x in view.out_nodes] == [first.id]
+    assert [x.incident_id for x in view.held_nodes] == [second.id]
+    assert view.budget == live.budget and view.policy_version == live.policy_version

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import coordination, fleet, fleet_policy, reaping, steering
+from gpuheal.core import coordination, fleet, fleet_policy, fleet_view, reaping, steering
 from gpuheal.core.fleet import (
     AdmitRequest,
     Arrival,
@@ -188,6 +188,26 @@ def test_what_the_coordinator_shows_is_computed_on_the_real_cluster() -> None:
         "domain rack=r1": (1, 1),
         "domain rack=r2": (1, 1),
     }
+
+
+def test_the_view_in_the_memo_cuts_its_lists_but_never_its_counts() -> None:
+    """The memo goes into the coordinator's history with every change, so its lists are cut; the
+    counts, the cluster's and pools' budgets and every domain budget in use stay whole."""
+    s = state(budget=BudgetPolicy(cluster="10", per_pool="25%", per_domain="1"))
+    for i in range(40):
+        where = place(f"gpu{i:02d}", domains={f"rack=r{i}": 4})
+        req = CapacityRequest(cluster="c", incident_id=f"i-{i}", placement=where, action=ActionClass.REPLACE_NODE)
+        coordination.request(s, req, T0)
+    st = fleet_view.status(s, T0)
+    v = fleet_view.view(st, T0)
+    assert (v.out, v.held) == (len(s.grants), len(s.queue)) == (5, 35)  # the rate's 5 granted
+    assert len(v.out_nodes) == 5 and len(v.held_nodes) == fleet_view.VIEW_NODES
+    assert [x.incident_id for x in v.held_nodes] == [h.incident_id for h in st.held[: fleet_view.VIEW_NODES]]
+    shown = {u.name for u in v.budget}
+    assert {"cluster", "pool h100"} <= shown and v.budgets_not_shown == len(st.budget) - len(v.budget)
+    assert all(u.used > 0 for u in v.budget if u.name.startswith("domain "))
+    whole = fleet_view.view(st, T0, cut=None)
+    assert whole.whole and len(whole.held_nodes) == 35 and whole.budget == st.budget
 
 
 @pytest.mark.parametrize("decision", ["release", "dismiss"])

@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -34,11 +34,11 @@ from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifie
 from gpuheal.clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
 from gpuheal.clients.slurm import build_slurm
 from gpuheal.clients.temporal import connect
-from gpuheal.core import ids, policy_file, queries
+from gpuheal.core import fleet_view, ids, policy_file, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.fleet_policy import ConfiguredPolicy
-from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, INCIDENT
+from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, FLEET_VIEW, INCIDENT
 from gpuheal.core.settings import Settings
 from gpuheal.providers import build_provider
 from gpuheal.providers.base import ProviderContext
@@ -148,7 +148,10 @@ async def _refresh_gauges(client: Client, cluster: str) -> None:
         try:
             metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)
             handle = client.get_workflow_handle(ids.coordinator_id(cluster))
-            metrics.observe_fleet(await FLEET_STATUS.ask(handle))
+            view = await FLEET_VIEW.read(handle)  # from the server: answers in a storm
+            if view is None:  # a coordinator of a release before the memo
+                view = fleet_view.view(await FLEET_STATUS.ask(handle), datetime.now(UTC))
+            metrics.observe_fleet(view)
         except RPCError as err:
             log.debug("fleet gauges not refreshed: %s", err)  # no coordinator before the first incident
         except Exception as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gpuheal.core.fleet import FleetStatus
+from gpuheal.core.fleet_view import FleetView
 from gpuheal.core.models import ActionClass, RemediationResult, Stage
 
 _BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -67,12 +67,12 @@ FLEET_BUDGET_LIMIT = Gauge("gpuheal_fleet_budget_limit", "Nodes the disruption b
 FLEET_BUDGET_USED = Gauge("gpuheal_fleet_budget_used", "Nodes out against each budget", ["budget"])
 
 
-def observe_fleet(status: FleetStatus) -> None:
+def observe_fleet(view: FleetView) -> None:
     for mode in ("observe", "approve", "auto"):
-        FLEET_MODE.labels(mode).set(1 if status.mode == mode else 0)
-    FLEET_BREAKER.set(1 if status.breaker.tripped else 0)
-    FLEET_OUT.set(len(status.out_of_service) + len(status.containing) + len(status.left))
-    FLEET_HELD.set(len(status.held))
-    for use in (*status.budget, *([status.containment] if status.containment else [])):
+        FLEET_MODE.labels(mode).set(1 if view.mode == mode else 0)
+    FLEET_BREAKER.set(1 if view.breaker.tripped else 0)
+    FLEET_OUT.set(view.out + view.containing + view.left)
+    FLEET_HELD.set(view.held)
+    for use in (*view.budget, *([view.containment] if view.containment else [])):
         FLEET_BUDGET_LIMIT.labels(use.name).set(use.limit)
         FLEET_BUDGET_USED.labels(use.name).set(use.used)

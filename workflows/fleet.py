@@ -26,7 +26,7 @@ from gpuheal.workflows.activity import run
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import coordination, reaping, steering
+    from gpuheal.core import coordination, fleet_view, reaping, steering
     from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
@@ -63,12 +63,16 @@ COORDINATOR_3 = "coordinator-3-reaps-closed-runs"
 # Nor did they rebuild from the open incidents when started afresh (their own marker: a start
 # is one moment, the reaping a way of running).
 REBUILD = "coordinator-rebuilds-from-the-open-incidents"
+# Nor did they keep their view in their memo (gpuheal.core.fleet_view): `gpuheal fleet` asks
+# their query until they continue as new.
+VIEW = "coordinator-keeps-its-view-in-its-memo"
+# Nor did they count a node contained while held once its incident ended (it stays drained).
+KEEP_CONTAINED = "coordinator-counts-a-contained-node-after-its-incident"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
 LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
-DETAILS_HELD = 20  # the UI's details list the first held incidents (every update redraws them)
 
 
 @workflow.defn(name=m.COORDINATOR.name)
@@ -95,9 +99,12 @@ class FleetCoordinator:
         # A fresh start may be a recreation: nothing is granted until it has rebuilt (run()).
         self._rebuilding = inp.state is None
         self._reap_now = False  # a grant notice found its incident gone: look at once
+        self._changed = True  # the memo's view is to be written (_show)
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
+        if workflow.patched(VIEW):
+            self._showing = asyncio.ensure_future(self._show())  # beside the loop, for the whole run
         if self._rebuilding and workflow.patched(REBUILD):
             await self._rebuild()
         self._rebuilding = False
@@ -316,7 +323,16 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_RELEASE.name)
     def release(self, incident_id: str) -> str:
         """The incident gave its node back: budget frees, the next in line may go. Idempotent."""
-        answer, out = coordination.release(self._s, incident_id, workflow.now())
+        keep = workflow.patched(KEEP_CONTAINED)
+        answer, out = coordination.release(self._s, incident_id, workflow.now(), keep_contained=keep)
+        self._apply(out)
+        return answer
+
+    @workflow.update(name=m.FLEET_RELEASE_RUN.name)
+    def release_run(self, ref: RunRef) -> str:
+        """As release, for one run of the incident only (sent by incidents of this release)."""
+        keep = workflow.patched(KEEP_CONTAINED)
+        answer, out = coordination.release(self._s, ref.incident_id, workflow.now(), ref.run_id, keep_contained=keep)
         self._apply(out)
         return answer
 
@@ -400,48 +416,27 @@ class FleetCoordinator:
 
     @workflow.query(name=m.FLEET_STATUS.name)
     def status(self) -> FleetStatus:
-        s = self._s
-        recent = [
-            t for t in s.remediations if (workflow.now() - t).total_seconds() < s.policy.policy.budget.rate_window_s
-        ]
-        uses = policy.budget_uses(s, None)
-        return FleetStatus(
-            cluster=s.cluster,
-            mode=s.policy.policy.mode,
-            policy_version=s.policy.version,
-            breaker=s.breaker,
-            out_of_service=(*s.grants.values(), *s.contained.values()),
-            held=tuple(s.queue),
-            budget=tuple(uses),
-            domain_incidents=tuple(s.domain_incidents.values()),
-            remediations_in_window=len(recent),
-            containment=policy.containment_use(s),
-            containing=tuple(s.containing.values()),
-            left=tuple(s.left.values()),
-        )
+        return fleet_view.status(self._s, workflow.now())
 
     @workflow.query(name=m.FLEET_POLICY.name)
     def current_policy(self) -> VersionedPolicy:
         return self._s.policy
 
     def _details(self) -> None:
-        s = self._s
-        lines = [
-            f"mode **{s.policy.policy.mode}**, policy version {s.policy.version}",
-            f"breaker: {'TRIPPED: ' + s.breaker.why if s.breaker.tripped else 'closed'}",
-            f"out of service: {len(s.grants) + len(s.contained)} "
-            f"({', '.join(g.node for g in (*s.grants.values(), *s.contained.values())) or '-'})",
-            f"contained while held: {len(s.containing)} of {policy.containment_use(s).limit}",
-            f"left drained by closed runs (counted): {len(s.left)} ({', '.join(s.left) or '-'})",
-            f"held: {len(s.queue)}"
-            + "".join(f"\n  {i + 1}. {h.node}: {h.reason}" for i, h in enumerate(s.queue[:DETAILS_HELD])),
-        ]
-        if len(s.queue) > DETAILS_HELD:
-            lines.append(f"  ... and {len(s.queue) - DETAILS_HELD} more (`gpuheal fleet`)")
-        lines += [
-            f"domain incident {d.domain}: {', '.join(d.nodes)} ({d.decided or 'open'})"
-            for d in s.domain_incidents.values()
-        ]
-        if self._undelivered:
-            lines.append(f"undelivered: {len(self._undelivered)} (last: {self._undelivered[-1]})")
-        workflow.set_current_details("\n".join(lines))
+        self._changed = True  # the view in the memo is written anew (_show)
+        view = fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
+        workflow.set_current_details(fleet_view.details(view, self._undelivered))
+
+    async def _show(self) -> None:
+        """The view in the memo, written anew after each state change: `gpuheal fleet` reads it
+        from the server, so it answers while this coordinator is too busy for a query (a storm).
+        At most once per workflow task, and only when it changed (each write is a history event)."""
+        shown: dict[str, Any] | None = None
+        while True:
+            await workflow.wait_condition(lambda: self._changed)
+            self._changed = False
+            view = fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
+            figures = view.model_dump(exclude={"at"})
+            if figures != shown:
+                workflow.upsert_memo({m.FLEET_VIEW.key: view})
+                shown = figures

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from temporalio.client import Client
@@ -16,10 +17,11 @@ from temporalio.service import RPCError
 
 from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
-from gpuheal.core import ids, queries
+from gpuheal.core import fleet_view, ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import DomainDecision, OperatorAction, Override
 from gpuheal.core.fleet_policy import ModeChange
+from gpuheal.core.fleet_view import FleetView
 from gpuheal.core.messages import (
     DOMAIN_DECIDE,
     FLEET_OVERRIDE,
@@ -27,12 +29,14 @@ from gpuheal.core.messages import (
     FLEET_RESUME,
     FLEET_SET_MODE,
     FLEET_STATUS,
+    FLEET_VIEW,
     INCIDENT,
     Update,
 )
 from gpuheal.core.models import check_node_name
 from gpuheal.core.settings import Settings
 
+VIEW_TIMEOUT = timedelta(seconds=5)  # a describe: the server alone answers it
 I = TypeVar("I")  # noqa: E741  (an update's input, as in core.messages)
 
 
@@ -41,33 +45,51 @@ async def _coordinator(settings: Settings) -> tuple[Client, str]:
 
 
 async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
+    """The view the coordinator keeps in its memo (read from the server: it answers in a storm,
+    when the busy coordinator refuses queries), or with --live its whole state by query."""
     client, fleet_id = await _coordinator(settings)
+    handle = client.get_workflow_handle(fleet_id)
     try:
-        s = await FLEET_STATUS.ask(client.get_workflow_handle(fleet_id))
+        v = None if args.live else await FLEET_VIEW.read(handle, rpc_timeout=VIEW_TIMEOUT)
+        if v is None:  # asked for, or a coordinator of a release before the memo: its query
+            v = fleet_view.view(await FLEET_STATUS.ask(handle), datetime.now(UTC), cut=None)
     except RPCError as err:
         print(f"no coordinator for cluster {settings.cluster!r} yet (it starts with the first incident): {err}")
         return 1
-    print(f"cluster {s.cluster}: mode {s.mode}, policy version {s.policy_version}")
-    breaker = f"TRIPPED at {s.breaker.at:%H:%M:%S} ({s.breaker.why})" if s.breaker.tripped else "closed"
-    print(f"breaker     {breaker}")
-    for use in s.budget:
-        print(f"budget      {use.name}: {use.used} of {use.limit} out of service, {max(0, use.limit - use.used)} left")
-    if s.containment is not None:
-        c = s.containment
-        tripped = " (none new: the breaker is tripped)" if s.breaker.tripped else ""
-        print(f"contained   {c.used} of {c.limit} held nodes drained as containment{tripped}")
-    print(f"rate        {s.remediations_in_window} remediations in the rate window")
-    for g in s.out_of_service:
-        print(f"out         {g.node:<12} {g.incident_id}" + (f" (override {g.override})" if g.override else ""))
-    for g in s.containing:
-        print(f"contained   {g.node:<12} {g.incident_id} (held)")
-    for g in s.left:
-        print(f"left        {g.node:<12} {g.incident_id} (its run closed; still drained; counted)")
-    for i, h in enumerate(s.held, 1):
-        print(f"held {i:>3}    {h.node:<12} {h.incident_id}: {h.reason}")
-    for d in s.domain_incidents:
-        print(f"domain      {d.domain}: {', '.join(d.nodes)} -> {d.incident_id} ({d.decided or 'open'})")
+    print("\n".join(render_view(v, datetime.now(UTC))))
     return 0
+
+
+def render_view(v: FleetView, now: datetime) -> list[str]:
+    age = max(0.0, (now - v.at).total_seconds())
+    as_of = f"as of {v.at:%H:%M:%S}, {age:.0f} s ago"
+    lines = [f"cluster {v.cluster}: mode {v.mode}, policy version {v.policy_version} ({as_of})"]
+    b = v.breaker
+    at = f" at {b.at:%H:%M:%S}" if b.at else ""
+    lines.append(f"breaker     {f'TRIPPED{at} ({b.why})' if b.tripped else 'closed'}")
+    for u in v.budget:
+        lines.append(f"budget      {u.name}: {u.used} of {u.limit} out of service, {max(0, u.limit - u.used)} left")
+    if v.budgets_not_shown:
+        lines.append(f"budget      ... {v.budgets_not_shown} domain budgets with nothing out (--live lists them)")
+    if v.containment is not None:
+        c = v.containment
+        tripped = " (none new: the breaker is tripped)" if b.tripped else ""
+        lines.append(f"contained   {c.used} of {c.limit} held nodes drained as containment{tripped}")
+    lines.append(f"rate        {v.remediations_in_window} remediations in the rate window")
+    for label, rows, count, tail in (
+        ("out", v.out_nodes, v.out, ""),
+        ("contained", v.containing_nodes, v.containing, " (held)"),
+        ("left", v.left_nodes, v.left, " (its run closed; still drained; counted)"),
+    ):
+        for r in rows:
+            lines.append(f"{label:<11} {r.node:<12} {r.incident_id}" + (f" (override {r.note})" if r.note else tail))
+        if count > len(rows):
+            lines.append(f"{label:<11} ... {count - len(rows)} more (--live lists them)")
+    lines += [f"held {i:>3}    {h.node:<12} {h.incident_id}: {h.note}" for i, h in enumerate(v.held_nodes, 1)]
+    if v.held > len(v.held_nodes):
+        lines.append(f"held        ... {v.held - len(v.held_nodes)} more, {v.held} in all (--live lists them)")
+    lines += [f"domain      {d.node}: {d.note} -> {d.incident_id}" for d in v.domain_incidents]
+    return lines
 
 
 async def _update(settings: Settings, update: Update[I, str], arg: I, target: str | None = None) -> int:

@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--operator", required=True)
     g.add_argument("--reason", required=True)
 
-    sub.add_parser("fleet", help="the cluster: mode, breaker, budget used and left, held incidents")
+    f = sub.add_parser("fleet", help="the cluster: mode, breaker, budget used and left, held incidents")
+    f.add_argument(
+        "--live", action="store_true", help="ask the coordinator for every line (a query: refused while it is busy)"
+    )
     for verb, what in (("pause", "trip the circuit breaker by hand"), ("resume", "reset the circuit breaker")):
         b = sub.add_parser(verb, help=what)
         b.add_argument("--operator", required=True)

@@ -173,17 +173,37 @@ def confirm(
     return CapacityDecision(granted=False, reason=why, position=position), out
 
 
-def release(s: FleetState, incident_id: str, now: datetime) -> tuple[str, Effects]:
+def release(
+    s: FleetState, incident_id: str, now: datetime, run_id: str = "", keep_contained: bool = False
+) -> tuple[str, Effects]:
     """The incident gave its node back (closed, aborted, returned): budget frees, the next in
-    line may go. Idempotent."""
+    line may go. Idempotent. With its `run_id`, only what that run holds: a late release of a
+    run that was terminated never frees its node's next run's grant. `keep_contained`: a node
+    contained while held is not given back by its incident's ending (a run that ends not
+    granted leaves it drained), so it stays counted as `left` until a look for closed runs finds
+    it back in service (within REAP_EVERY_S) or its node's next incident takes it over."""
+
+    def mine(g: Grant | Held) -> bool:
+        return not run_id or not g.run_id or g.run_id == run_id
+
+    books = (s.grants, s.contained, s.containing)
+    held = [book for book in books if incident_id in book]
+    if held and not all(mine(book[incident_id]) for book in held):
+        other = held[0][incident_id].run_id
+        return f"nothing held by run {run_id} of {incident_id} (its run {other} holds it)", Effects()
+    contained = s.containing.get(incident_id) if keep_contained else None
     grant = s.grants.pop(incident_id, None) or s.contained.pop(incident_id, None)
     grant = grant or s.containing.pop(incident_id, None)
     s.contained.pop(incident_id, None)
     s.containing.pop(incident_id, None)
-    s.queue = [h for h in s.queue if h.incident_id != incident_id]
+    s.queue = [h for h in s.queue if h.incident_id != incident_id or not mine(h)]
+    if contained is not None and contained.node not in {g.node for g in s.grants.values()}:
+        s.left[contained.node] = contained
     if grant is not None:
         s.last_release[grant.node] = now
     out = serve_queue(s, now)
+    if contained is not None:
+        return f"released {contained.node} (still drained as containment: counted until back in service)", out
     return (f"released {grant.node}" if grant else "nothing held"), out
 
 

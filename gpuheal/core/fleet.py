@@ -124,6 +124,7 @@ class OpenIncidents(Frozen):
 class ReleaseRequest(Frozen):
     cluster: str
     incident_id: str
+    run_id: str = ""  # "" from incidents of an earlier release: whatever the incident holds
 
 
 class CapacityDecision(Frozen):

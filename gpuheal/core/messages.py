@@ -27,8 +27,10 @@ from gpuheal.core.fleet import (
     GrantNotice,
     OperatorAction,
     Override,
+    RunRef,
 )
 from gpuheal.core.fleet_policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
+from gpuheal.core.fleet_view import FleetView
 from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoveryStatus, RecoveryJoin
 from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
 
@@ -88,6 +90,21 @@ class Query(Generic[O]):
         return answer
 
 
+@dataclass(frozen=True)
+class Memo(Generic[O]):
+    """A value a workflow keeps in its memo as it runs: read from the server (describe), so it
+    answers while the workflow is too busy for a query."""
+
+    key: str
+    output: type[O]
+
+    async def read(self, handle: WorkflowHandle[Any, Any], rpc_timeout: timedelta | None = None) -> O | None:
+        """The value, or None where the workflow has not written one (a release before it)."""
+        described = await handle.describe(rpc_timeout=rpc_timeout)
+        answer: O | None = await described.memo_value(self.key, None, type_hint=self.output)
+        return answer
+
+
 # --- the incident: one per failed node (workflows/remediation.py) ------------------------------
 INCIDENT = Workflow("GpuRemediation", RemediationInput, RemediationResult)  # `WorkflowType=` in queries
 INCIDENT_REPORT = Signal("report", HealthReport)  # another report for the node (signal-with-start)
@@ -105,7 +122,8 @@ COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None))
 FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the first incident starts it
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
-FLEET_RELEASE = Update("release", str, str)  # the incident id
+FLEET_RELEASE = Update("release", str, str)  # the incident id (incidents of an earlier release)
+FLEET_RELEASE_RUN = Update("release_run", RunRef, str)  # what that incident run holds
 FLEET_CONTAIN = Update("contain", CapacityRequest, CapacityDecision)  # a held incident's containment drain
 FLEET_PAUSE = Update("pause", OperatorAction, str)
 FLEET_RESUME = Update("resume", OperatorAction, str)
@@ -116,6 +134,7 @@ FLEET_OVERRIDE = Update("override", Override, str)
 FLEET_DOMAIN_DECISION = Update("domain_decision", DomainDecision, str)
 FLEET_STATUS = Query("status", FleetStatus)
 FLEET_POLICY = Query("current_policy", VersionedPolicy)
+FLEET_VIEW = Memo("fleet", FleetView)  # what `gpuheal fleet` shows, written as it decides
 
 # --- a domain failing as a whole (workflows/fleet.py) --------------------------------------------
 DOMAIN_INCIDENT = Workflow("DomainIncident", DomainIncidentInput, DomainIncidentResult)
@@ -144,6 +163,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_REQUEST_CAPACITY,
         FLEET_CONFIRM,
         FLEET_RELEASE,
+        FLEET_RELEASE_RUN,
         FLEET_CONTAIN,
         FLEET_PAUSE,
         FLEET_RESUME,

@@ -124,7 +124,9 @@ async def release(s: IncidentState) -> None:
     """The node is back (or gone for good): the budget frees, whatever the outcome."""
     if s.policy is None or s.observing:
         return
-    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id)
+    # Its run's holdings only (an activity's input is not part of replay: no patch needed).
+    run_id = workflow.info().first_execution_run_id
+    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id, run_id=run_id)
     await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster", timeout=COORDINATOR)
 
 
