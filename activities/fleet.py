@@ -30,7 +30,7 @@ from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import ids, policy, policy_file, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     AdmitAnswer,
     AdmitAsk,
     AdmitRequest,
@@ -199,7 +199,9 @@ class FleetActivities:
     async def release_capacity(self, req: ReleaseRequest) -> str:
         if not req.run_id:  # scheduled by an incident of an earlier release
             return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
-        return await self._update(req.cluster, FLEET_RELEASE_RUN, RunRef(incident_id=req.incident_id, run_id=req.run_id))
+        return await self._update(
+            req.cluster, FLEET_RELEASE_RUN, RunRef(incident_id=req.incident_id, run_id=req.run_id)
+        )
 
     @implements(act.CONTAIN_WHILE_HELD)
     async def contain_while_held(self, req: CapacityRequest) -> CapacityDecision:

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     AdmitAnswer,
     AdmitAsk,
     CapacityDecision,

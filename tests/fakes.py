@@ -22,7 +22,7 @@ from gpuheal.activities.interface import implements
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import LogOwnerNotifier
 from gpuheal.core.errors import UNKNOWN_NODE
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     Admission,
     AdmitAnswer,
     AdmitAsk,

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuheal.core import coordination, reaping, steering
 from gpuheal.core import fleet as policy
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     AdmitRequest,
     CapacityRequest,
     DomainDecision,

@@ -30,7 +30,7 @@ from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
 from gpuheal.core import ids, reaping
 from gpuheal.core import messages as m
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     AdmitRequest,
     CapacityRequest,
     CoordinatorInput,

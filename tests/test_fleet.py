@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuheal.core import coordination, fleet, fleet_policy, fleet_view, reaping, steering
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     AdmitRequest,
     Arrival,
     CapacityRequest,

@@ -11,7 +11,7 @@ import pytest
 
 from gpuheal.core import policy_file, steering
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet import FleetState
+from gpuheal.core.fleet_models import FleetState
 from gpuheal.core.fleet_policy import BudgetPolicy, ConfiguredPolicy, FleetPolicy, VersionedPolicy
 from gpuheal.core.settings import Settings
 

@@ -12,7 +12,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from gpuheal.core.fleet import GrantNotice
+from gpuheal.core.fleet_models import GrantNotice
 from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
 from gpuheal.core.models import (

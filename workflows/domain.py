@@ -16,7 +16,7 @@ from gpuheal.workflows.activity import run
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import messages as m
-    from gpuheal.core.fleet import DomainDecision, DomainDecisionFor, DomainIncidentInput, DomainIncidentResult
+    from gpuheal.core.fleet_models import DomainDecision, DomainDecisionFor, DomainIncidentInput, DomainIncidentResult
     from gpuheal.core.models import POLICY_OPERATOR, Notification
 
 

@@ -27,10 +27,9 @@ from gpuheal.workflows.activity import run
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import coordination, fleet_view, reaping, steering
-    from gpuheal.core import fleet as policy
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
-    from gpuheal.core.fleet import (
+    from gpuheal.core.fleet_models import (
         Admission,
         AdmitRequest,
         Breaker,

@@ -40,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
     from gpuheal.core import search_attributes as sa
     from gpuheal.core.errors import UNKNOWN_NODE
-    from gpuheal.core.fleet import CapacityDecision, GrantNotice
+    from gpuheal.core.fleet_models import CapacityDecision, GrantNotice
     from gpuheal.core.jobs import JobRecoveryResult
     from gpuheal.core.models import (
         ActionClass,

@@ -19,7 +19,7 @@ from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
 from gpuheal.core import fleet_view, ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import DomainDecision, OperatorAction, Override
+from gpuheal.core.fleet_models import DomainDecision, OperatorAction, Override
 from gpuheal.core.fleet_policy import ModeChange
 from gpuheal.core.fleet_view import FleetView
 from gpuheal.core.messages import (

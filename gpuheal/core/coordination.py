@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from gpuheal.core import fleet as policy
 from gpuheal.core import ids, reaping
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     Admission,
     AdmitRequest,
     Arrival,

@@ -6,258 +6,28 @@ incident: may it take capacity out of service now (the disruption budget: nodes 
 count and a share, per cluster, pool and topology domain; a rate; a cooldown per node), is the
 circuit breaker tripped, is the node's domain failing as a whole (escalation), is the node a
 repeat offender. Everything here is a function of the coordinator's state and the time it is
-given, so every decision is replay-safe and unit-tested (tests/test_fleet.py).
+given, so every decision is replay-safe and unit-tested (tests/test_fleet.py). The messages and
+the state they decide over are gpuheal.core.fleet_models.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Literal
 
-from pydantic import BaseModel, Field
-
-from gpuheal.core.fleet_policy import FleetPolicy, Mode, RepeatPolicy, VersionedPolicy, limit_of
+from gpuheal.core.fleet_models import (
+    Arrival,
+    BudgetUse,
+    CapacityRequest,
+    DomainIncident,
+    FleetState,
+    Placement,
+)
+from gpuheal.core.fleet_policy import Mode, RepeatPolicy, limit_of
 from gpuheal.core.models import (
     ActionClass,
     ApprovalPolicy,
-    Frozen,
-    NodeName,
-    OperatorName,
-    RemediationSettings,
-    Severity,
-    Stage,
 )
-
-# --- what the coordinator is told about a node ------------------------------------------------
-
-
-class Placement(Frozen):
-    """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
-
-    node: NodeName
-    cluster_size: int = Field(ge=1)
-    pool: str = "default"
-    pool_size: int = Field(default=1, ge=1)
-    domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
-
-
-class AdmitRequest(Frozen):
-    incident_id: str
-    run_id: str = ""  # one incident of the node (its workflow id is the node's, run after run)
-    cluster: str
-    placement: Placement
-    action: ActionClass
-    what: str  # the failure, for the breaker's and the escalation's notices
-    gpu_uuids: tuple[str, ...] = ()
-    seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
-
-
-class Admission(Frozen):
-    """What the cluster says to a new incident: its policy and what it knows of the node."""
-
-    policy: VersionedPolicy
-    repeat_offender: str | None = None  # why the node (or GPU) must be replaced this time
-    domain_incident: str | None = None  # the node's domain is failing as a whole: held there
-    breaker: str | None = None  # tripped: why
-
-
-class AdmitAsk(Frozen):
-    """An incident introducing itself to its cluster's coordinator."""
-
-    incident_id: str
-    run_id: str = ""
-    cluster: str
-    node: NodeName
-    action: ActionClass
-    what: str
-    gpu_uuids: tuple[str, ...] = ()
-
-
-class AdmitAnswer(Frozen):
-    admission: Admission
-    settings: RemediationSettings  # the worker's (timeouts, grace, Kubernetes): not the policy
-    placement: Placement
-
-
-class CapacityRequest(Frozen):
-    cluster: str
-    incident_id: str
-    placement: Placement
-    action: ActionClass
-    # The incident's run (its first run id): what it holds is its run's, never its node's, so a
-    # later incident on the same node does not find an earlier, dead run's grant as its own.
-    run_id: str = ""
-
-
-class RunRef(Frozen):
-    """One incident run that holds something of the coordinator's (a grant, a place in line)."""
-
-    incident_id: str
-    run_id: str = ""  # "" for what coordinators of an earlier release recorded: the latest run
-    node: str = ""
-
-
-class RunRefs(Frozen):
-    runs: tuple[RunRef, ...] = ()
-
-
-class OpenIncident(Frozen):
-    """A running incident of the cluster, as visibility and its status query show it: what a
-    recreated coordinator rebuilds its grants and its line from."""
-
-    incident_id: str
-    run_id: str
-    placement: Placement
-    stage: Stage
-    contained: bool = False  # held, with its node drained as containment
-    takes_capacity: bool = True  # its action drains or repairs (an application restart takes none)
-
-
-class OpenIncidents(Frozen):
-    incidents: tuple[OpenIncident, ...] = ()
-    # How the coordinator's earlier run ended ("Terminated at 2026-12-01 12:00:00"), if it had
-    # one: then this one is a recreation, not the cluster's first.
-    earlier_run: str = ""
-
-
-class ReleaseRequest(Frozen):
-    cluster: str
-    incident_id: str
-    run_id: str = ""  # "" from incidents of an earlier release: whatever the incident holds
-
-
-class CapacityDecision(Frozen):
-    granted: bool
-    reason: str
-    position: int | None = None  # in line, while held
-    already: bool = False
-
-
-class Grant(Frozen):
-    incident_id: str
-    run_id: str = ""
-    node: str
-    pool: str
-    domains: tuple[str, ...]
-    at: datetime
-    override: str | None = None  # operator: reason, when granted past the budget
-
-
-class Held(Frozen):
-    incident_id: str
-    run_id: str = ""
-    node: str
-    placement: Placement
-    since: datetime
-    reason: str
-
-
-class Arrival(Frozen):
-    at: datetime
-    incident_id: str
-    run_id: str = ""
-    node: str
-    domains: tuple[str, ...]
-    gpu_uuids: tuple[str, ...] = ()
-
-
-class Breaker(Frozen):
-    tripped: bool = False
-    at: datetime | None = None
-    why: str = ""
-    nodes: tuple[str, ...] = ()
-    by: str = ""  # "gpuheal" (it tripped) or the operator who paused or resumed
-
-
-class DomainIncident(Frozen):
-    cluster: str
-    domain: str
-    incident_id: str  # the domain incident's workflow id
-    nodes: tuple[str, ...]
-    opened_at: datetime
-    decided: Literal["", "release", "dismiss"] = ""
-    decided_at: datetime | None = None  # from then on it holds nothing, and only newer reports count
-
-
-class OperatorAction(Frozen):
-    operator: OperatorName
-    reason: str = Field(min_length=1, max_length=500)
-
-
-class Override(Frozen):
-    incident_id: str
-    operator: OperatorName
-    reason: str = Field(min_length=1, max_length=500)
-
-
-class DomainDecision(Frozen):
-    domain: str
-    decision: Literal["release", "dismiss"]
-    operator: OperatorName
-    reason: str = Field(min_length=1, max_length=500)
-
-
-class DomainDecisionFor(Frozen):
-    cluster: str
-    decision: DomainDecision
-
-
-class GrantNotice(Frozen):
-    """The coordinator to a held incident: go (granted), or stop (its domain incident dismissed it)."""
-
-    granted: bool
-    reason: str
-
-
-class BudgetUse(Frozen):
-    name: str
-    used: int
-    limit: int
-
-
-class FleetState(BaseModel):
-    """The coordinator's state: carried whole across continue-as-new."""
-
-    cluster: str
-    policy: VersionedPolicy
-    breaker: Breaker = Breaker()
-    grants: dict[str, Grant] = {}
-    # Grants taken back before a replacement (breaker, domain incident): the node stays drained
-    # and out of service, so it counts against every budget until its incident releases it.
-    contained: dict[str, Grant] = {}
-    # Held incidents' nodes drained as containment (nothing new lands on them): outside the
-    # budget, within a bound of their own (the policy's containment_limit), none while tripped.
-    containing: dict[str, Grant] = {}
-    queue: list[Held] = []
-    arrivals: list[Arrival] = []  # within the longest window that needs them
-    remediations: list[datetime] = []  # grants, for the rate
-    last_release: dict[str, datetime] = {}  # node -> when gpuheal last gave it back (cooldown)
-    domain_incidents: dict[str, DomainIncident] = {}
-    decisions: int = 0
-    # The sizes the shares are of, as the latest placements said ("cluster", "pool P", "domain D"),
-    # so that what the coordinator shows is computed on the real cluster, not on one node.
-    sizes: dict[str, int] = {}
-    reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
-    # Nodes closed runs left drained (node -> the grant): still out, still counted (gpuheal.core.reaping).
-    left: dict[str, Grant] = {}
-    configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
-
-
-class FleetStatus(Frozen):
-    cluster: str
-    mode: Mode
-    policy_version: int
-    breaker: Breaker
-    out_of_service: tuple[Grant, ...]
-    held: tuple[Held, ...]
-    budget: tuple[BudgetUse, ...]
-    domain_incidents: tuple[DomainIncident, ...]
-    remediations_in_window: int
-    containment: BudgetUse | None = None  # held nodes drained as containment, and their bound
-    containing: tuple[Grant, ...] = ()
-    left: tuple[Grant, ...] = ()  # drained by incident runs that closed without giving back: counted
-
 
 # --- decisions ----------------------------------------------------------------------------------
 
@@ -435,34 +205,3 @@ def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) ->
     if action == ActionClass.IGNORE:
         return False
     return mode == "approve" or action in approval.required_for
-
-
-# --- the workflows' inputs (their names and messages: gpuheal.core.messages; ids: gpuheal.core.ids)
-
-
-Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, message
-
-
-class CoordinatorInput(Frozen):
-    cluster: str
-    seed: FleetPolicy
-    # The starting worker's configuration digest (policy_file.digest, computed where the
-    # configuration was read: what it set, not its defaults), so a restart of it changes nothing.
-    seed_digest: str = ""
-    state: FleetState | None = None  # carried across continue-as-new
-    notes: tuple[Note, ...] = ()  # ... with the notices still on their way
-    domains: tuple[DomainIncident, ...] = ()  # ... and the domain incidents not yet opened
-
-
-class DomainIncidentInput(Frozen):
-    cluster: str
-    incident: DomainIncident
-    decide_within_s: float = 3600.0
-    default: Literal["release", "dismiss"] = "release"
-
-
-class DomainIncidentResult(Frozen):
-    domain: str
-    nodes: tuple[str, ...]
-    decision: DomainDecision
-    coordinator: str

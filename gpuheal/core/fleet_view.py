@@ -15,16 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypeVar
 
-from gpuheal.core.fleet import (
-    Breaker,
-    BudgetUse,
-    DomainIncident,
-    FleetState,
-    FleetStatus,
-    Grant,
-    budget_uses,
-    containment_use,
-)
+from gpuheal.core.fleet import budget_uses, containment_use
+from gpuheal.core.fleet_models import Breaker, BudgetUse, DomainIncident, FleetState, FleetStatus, Grant
 from gpuheal.core.fleet_policy import Mode
 from gpuheal.core.models import Frozen
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuheal.core.fleet import (
+from gpuheal.core.fleet_models import (
     Admission,
     AdmitRequest,
     CapacityDecision,

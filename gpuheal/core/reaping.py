@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from gpuheal.core import fleet as policy
-from gpuheal.core.fleet import Breaker, FleetState, Grant, Held, Note, OpenIncidents, RunRef
+from gpuheal.core.fleet_models import Breaker, FleetState, Grant, Held, Note, OpenIncidents, RunRef
 from gpuheal.core.models import Stage
 
 # The coordinator looks for closed runs among those holding something this often, while any does

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from gpuheal.core.fleet import Placement
+from gpuheal.core.fleet_models import Placement
 from gpuheal.core.fleet_policy import VersionedPolicy
 from gpuheal.core.job_policy import JobCost
 from gpuheal.core.jobs import RetryBudget, VerifyOutcome

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuheal.core.coordination import Effects, grant, serve_queue
-from gpuheal.core.fleet import Breaker, DomainDecision, FleetState, GrantNotice, OperatorAction, Override
+from gpuheal.core.fleet_models import Breaker, DomainDecision, FleetState, GrantNotice, OperatorAction, Override
 from gpuheal.core.fleet_policy import ConfiguredPolicy, FleetPolicy, VersionedPolicy
 from gpuheal.core.models import Severity
 

@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import CapacityRequest, FleetStatus, Placement
+from gpuheal.core.fleet_models import CapacityRequest, FleetStatus, Placement
 from gpuheal.core.fleet_policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_STATUS, INCIDENT
 from gpuheal.core.models import ActionClass, ApprovalPolicy, RemediationResult, Stage

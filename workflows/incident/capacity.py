@@ -20,7 +20,7 @@ from gpuheal.workflows.incident.state import IncidentState
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import render
-    from gpuheal.core.fleet import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
+    from gpuheal.core.fleet_models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
     from gpuheal.core.models import ActionClass, ReplacementResult
 
 # Incidents started before it cleared a notice only once they began to wait, so a grant that came

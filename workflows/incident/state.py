@@ -12,7 +12,7 @@ from gpuheal.workflows.incident.ledger import JobLedger
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import policy, render
-    from gpuheal.core.fleet import GrantNotice, Placement
+    from gpuheal.core.fleet_models import GrantNotice, Placement
     from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
     from gpuheal.core.models import (
         ActionClass,
