@@ -51,7 +51,8 @@ RESULTS = REPO / "bench" / "results" / "storm.md"
 SPARES = 3
 VIEW_TIMEOUT = timedelta(seconds=5)
 GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
-AFTER_S = 30  # watched on after every incident is decided: held ones still ask to be contained
+AFTER_S = 60  # samples (1 s apart) the drained count must hold still before the watch ends
+AFTER_MAX_S = 900  # ... at most this long after every incident is decided
 
 
 def pct(values: list[float], q: float) -> float:
@@ -240,7 +241,14 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         run.all_decided_s = time.monotonic() - t0
         assert s is not None
         run.granted, run.held = done - s.held, s.held
-        await asyncio.sleep(AFTER_S)
+        # Watched on until Slurm's drained count settles: granted incidents drain after their
+        # grant, held ones after their containment answer, both behind the storm's backlog.
+        settle = time.monotonic() + AFTER_MAX_S
+        while time.monotonic() < settle:
+            await asyncio.sleep(5)
+            recent = watch.drained[-AFTER_S:]
+            if len(recent) >= AFTER_S and len(set(recent)) == 1:
+                break
         watch.on = False
         await reads
         await asyncio.to_thread(sampler.join)

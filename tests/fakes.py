@@ -80,6 +80,7 @@ class FakeCluster:
         replaced: EarlierReplacement | None = None,
     ) -> None:
         self.calls: list[str] = []
+        self.releases: list[ReleaseRequest] = []  # what each release told the coordinator
         self.settings = settings or RemediationSettings(checkpoint_grace_s=30)
         self.policy = policy or FleetPolicy()
         self.grant = grant
@@ -135,6 +136,7 @@ class FakeCluster:
         @implements(act.RELEASE_CAPACITY)
         async def release(req: ReleaseRequest) -> str:
             c.calls.append("release_capacity")
+            c.releases.append(req)
             return "released"
 
         @implements(act.CONTAIN_WHILE_HELD)

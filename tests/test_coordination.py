@@ -32,6 +32,7 @@ from gpuheal.core.fleet_models import (
     CapacityRequest,
     DomainDecision,
     FleetState,
+    Grant,
     OpenIncident,
     OpenIncidents,
     OperatorAction,
@@ -74,10 +75,12 @@ class Coordinator(RuleBasedStateMachine):
         self.runs = 0
         self.live: dict[str, tuple[str, str]] = {}  # node -> its incident run (asked, not yet released)
         self.dead: dict[tuple[str, str], datetime] = {}  # runs terminated (nothing given back) -> when
-        self.returned: set[str] = set()  # nodes an operator put back in service (scontrol resume)
+        # What Slurm shows drained by gpuheal, whatever the coordinator's books say: the truth
+        # they must count (a node is drained when granted or contained; it comes back when its
+        # incident returns or replaces it, or an operator resumes it).
+        self.drained: set[str] = set()
         self.resumed = False
         self.granted_ever: set[tuple[str, str]] = set()  # incident runs
-        self.stuck: set[str] = set()  # nodes left drained by an incident that ended contained
         self.recreated = False
 
     # --- what happens ---------------------------------------------------------------------
@@ -88,7 +91,6 @@ class Coordinator(RuleBasedStateMachine):
             return
         self.runs += 1
         incident, run = f"gpuheal-c-{node}", str(self.runs)  # the node's workflow id, a new run of it
-        self.returned.discard(node)  # its new incident may drain it again
         self.live[node] = (incident, run)
         req = AdmitRequest(
             incident_id=incident,
@@ -123,9 +125,7 @@ class Coordinator(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.s.left))
     @rule(data=st.data())
     def an_operator_returns_a_node_a_closed_run_left_drained(self, data: st.DataObject) -> None:
-        node = data.draw(st.sampled_from(sorted(self.s.left)))
-        self.returned.add(node)
-        self.stuck.discard(node)
+        self.drained.discard(data.draw(st.sampled_from(sorted(self.s.left))))
 
     @precondition(lambda self: (due := reaping.reap_due(self.s, self.now)) is not None and due <= self.now)
     @rule()
@@ -141,17 +141,21 @@ class Coordinator(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
     def an_incident_closes(self, data: st.DataObject) -> None:
-        self.close(data.draw(st.sampled_from(sorted(self.live))))
+        self.close(data.draw(st.sampled_from(sorted(self.live))), returned=data.draw(st.booleans()))
 
-    def close(self, node: str) -> None:
-        """An incident ends and releases; one contained while held (it ends not granted) leaves
-        its node drained, as the real one does, until an operator returns it."""
+    def close(self, node: str, returned: bool) -> None:
+        """An incident ends and releases. One that drained its node (granted, taken back, or
+        contained while held) either gave it back (returned or replaced) or ends with it still
+        drained (not granted, no capacity, aborted after the drain) and says so."""
         incident, run = self.live.pop(node)
-        if incident in self.s.grants:
-            self.stuck.discard(node)  # replaced or returned to service
-        if incident in self.s.containing:
-            self.stuck.add(node)
-        self.step(lambda: coordination.release(self.s, incident, self.now, run, keep_contained=True))
+        drained_it = any(incident in b and b[incident].run_id == run for b in self.books())
+        if drained_it and returned:
+            self.drained.discard(node)
+        left = drained_it and not returned
+        self.step(lambda: coordination.release(self.s, incident, self.now, run, left_drained=left))
+
+    def books(self) -> tuple[dict[str, Grant], ...]:
+        return (self.s.grants, self.s.contained, self.s.containing)
 
     @precondition(lambda self: bool(self.dead))
     @rule(data=st.data())
@@ -161,7 +165,7 @@ class Coordinator(RuleBasedStateMachine):
         incident, run = data.draw(st.sampled_from(sorted(self.dead)))
         live = set(self.live.values())
         before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
-        self.step(lambda: coordination.release(self.s, incident, self.now, run, keep_contained=True))
+        self.step(lambda: coordination.release(self.s, incident, self.now, run, left_drained=True))
         after = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
         assert before <= after, f"a late release freed a live run's hold: {before - after}"
 
@@ -194,7 +198,7 @@ class Coordinator(RuleBasedStateMachine):
         self.step(lambda: steering.domain_decision(self.s, d, self.now))
         for node, (incident, _) in list(self.live.items()):  # a dismissed incident ends: it releases
             if incident in dismissed:
-                self.close(node)
+                self.close(node, returned=False)
 
     @rule(cluster=BUDGETS, pool=BUDGETS)
     def the_policy_changes(self, cluster: str, pool: str) -> None:
@@ -231,9 +235,9 @@ class Coordinator(RuleBasedStateMachine):
         runs = reaping.start_reap(self.s, self.now)
         closed = [r for r in runs if (r.incident_id, r.run_id) in self.dead]
         asked = [*closed, *reaping.left_refs(self.s)]
-        drained = [r for r in asked if r.node not in self.returned]
+        drained = [r for r in asked if r.node in self.drained]
         self.step(lambda: coordination.reap(self.s, closed, drained, self.now))
-        assert not set(self.s.left) & self.returned, "a node back in service still counted"
+        assert set(self.s.left) <= self.drained, "a node back in service still counted"
         still = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & set(self.dead)
         assert not still, f"closed runs still hold something after a look: {still}"
 
@@ -258,13 +262,19 @@ class Coordinator(RuleBasedStateMachine):
                     incident_id=incident, run_id=run, placement=placement(node), stage=stage, contained=drained
                 )
             )
+        # Slurm shows the nodes drained by incidents that are not open (their drain reasons).
+        held_by_open = {o.placement.node for o in found if o.stage != Stage.HELD or o.contained}
+        left = tuple(
+            OpenIncident(incident_id=f"gpuheal-c-{n}", run_id="", placement=placement(n), stage=Stage.DONE)
+            for n in sorted(self.drained - held_by_open)
+        )
         self.recreated = True
         self.s = FleetState(cluster="c", policy=self.s.policy)
-        reaping.rebuild(self.s, OpenIncidents(incidents=tuple(found), earlier_run="Terminated"), self.now)
+        found_all = OpenIncidents(incidents=tuple(found), earlier_run="Terminated", left=left)
+        reaping.rebuild(self.s, found_all, self.now)
         assert {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} == before, "a hold forgotten"
         assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
-        self.dead.clear()  # what closed runs held went with the terminated coordinator
-        self.stuck.clear()  # and the nodes they left drained (not recovered: README, "Still open")
+        self.dead.clear()  # what closed runs held went with the terminated coordinator (their nodes: left)
 
     @rule()
     def it_continues_as_new(self) -> None:
@@ -280,7 +290,15 @@ class Coordinator(RuleBasedStateMachine):
         before = set(self.s.grants) | set(self.s.contained)  # a contained node is out already
         containing_before = set(self.s.containing)
         left_before = set(self.s.left)  # a node a closed run left drained: out already
+        drained_before = set(self.drained)
         change()  # type: ignore[operator]
+        self.drained |= {g.node for b in self.books() for g in b.values()}  # granted or contained: drained
+        by_operator = {g.node for g in self.s.grants.values() if g.override is not None}
+        if self.drained - drained_before - by_operator:  # gpuheal drained more (an override is a person's)
+            p = self.s.policy.policy
+            bound = policy.limit_of(p.budget.cluster, len(NODES)) + policy.limit_of(p.containment_limit, len(NODES))
+            out = len(self.drained - by_operator)
+            assert out <= bound, f"{out} drained by gpuheal's decisions, bound {bound} (+{len(by_operator)} overrides)"
         if set(self.s.containing) - containing_before:
             assert not tripped_before, "a held node contained while the breaker was tripped"
             limit = policy.limit_of(self.s.policy.policy.containment_limit, len(NODES))
@@ -328,10 +346,9 @@ class Coordinator(RuleBasedStateMachine):
                 assert not h.reason.startswith("disruption budget"), h.reason
 
     @invariant()
-    def a_node_left_drained_by_an_ended_containment_stays_counted(self) -> None:
-        counted = {g.node for g in (*self.s.grants.values(), *self.s.contained.values(), *self.s.containing.values())}
-        counted |= set(self.s.left)
-        assert self.stuck <= counted, f"drained, not counted: {self.stuck - counted}"
+    def every_node_gpuheal_drained_is_counted(self) -> None:
+        counted = {g.node for b in self.books() for g in b.values()} | set(self.s.left)
+        assert self.drained <= counted, f"drained, not counted: {self.drained - counted}"
 
     @invariant()
     def each_grant_counts_once_against_the_rate(self) -> None:

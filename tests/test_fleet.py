@@ -318,6 +318,36 @@ def test_a_node_a_terminated_run_left_drained_stays_counted_until_it_is_back() -
     assert again.granted and "taken over" in again.reason and not t.left and list(t.grants) == ["i-gpu01"]
 
 
+def test_an_incident_ending_with_its_node_still_drained_gives_back_its_place_not_the_node() -> None:
+    """Not granted after a containment, no capacity for a replacement, aborted after the drain:
+    the node is still out, so it stays counted (left) and the next held one is not drained in
+    its slot; nothing more than the budget plus the containment bound is ever out."""
+    s = state(budget=BudgetPolicy(cluster="1", node_cooldown_s=0), containment_limit="1")
+    a, b, c = (ask(n).model_copy(update={"run_id": "r"}) for n in ("gpu01", "gpu02", "gpu03"))
+    assert coordination.request(s, a, T0)[0].granted
+    for req in (b, c):
+        coordination.request(s, req, T0)
+    assert coordination.contain(s, b, T0)[0].granted  # 2 out: the budget's 1 and the bound's 1
+    said, _ = coordination.release(s, "i-gpu01", T0, "r", left_drained=True)  # no capacity: still drained
+    assert "still drained" in said and list(s.left) == ["gpu01"]
+    said, _ = coordination.release(s, "i-gpu02", T0, "r", left_drained=True)  # not granted: still drained
+    assert sorted(s.left) == ["gpu01", "gpu02"] and not s.containing
+    refused, _ = coordination.contain(s, c, T0)  # the containment slot is free, but 2 are out
+    assert not refused.granted and "the budget plus the containment bound (2)" in refused.reason
+    assert not coordination.request(s, c, T0)[0].granted
+    # A late release of another run of gpu03's incident frees nothing of this one's.
+    said, _ = coordination.release(s, "i-gpu03", T0, "other-run")
+    assert [h.incident_id for h in s.queue] == ["i-gpu03"] and "nothing held by run" not in said
+
+
+def test_a_recreated_coordinator_counts_the_nodes_ended_incidents_left_drained() -> None:
+    s = state(budget=BudgetPolicy(cluster="2"))
+    gone = OpenIncident(incident_id="i-gpu07", run_id="", placement=place("gpu07"), stage=Stage.DONE)
+    reaping.rebuild(s, OpenIncidents(incidents=(), earlier_run="Terminated at x", left=(gone,)), T0)
+    assert list(s.left) == ["gpu07"] and fleet.budget_uses(s)[0].used == 1 and s.breaker.tripped
+    assert "1 nodes left drained" in s.breaker.why
+
+
 def test_a_pools_budget_bounds_its_contained_nodes_too() -> None:
     s = state(budget=BudgetPolicy(cluster="100", per_pool="2"), containment_limit="50")
     grant(s, "gpu00")  # one out in pool h100 (of 2)

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuheal.core import policy_file
 from gpuheal.core import settings as settings_module
 from gpuheal.core.envvars import Var, shown_default, variables
+from gpuheal.core.fleet_policy import FleetPolicy
 from gpuheal.core.settings import Settings, readme_table, with_tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,9 +25,11 @@ DECLARED = variables(Settings)
 BY_NAME = {v.name: v for v in DECLARED}
 
 # Values the chart deliberately sets away from the declared default, and why.
-CHART_CHOICES = {
-    "GPUHEAL_MODE": "a new install observes for a week before it acts",
-    "GPUHEAL_APPROVAL_REQUIRED": "replacing a node waits for a human until the operators trust it",
+CHART_CHOICES: dict[str, str] = {}
+# ... and fields of its policy file (values.yaml `policy`).
+POLICY_CHOICES = {
+    "mode": "a new install observes for a week before it acts",
+    "approval.required_for": "replacing a node waits for a human until the operators trust it",
 }
 
 
@@ -132,3 +136,16 @@ def test_the_chart_defaults_are_the_declared_ones() -> None:
             differ[name] = (f"{path}: {given!r}", var.default)
     assert not differ, f"values.yaml differs from the declared defaults (chart, declared): {differ}"
     assert choices == CHART_CHOICES.keys(), f"stale chart choices: {sorted(CHART_CHOICES.keys() - choices)}"
+
+
+def test_the_charts_policy_is_a_policy_file_with_the_declared_defaults_but_its_choices() -> None:
+    """values.yaml `policy` is what the worker reads as GPUHEAL_POLICY_FILE: a valid policy file
+    (a typo in a field name, or a budget of "5.5", fails here, not in a pod), and it sets every
+    field it names to the declared default unless it is one of the chart's choices."""
+    given = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    policy = policy_file.merged(FleetPolicy(), given, source="values.yaml policy")
+    changed = {line.split(":", 1)[0] for line in policy_file.differences(FleetPolicy(), policy)}
+    assert changed == POLICY_CHOICES.keys(), f"the chart's policy differs from the defaults in {sorted(changed)}"
+    config = (CHART / "templates" / "configmap.yaml").read_text()
+    assert "GPUHEAL_POLICY_FILE: /etc/gpuheal/policy.yaml" in config and "toYaml .Values.policy" in config
+    assert not [v.name for v in DECLARED if v.path[0] == "fleet" and v.name in config], "policy set twice"

@@ -91,6 +91,7 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
+    assert [(bool(r.run_id), r.left_drained) for r in fake.releases] == [(True, False)]  # its run's; replaced
     node_calls = [c for c in fake.calls if c in NODE_SIDE]
     assert node_calls == [
         "look_up",
@@ -258,6 +259,7 @@ async def test_no_spare_waits_for_capacity_within_its_bound_then_closes_no_capac
     assert waiting.duration_s is not None and 600 <= waiting.duration_s < 800
     assert result.node_state == NodeState.AWAITING_REPLACEMENT
     assert "drained and out; replacement pending" in result.node_detail
+    assert [r.left_drained for r in fake.releases] == [True]  # still out: the coordinator keeps counting it
     assert "decommission" not in fake.calls
 
 
@@ -371,6 +373,7 @@ async def test_held_incident_ends_not_granted_at_its_bound(env: WorkflowEnvironm
     assert "drained by this incident" in result.node_detail
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]
     assert "release_capacity" in fake.calls  # its place in line is given back
+    assert [r.left_drained for r in fake.releases] == [True]  # not its contained node: still counted
 
 
 async def test_late_report_for_a_node_gpuheal_replaced_names_the_replacement(env: WorkflowEnvironment) -> None:

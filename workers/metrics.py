@@ -67,12 +67,21 @@ FLEET_BUDGET_LIMIT = Gauge("gpuheal_fleet_budget_limit", "Nodes the disruption b
 FLEET_BUDGET_USED = Gauge("gpuheal_fleet_budget_used", "Nodes out against each budget", ["budget"])
 
 
+_BUDGETS_SHOWN: set[str] = set()  # the budget labels set last time
+
+
 def observe_fleet(view: FleetView) -> None:
     for mode in ("observe", "approve", "auto"):
         FLEET_MODE.labels(mode).set(1 if view.mode == mode else 0)
     FLEET_BREAKER.set(1 if view.breaker.tripped else 0)
     FLEET_OUT.set(view.out + view.containing + view.left)
     FLEET_HELD.set(view.held)
+    shown = {u.name for u in (*view.budget, *([view.containment] if view.containment else []))}
+    for gone in _BUDGETS_SHOWN - shown:  # a budget no longer in the view: its series ends (no stale value)
+        FLEET_BUDGET_LIMIT.remove(gone)
+        FLEET_BUDGET_USED.remove(gone)
+    _BUDGETS_SHOWN.clear()
+    _BUDGETS_SHOWN.update(shown)
     for use in (*view.budget, *([view.containment] if view.containment else [])):
         FLEET_BUDGET_LIMIT.labels(use.name).set(use.limit)
         FLEET_BUDGET_USED.labels(use.name).set(use.used)

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         Note,
         OperatorAction,
         Override,
+        ReleaseRequest,
         RunRef,
         RunRefs,
     )
@@ -328,10 +329,12 @@ class FleetCoordinator:
         return answer
 
     @workflow.update(name=m.FLEET_RELEASE_RUN.name)
-    def release_run(self, ref: RunRef) -> str:
-        """As release, for one run of the incident only (sent by incidents of this release)."""
-        keep = workflow.patched(KEEP_CONTAINED)
-        answer, out = coordination.release(self._s, ref.incident_id, workflow.now(), ref.run_id, keep_contained=keep)
+    def release_run(self, req: ReleaseRequest) -> str:
+        """As release, for one run of the incident only, saying whether its node stays drained
+        (sent by incidents of this release)."""
+        answer, out = coordination.release(
+            self._s, req.incident_id, workflow.now(), req.run_id, left_drained=req.left_drained
+        )
         self._apply(out)
         return answer
 

@@ -12,8 +12,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
@@ -50,19 +50,27 @@ async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
     client, fleet_id = await _coordinator(settings)
     handle = client.get_workflow_handle(fleet_id)
     try:
-        v = None if args.live else await FLEET_VIEW.read(handle, rpc_timeout=VIEW_TIMEOUT)
+        described = await handle.describe(rpc_timeout=VIEW_TIMEOUT)
+        v = None if args.live else await FLEET_VIEW.read_from(described)
         if v is None:  # asked for, or a coordinator of a release before the memo: its query
             v = fleet_view.view(await FLEET_STATUS.ask(handle), datetime.now(UTC), cut=None)
     except RPCError as err:
-        print(f"no coordinator for cluster {settings.cluster!r} yet (it starts with the first incident): {err}")
+        if err.status == RPCStatusCode.NOT_FOUND:
+            print(f"no coordinator for cluster {settings.cluster!r} yet (it starts with the first incident)")
+        else:
+            print(f"the coordinator of cluster {settings.cluster!r} did not answer: {err}", file=sys.stderr)
         return 1
+    if described.status != WorkflowExecutionStatus.RUNNING:
+        closed = f" at {described.close_time:%Y-%m-%d %H:%M:%S} UTC" if described.close_time else ""
+        status = described.status.name if described.status else "closed"
+        print(f"THE COORDINATOR IS {status}{closed}: its last view, not now (the next incident starts a new one)")
     print("\n".join(render_view(v, datetime.now(UTC))))
     return 0
 
 
 def render_view(v: FleetView, now: datetime) -> list[str]:
     age = max(0.0, (now - v.at).total_seconds())
-    as_of = f"as of {v.at:%H:%M:%S}, {age:.0f} s ago"
+    as_of = f"its last change {v.at:%H:%M:%S} UTC, {age:.0f} s ago" if not v.whole else "live"
     lines = [f"cluster {v.cluster}: mode {v.mode}, policy version {v.policy_version} ({as_of})"]
     b = v.breaker
     at = f" at {b.at:%H:%M:%S}" if b.at else ""
@@ -70,12 +78,12 @@ def render_view(v: FleetView, now: datetime) -> list[str]:
     for u in v.budget:
         lines.append(f"budget      {u.name}: {u.used} of {u.limit} out of service, {max(0, u.limit - u.used)} left")
     if v.budgets_not_shown:
-        lines.append(f"budget      ... {v.budgets_not_shown} domain budgets with nothing out (--live lists them)")
+        lines.append(f"budget      ... {v.budgets_not_shown} more domain budgets, the fullest shown (--live lists all)")
     if v.containment is not None:
         c = v.containment
         tripped = " (none new: the breaker is tripped)" if b.tripped else ""
         lines.append(f"contained   {c.used} of {c.limit} held nodes drained as containment{tripped}")
-    lines.append(f"rate        {v.remediations_in_window} remediations in the rate window")
+    lines.append(f"rate        {v.remediations_in_window} remediations in the rate window (at that change)")
     for label, rows, count, tail in (
         ("out", v.out_nodes, v.out, ""),
         ("contained", v.containing_nodes, v.containing, " (held)"),

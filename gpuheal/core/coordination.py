@@ -174,14 +174,23 @@ def confirm(
 
 
 def release(
-    s: FleetState, incident_id: str, now: datetime, run_id: str = "", keep_contained: bool = False
+    s: FleetState,
+    incident_id: str,
+    now: datetime,
+    run_id: str = "",
+    left_drained: bool = False,
+    keep_contained: bool = False,
 ) -> tuple[str, Effects]:
     """The incident gave its node back (closed, aborted, returned): budget frees, the next in
     line may go. Idempotent. With its `run_id`, only what that run holds: a late release of a
-    run that was terminated never frees its node's next run's grant. `keep_contained`: a node
-    contained while held is not given back by its incident's ending (a run that ends not
-    granted leaves it drained), so it stays counted as `left` until a look for closed runs finds
-    it back in service (within REAP_EVERY_S) or its node's next incident takes it over."""
+    run that was terminated never frees its node's next run's grant.
+
+    An incident that ends with its node still drained by it (`left_drained`: not granted after a
+    containment, no capacity for a replacement, aborted after the drain) gives back its place,
+    not the node: the node stays counted, as `left`, until a look for closed runs finds it back
+    in service (within REAP_EVERY_S) or its node's next incident takes it over; else a budget
+    would free for nodes that are still out. Incidents of an earlier release do not say; for
+    them (`keep_contained`) a node contained while held is taken as still drained."""
 
     def mine(g: Grant | Held) -> bool:
         return not run_id or not g.run_id or g.run_id == run_id
@@ -191,19 +200,19 @@ def release(
     if held and not all(mine(book[incident_id]) for book in held):
         other = held[0][incident_id].run_id
         return f"nothing held by run {run_id} of {incident_id} (its run {other} holds it)", Effects()
-    contained = s.containing.get(incident_id) if keep_contained else None
-    grant = s.grants.pop(incident_id, None) or s.contained.pop(incident_id, None)
-    grant = grant or s.containing.pop(incident_id, None)
-    s.contained.pop(incident_id, None)
-    s.containing.pop(incident_id, None)
+    grant = s.grants.pop(incident_id, None)
+    grant = s.contained.pop(incident_id, None) or grant
+    contained = s.containing.pop(incident_id, None)
+    grant = grant or contained
     s.queue = [h for h in s.queue if h.incident_id != incident_id or not mine(h)]
-    if contained is not None and contained.node not in {g.node for g in s.grants.values()}:
-        s.left[contained.node] = contained
+    stays = grant is not None and (left_drained or (keep_contained and contained is not None))
+    if grant is not None and stays and grant.node not in {g.node for g in s.grants.values()}:
+        s.left[grant.node] = grant
     if grant is not None:
         s.last_release[grant.node] = now
     out = serve_queue(s, now)
-    if contained is not None:
-        return f"released {contained.node} (still drained as containment: counted until back in service)", out
+    if grant is not None and stays:
+        return f"released {grant.node} (still drained: counted until it is back in service)", out
     return (f"released {grant.node}" if grant else "nothing held"), out
 
 
@@ -290,8 +299,9 @@ def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
 def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> Effects:
     """A new run of an incident asks while an earlier, closed run of it still holds something
     (terminated: it ran no code to give it back): that is dropped first, so the new run is
-    decided on its own (before, it found "granted already" and skipped breaker and budget). Its
-    node is the new run's own, so nothing is left uncounted."""
+    decided on its own (before, it found "granted already" and skipped breaker and budget). A
+    node the earlier run had drained stays counted, as left by it, until a look finds it back in
+    service or the new run is granted it (it may be held: the node is still out meanwhile)."""
     earlier = {
         (r.incident_id, r.run_id)
         for r in reaping.holders(s)
@@ -299,6 +309,10 @@ def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> E
     }
     if not earlier:
         return Effects()
+    for book in (s.grants, s.contained, s.containing):
+        g = book.get(req.incident_id)
+        if g is not None and (g.incident_id, g.run_id) in earlier:
+            s.left.setdefault(g.node, g)
     dropped = reaping.drop(s, earlier)
     text = f"{req.incident_id}: an earlier run ended holding {', '.join(dropped)}; its new run is decided afresh"
     return Effects(notes=[("grants_reaped", "info", text)])

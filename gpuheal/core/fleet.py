@@ -82,6 +82,16 @@ def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool,
     use = containment_use(state, req.placement.cluster_size)
     if use.used >= use.limit:
         return False, f"not contained: {use.used} of {use.limit} held nodes drained already (containment bound)"
+    # Everything gpuheal has out (granted, contained, left drained by ended runs) stays within the
+    # budget plus the containment bound: a slot freed by a containment that ended with its node
+    # still drained (left) is not a slot to drain another node with.
+    cluster = budget_uses(state, req.placement)[0]
+    if cluster.used + use.used >= cluster.limit + use.limit:
+        total = cluster.used + use.used
+        return (
+            False,
+            f"not contained: {total} nodes out, the budget plus the containment bound ({cluster.limit + use.limit})",
+        )
     # A pool's or a domain's own budget bounds everything out in it, contained nodes too: the
     # cluster-wide bound alone would let one pool be drained whole.
     for b in budget_uses(state, req.placement)[1:]:

@@ -101,12 +101,14 @@ class OpenIncidents(Frozen):
     # How the coordinator's earlier run ended ("Terminated at 2026-12-01 12:00:00"), if it had
     # one: then this one is a recreation, not the cluster's first.
     earlier_run: str = ""
+    left: tuple[OpenIncident, ...] = ()  # nodes Slurm shows drained by an incident no longer open
 
 
 class ReleaseRequest(Frozen):
     cluster: str
     incident_id: str
     run_id: str = ""  # "" from incidents of an earlier release: whatever the incident holds
+    left_drained: bool = False  # it ends with its node still drained by it: counted until back
 
 
 class CapacityDecision(Frozen):

@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypeVar
 
+from pydantic import ConfigDict
+
 from gpuheal.core.fleet import budget_uses, containment_use
 from gpuheal.core.fleet_models import Breaker, BudgetUse, DomainIncident, FleetState, FleetStatus, Grant
 from gpuheal.core.fleet_policy import Mode
@@ -26,19 +28,23 @@ T = TypeVar("T")
 
 
 class NodeLine(Frozen):
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer coordinator's view still reads
+
     node: str  # a node, or a domain for a domain incident
     incident_id: str
     note: str = ""
 
 
 class FleetView(Frozen):
-    at: datetime  # the coordinator's time when it wrote this
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer coordinator's view still reads
+
+    at: datetime  # the coordinator's time at its last change (a quiet coordinator writes nothing)
     cluster: str
     mode: Mode
     policy_version: int
     breaker: Breaker
     budget: tuple[BudgetUse, ...]  # cluster, each pool, each domain in use
-    budgets_not_shown: int = 0  # domain budgets with nothing out, past the first VIEW_NODES
+    budgets_not_shown: int = 0  # domain budgets with nothing out, or past the first VIEW_NODES in use
     containment: BudgetUse | None = None
     remediations_in_window: int = 0
     out: int = 0  # granted (and contained by an earlier release's path)
@@ -92,6 +98,8 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
     # The cluster's and pools' budgets always; domains only in use (a fleet has hundreds of racks).
     budget = [u for u in st.budget if not u.name.startswith("domain ")]
     domains = tuple(u for u in st.budget if u.name.startswith("domain ") and (u.used > 0 or cut is None))
+    if cut is not None:  # the fullest first: those are the ones an operator must see
+        domains = tuple(sorted(domains, key=lambda u: (-u.used / max(1, u.limit), -u.used, u.name)))
     budget += first(domains)
     open_domains = tuple(d for d in st.domain_incidents if not d.decided)
     return FleetView(

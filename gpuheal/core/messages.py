@@ -27,7 +27,7 @@ from gpuheal.core.fleet_models import (
     GrantNotice,
     OperatorAction,
     Override,
-    RunRef,
+    ReleaseRequest,
 )
 from gpuheal.core.fleet_policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
 from gpuheal.core.fleet_view import FleetView
@@ -35,7 +35,7 @@ from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoverySt
 from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
 
 if TYPE_CHECKING:  # only typed here: the callers bring their handles (client, activity or workflow side)
-    from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+    from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionDescription, WorkflowHandle
     from temporalio.workflow import ExternalWorkflowHandle
 
 I = TypeVar("I")  # noqa: E741  (input, output: as in activities/interface.py)
@@ -100,7 +100,9 @@ class Memo(Generic[O]):
 
     async def read(self, handle: WorkflowHandle[Any, Any], rpc_timeout: timedelta | None = None) -> O | None:
         """The value, or None where the workflow has not written one (a release before it)."""
-        described = await handle.describe(rpc_timeout=rpc_timeout)
+        return await self.read_from(await handle.describe(rpc_timeout=rpc_timeout))
+
+    async def read_from(self, described: WorkflowExecutionDescription) -> O | None:
         answer: O | None = await described.memo_value(self.key, None, type_hint=self.output)
         return answer
 
@@ -123,7 +125,7 @@ FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the f
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
 FLEET_RELEASE = Update("release", str, str)  # the incident id (incidents of an earlier release)
-FLEET_RELEASE_RUN = Update("release_run", RunRef, str)  # what that incident run holds
+FLEET_RELEASE_RUN = Update("release_run", ReleaseRequest, str)  # what that incident run holds
 FLEET_CONTAIN = Update("contain", CapacityRequest, CapacityDecision)  # a held incident's containment drain
 FLEET_PAUSE = Update("pause", OperatorAction, str)
 FLEET_RESUME = Update("resume", OperatorAction, str)

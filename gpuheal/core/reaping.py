@@ -148,10 +148,18 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
         )
         if o.contained:
             s.containing[o.incident_id] = grant
+    counted = {g.node for g in (*s.grants.values(), *s.contained.values(), *s.containing.values())}
+    for o in found.left:  # drained by incidents that ended: counted until back in service
+        p = o.placement
+        if p.node not in counted and p.node not in s.left:
+            policy.note_sizes(s, p)
+            s.left[p.node] = Grant(
+                incident_id=o.incident_id, run_id="", node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
+            )
     nodes = tuple(sorted(o.placement.node for o in new))[:NOTE_NODES]
     why = (
-        f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents; "
-        "their grants and line are rebuilt from them: check them (`gpuheal fleet`)"
+        f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents "
+        f"and {len(found.left)} nodes left drained; their grants and line are rebuilt: check them (`gpuheal fleet`)"
     )
     s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
     names = _names(sorted(o.placement.node for o in new))

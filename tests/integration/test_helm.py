@@ -13,6 +13,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from gpuheal.core.models import ActionClass
+from gpuheal.core.settings import Settings
 from infra.sandbox import REPO
 from infra.sandbox.kube import KubeSandbox
 
@@ -101,10 +103,17 @@ def test_the_chart_installs_with_the_least_privilege_rbac(installed: KubeSandbox
     assert not allowed("update", "deployments", group="apps")
 
 
-def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed: KubeSandbox) -> None:
+def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed: KubeSandbox, tmp_path: Path) -> None:
     core, apps = client.CoreV1Api(installed.api()), client.AppsV1Api(installed.api())
     config = core.read_namespaced_config_map(RELEASE, NAMESPACE).data
-    assert config["GPUHEAL_CLUSTER"] == "sandbox" and config["GPUHEAL_MODE"] == "observe"
+    assert config["GPUHEAL_CLUSTER"] == "sandbox" and config["GPUHEAL_POLICY_FILE"] == "/etc/gpuheal/policy.yaml"
+    # The policy as one file, as the worker reads it (the variables would be refused beside it).
+    text = core.read_namespaced_config_map(f"{RELEASE}-policy", NAMESPACE).data["policy.yaml"]
+    written = tmp_path / "policy.yaml"
+    written.write_text(text)
+    read = Settings.from_env({"GPUHEAL_POLICY_FILE": str(written)}).fleet
+    assert read.mode == "observe" and read.approval.required_for == (ActionClass.REPLACE_NODE,)
+    assert read.containment_limit == "10%" and read.budget.cluster == "10%"
     assert config["GPUHEAL_TEMPORAL_TLS_KEY"] == "/etc/temporal-tls/tls.key"
     assert not any("TOKEN" in key for key in config)  # secrets never in a ConfigMap
     webhook = apps.read_namespaced_deployment(f"{RELEASE}-webhook", NAMESPACE).spec.template.spec
@@ -113,5 +122,9 @@ def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed:
     assert webhook.automount_service_account_token is False
     worker = apps.read_namespaced_deployment(f"{RELEASE}-worker", NAMESPACE).spec.template.spec
     assert worker.service_account_name == f"{RELEASE}-worker"
+    for pod in (worker, webhook):  # both read the policy (the webhook its duplicate window)
+        mounts = {m.name: m.mount_path for m in pod.containers[0].volume_mounts}
+        volumes = {v.name: v.config_map.name for v in pod.volumes if v.config_map is not None}
+        assert mounts["policy"] == "/etc/gpuheal" and volumes["policy"] == f"{RELEASE}-policy"
     agent = apps.read_namespaced_daemon_set(f"{RELEASE}-agent", NAMESPACE)
     assert agent.spec.template.spec.automount_service_account_token is False

@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import render
     from gpuheal.core.fleet_models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
-    from gpuheal.core.models import ActionClass, ReplacementResult
+    from gpuheal.core.models import ActionClass, NodeState, ReplacementResult
 
 # Incidents started before it cleared a notice only once they began to wait, so a grant that came
 # during the containment drain was lost; they keep that path (workflow.patched) to replay.
@@ -32,6 +32,8 @@ BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
 # Incidents started before it drained their node without a grant when a later report escalated
 # an action that needed none (an application restart) to one that drains.
 ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
+# Endings that leave the node drained by this incident: the coordinator keeps counting it.
+STILL_OUT = frozenset({NodeState.DRAINED, NodeState.BLOCKED, NodeState.AWAITING_REPLACEMENT, NodeState.ESCALATED})
 
 
 async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
@@ -126,7 +128,8 @@ async def release(s: IncidentState) -> None:
         return
     # Its run's holdings only (an activity's input is not part of replay: no patch needed).
     run_id = workflow.info().first_execution_run_id
-    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id, run_id=run_id)
+    left = s.node_at.state in STILL_OUT and s.drain is not None and s.drain.drained_by_us
+    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id, run_id=run_id, left_drained=left)
     await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster", timeout=COORDINATOR)
 
 

@@ -20,3 +20,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 - {name: temporal-tls, mountPath: /etc/temporal-tls, readOnly: true}
 {{- end }}
 {{- end }}
+
+{{- define "gpuheal.policyVolume" -}}
+- name: policy
+  configMap: {name: {{ .Release.Name }}-policy}
+{{- end }}
+
+{{- define "gpuheal.policyMount" -}}
+- {name: policy, mountPath: /etc/gpuheal, readOnly: true}
+{{- end }}
