@@ -278,14 +278,14 @@ class FleetActivities:
             )
 
         found = [o for o in await asyncio.gather(*(where(wf) for wf in listed)) if o is not None]
-        # Nodes Slurm shows drained by an incident that is no longer open (it ended not granted,
-        # without capacity, or was terminated): the earlier run counted them; so does this one.
-        running = {o.incident_id for o in found}
+        # Every node Slurm shows drained by its incident: the rebuild counts those that no open
+        # incident's grant or containment counts (one ended not granted, without capacity, or was
+        # terminated; one still running but closing, or a new run held on its node), as left.
         nodes, _ = await self._listings()
         left = []
         for name, n in sorted(nodes.items()):
             incident = ids.incident_id(cluster, name)
-            if n.drained and incident not in running and policy.is_our_drain(n.reason, incident):
+            if n.drained and policy.is_our_drain(n.reason, incident):
                 where_ = await self._placement(name)
                 left.append(OpenIncident(incident_id=incident, run_id="", placement=where_, stage=Stage.DONE))
         return OpenIncidents(incidents=tuple(found), earlier_run=ended[0], left=tuple(left))

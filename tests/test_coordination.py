@@ -262,11 +262,10 @@ class Coordinator(RuleBasedStateMachine):
                     incident_id=incident, run_id=run, placement=placement(node), stage=stage, contained=drained
                 )
             )
-        # Slurm shows the nodes drained by incidents that are not open (their drain reasons).
-        held_by_open = {o.placement.node for o in found if o.stage != Stage.HELD or o.contained}
+        # Slurm shows every node drained by its incident (drain reasons), whatever is open.
         left = tuple(
             OpenIncident(incident_id=f"gpuheal-c-{n}", run_id="", placement=placement(n), stage=Stage.DONE)
-            for n in sorted(self.drained - held_by_open)
+            for n in sorted(self.drained)
         )
         self.recreated = True
         self.s = FleetState(cluster="c", policy=self.s.policy)

@@ -32,6 +32,15 @@ def test_a_file_may_say_part_of_the_policy_and_the_rest_stays(tmp_path: Path) ->
     assert policy_file.differences(new, new) == []
 
 
+def test_a_count_written_as_a_yaml_number_is_a_count(tmp_path: Path) -> None:
+    """`--set policy.budget.cluster=3` renders `cluster: 3`, a number: read as the count 3, not
+    refused (a worker and a webhook crash-looping on a chart value)."""
+    f = tmp_path / "p.yaml"
+    f.write_text("budget:\n  cluster: 3\n  per_pool: 2\ncontainment_limit: 4\n")
+    p = policy_file.merged(FleetPolicy(), policy_file.read(f))
+    assert (p.budget.cluster, p.budget.per_pool, p.containment_limit) == ("3", "2", "4")
+
+
 def test_the_whole_policy_rendered_is_taken_back_unchanged(tmp_path: Path) -> None:
     p = FleetPolicy(budget=BudgetPolicy(cluster="3", per_pool="25%"), containment_limit="2")
     back = policy_file.merged(FleetPolicy(), policy_file.read(write(tmp_path, policy_file.render(p))))

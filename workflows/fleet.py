@@ -68,6 +68,10 @@ REBUILD = "coordinator-rebuilds-from-the-open-incidents"
 VIEW = "coordinator-keeps-its-view-in-its-memo"
 # Nor did they count a node contained while held once its incident ended (it stays drained).
 KEEP_CONTAINED = "coordinator-counts-a-contained-node-after-its-incident"
+# Nor did they bound containment by everything out (grants, containments and left nodes against
+# the budget plus the containment bound), nor keep a terminated run's node counted when its
+# incident's next run asked.
+COUNTS_LEFT = "coordinator-bounds-containment-by-all-out-and-keeps-a-dead-runs-node"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
@@ -298,7 +302,7 @@ class FleetCoordinator:
         answer (granted, or its place in line)."""
         await self._rebuilt()
         answer, out = coordination.request(
-            self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2)
+            self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2), counts_left=self._counts()
         )
         self._apply(out)
         return answer
@@ -308,7 +312,9 @@ class FleetCoordinator:
         """Before a replacement: the grant stands unless the breaker tripped or the domain escalated."""
         await self._rebuilt()
         old = not workflow.patched(COORDINATOR_2)
-        answer, out = coordination.confirm(self._s, req, workflow.now(), contain=not old, tell_requester=old)
+        answer, out = coordination.confirm(
+            self._s, req, workflow.now(), contain=not old, tell_requester=old, counts_left=self._counts()
+        )
         self._apply(out)
         return answer
 
@@ -316,9 +322,13 @@ class FleetCoordinator:
     async def contain(self, req: CapacityRequest) -> CapacityDecision:
         """May a held incident drain its node as containment? Within its bound, never while tripped."""
         await self._rebuilt()
-        answer, out = coordination.contain(self._s, req, workflow.now())
+        answer, out = coordination.contain(self._s, req, workflow.now(), counts_left=self._counts())
         self._apply(out)
         return answer
+
+    def _counts(self) -> bool:
+        """Whether this coordinator counts what stays drained in its decisions (COUNTS_LEFT)."""
+        return workflow.patched(COUNTS_LEFT)
 
     @workflow.update(name=m.FLEET_RELEASE.name)
     def release(self, incident_id: str) -> str:

@@ -113,13 +113,13 @@ def _check_domains(s: FleetState, placement: Placement, now: datetime) -> Effect
 
 
 def request(
-    s: FleetState, req: CapacityRequest, now: datetime, tell_requester: bool = False
+    s: FleetState, req: CapacityRequest, now: datetime, tell_requester: bool = False, counts_left: bool = True
 ) -> tuple[CapacityDecision, Effects]:
     """May this incident take its node out of service now? Idempotent: asked again, the same
     answer (granted, or its place in line). Granted while the line is served, it hears it in the
     answer; a notice as well (`tell_requester`, as the coordinators of the release before sent)
     could arrive late, after a later confirmation took the grant back, and be taken for a grant."""
-    out = _forget_earlier_run(s, req, now)
+    out = _forget_earlier_run(s, req, now, counts_left)
     if req.incident_id in s.grants:
         return CapacityDecision(granted=True, reason="granted already", already=True), out
     for i, held in enumerate(s.queue):
@@ -144,7 +144,12 @@ def request(
 
 
 def confirm(
-    s: FleetState, req: CapacityRequest, now: datetime, contain: bool = True, tell_requester: bool = False
+    s: FleetState,
+    req: CapacityRequest,
+    now: datetime,
+    contain: bool = True,
+    tell_requester: bool = False,
+    counts_left: bool = True,
 ) -> tuple[CapacityDecision, Effects]:
     """Before a replacement: a grant stands unless the breaker has tripped or the node's domain
     has become a domain incident since; then it is taken back and the incident held. Its node
@@ -152,7 +157,7 @@ def confirm(
     until released, and the rate slot it held serves the line. (`contain` False: as the
     coordinators of the release before did, which freed the budget and served no one.)"""
     if req.incident_id not in s.grants or reaping.earlier_run(s.grants[req.incident_id].run_id, req.run_id):
-        return request(s, req, now, tell_requester=tell_requester)
+        return request(s, req, now, tell_requester=tell_requester, counts_left=counts_left)
     domain = policy.escalated_domain(s, req.placement)
     grant = s.grants[req.incident_id]
     why = ""
@@ -273,10 +278,12 @@ def next_wake(s: FleetState, now: datetime) -> datetime | None:
     return min(later) if later else None
 
 
-def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[CapacityDecision, Effects]:
+def contain(
+    s: FleetState, req: CapacityRequest, now: datetime, counts_left: bool = True
+) -> tuple[CapacityDecision, Effects]:
     """May a held incident drain its node as containment (nothing new lands on it)? Within the
     containment bound, never while the breaker is tripped. Idempotent: asked again, the same."""
-    out = _forget_earlier_run(s, req, now)
+    out = _forget_earlier_run(s, req, now, counts_left)
     if req.incident_id in s.containing:
         return CapacityDecision(granted=True, reason="contained already", already=True), out
     if req.incident_id in s.grants or req.incident_id in s.contained:
@@ -284,7 +291,7 @@ def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
     if all((h.incident_id, h.run_id) != (req.incident_id, req.run_id) for h in s.queue):
         return CapacityDecision(granted=False, reason="not contained: it is not in line (dismissed, or done)"), out
     policy.note_sizes(s, req.placement)
-    ok, why = policy.containment_decision(s, req)
+    ok, why = policy.containment_decision(s, req, total_bound=counts_left)
     if ok:
         p = req.placement
         s.containing[req.incident_id] = Grant(
@@ -296,7 +303,7 @@ def contain(s: FleetState, req: CapacityRequest, now: datetime) -> tuple[Capacit
 # --- runs that ended without giving back (gpuheal.core.reaping) ---------------------------------
 
 
-def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> Effects:
+def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime, keep_left: bool = True) -> Effects:
     """A new run of an incident asks while an earlier, closed run of it still holds something
     (terminated: it ran no code to give it back): that is dropped first, so the new run is
     decided on its own (before, it found "granted already" and skipped breaker and budget). A
@@ -309,7 +316,7 @@ def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime) -> E
     }
     if not earlier:
         return Effects()
-    for book in (s.grants, s.contained, s.containing):
+    for book in (s.grants, s.contained, s.containing) if keep_left else ():
         g = book.get(req.incident_id)
         if g is not None and (g.incident_id, g.run_id) in earlier:
             s.left.setdefault(g.node, g)

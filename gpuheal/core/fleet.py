@@ -67,7 +67,7 @@ def containment_use(state: FleetState, size: int | None = None) -> BudgetUse:
     return BudgetUse(name="containment", used=len(state.containing), limit=limit)
 
 
-def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool, str]:
+def containment_decision(state: FleetState, req: CapacityRequest, total_bound: bool = True) -> tuple[bool, str]:
     """(drain, why): may a held incident drain its node so nothing new lands on it? Never while
     the breaker is tripped (a storm of false alerts must not drain the fleet), never past the
     containment bound, and only where the policy contains at all."""
@@ -86,7 +86,7 @@ def containment_decision(state: FleetState, req: CapacityRequest) -> tuple[bool,
     # budget plus the containment bound: a slot freed by a containment that ended with its node
     # still drained (left) is not a slot to drain another node with.
     cluster = budget_uses(state, req.placement)[0]
-    if cluster.used + use.used >= cluster.limit + use.limit:
+    if total_bound and cluster.used + use.used >= cluster.limit + use.limit:
         total = cluster.used + use.used
         return (
             False,

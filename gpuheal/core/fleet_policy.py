@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from gpuheal.core.envvars import setting
 from gpuheal.core.models import ApprovalPolicy, Frozen, OperatorName
@@ -30,6 +30,9 @@ def limit_of(spec: str, total: int) -> int:
 
 class BudgetPolicy(Frozen):
     """How much capacity gpuheal may have out of service at once, and how fast it may take it."""
+
+    # A budget of 3 in a YAML file (the chart's values) is a number: read it as the text "3".
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
 
     cluster: str = setting(
         "GPUHEAL_BUDGET",
@@ -106,6 +109,9 @@ class RepeatPolicy(Frozen):
 
 class FleetPolicy(Frozen):
     """The cluster's policy: every incident runs under it, whoever sent the report."""
+
+    # A budget of 3 in a YAML file (the chart's values) is a number: read it as the text "3".
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
 
     mode: Mode = setting(
         "GPUHEAL_MODE",
