@@ -394,9 +394,12 @@ async def test_a_cli_report_runs_under_the_clusters_approval_policy(
     assert result.outcome == "aborted" and result.policy_version == 1
 
 
-async def test_half_a_rack_is_one_domain_incident_not_two_replacements(
-    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
+@pytest.mark.parametrize("decision", ["dismiss", "release"])
+async def test_half_a_rack_is_one_domain_incident_and_the_operators_decision_ends_it(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client, decision: str
 ) -> None:
+    """Dismissed: the rack is handled as one (no replacement each). Released (the switch ruled
+    out): the node incidents go on one by one, within the budget, and are replaced."""
     slurm.extra_env["GPUHEAL_SLURM_ACTIVE"] = "4"
     try:
         slurm.start_slurm(clean=True)
@@ -422,14 +425,20 @@ async def test_half_a_rack_is_one_domain_incident_not_two_replacements(
         (domain,) = fleet.domain_incidents
         assert domain.domain == "gpuheal.io/rack=r1" and set(domain.nodes) == {"gpu01", "gpu02"}
         assert all("domain incident" in h.reason for h in fleet.held)
-        dismissed = await gpuheal(
-            slurm, settings, "domain", "dismiss", "gpuheal.io/rack=r1", "--operator", "dana", "--reason", "PDU swap"
+        decided = await gpuheal(
+            slurm, settings, "domain", decision, "gpuheal.io/rack=r1", "--operator", "dana", "--reason", "looked at it"
         )
-        assert dismissed.returncode == 0, dismissed.stderr
-        results = await asyncio.wait_for(asyncio.gather(a.result(), b.result()), 90)
-    assert [r.outcome for r in results] == ["escalated", "escalated"]
-    assert all(r.replacement_node is None for r in results)  # one domain incident, not two replacements
-    assert domain.incident_id in results[0].node_detail
+        assert decided.returncode == 0, decided.stderr
+        results = await asyncio.wait_for(asyncio.gather(a.result(), b.result()), 180)
+        after = await fleet_status(client, settings)
+    if decision == "dismiss":
+        assert [r.outcome for r in results] == ["escalated", "escalated"]
+        assert all(r.replacement_node is None for r in results)  # one domain incident, not two replacements
+        assert domain.incident_id in results[0].node_detail
+    else:
+        assert [r.outcome for r in results] == ["resolved", "resolved"]
+        assert all(r.replacement_node is not None for r in results)
+    assert [d.decided for d in after.domain_incidents] == [decision] and not after.held
 
 
 async def test_a_coordinator_terminated_by_hand_is_rebuilt_from_the_open_incidents_and_starts_tripped(
