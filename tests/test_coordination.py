@@ -32,7 +32,6 @@ from gpuheal.core.fleet_models import (
     CapacityRequest,
     DomainDecision,
     FleetState,
-    Grant,
     OpenIncident,
     OpenIncidents,
     OperatorAction,
@@ -148,14 +147,11 @@ class Coordinator(RuleBasedStateMachine):
         contained while held) either gave it back (returned or replaced) or ends with it still
         drained (not granted, no capacity, aborted after the drain) and says so."""
         incident, run = self.live.pop(node)
-        drained_it = any(incident in b and b[incident].run_id == run for b in self.books())
+        drained_it = any(incident in b and b[incident].run_id == run for b in self.s.books())
         if drained_it and returned:
             self.drained.discard(node)
         left = drained_it and not returned
         self.step(lambda: coordination.release(self.s, incident, self.now, run, left_drained=left))
-
-    def books(self) -> tuple[dict[str, Grant], ...]:
-        return (self.s.grants, self.s.contained, self.s.containing)
 
     @precondition(lambda self: bool(self.dead))
     @rule(data=st.data())
@@ -291,7 +287,7 @@ class Coordinator(RuleBasedStateMachine):
         left_before = set(self.s.left)  # a node a closed run left drained: out already
         drained_before = set(self.drained)
         change()  # type: ignore[operator]
-        self.drained |= {g.node for b in self.books() for g in b.values()}  # granted or contained: drained
+        self.drained |= {g.node for b in self.s.books() for g in b.values()}  # granted or contained: drained
         by_operator = {g.node for g in self.s.grants.values() if g.override is not None}
         if self.drained - drained_before - by_operator:  # gpuheal drained more (an override is a person's)
             p = self.s.policy.policy
@@ -346,7 +342,7 @@ class Coordinator(RuleBasedStateMachine):
 
     @invariant()
     def every_node_gpuheal_drained_is_counted(self) -> None:
-        counted = {g.node for b in self.books() for g in b.values()} | set(self.s.left)
+        counted = {g.node for b in self.s.books() for g in b.values()} | set(self.s.left)
         assert self.drained <= counted, f"drained, not counted: {self.drained - counted}"
 
     @invariant()

@@ -104,6 +104,7 @@ class FleetCoordinator:
         self._rebuilding = inp.state is None
         self._reap_now = False  # a grant notice found its incident gone: look at once
         self._changed = True  # the memo's view is to be written (_show)
+        self._showing: asyncio.Future[None] | None = None  # _show, for coordinators with VIEW
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
@@ -435,19 +436,25 @@ class FleetCoordinator:
         return self._s.policy
 
     def _details(self) -> None:
-        self._changed = True  # the view in the memo is written anew (_show)
-        view = fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
-        workflow.set_current_details(fleet_view.details(view, self._undelivered))
+        """A state change: the view is drawn anew, by _show once for all the changes of this
+        workflow task (a storm's task carries many); coordinators before VIEW draw it here."""
+        if self._showing is None:
+            workflow.set_current_details(fleet_view.details(self._view(), self._undelivered))
+        self._changed = True
+
+    def _view(self) -> fleet_view.FleetView:
+        return fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
 
     async def _show(self) -> None:
-        """The view in the memo, written anew after each state change: `gpuheal fleet` reads it
-        from the server, so it answers while this coordinator is too busy for a query (a storm).
-        At most once per workflow task, and only when it changed (each write is a history event)."""
+        """The view in the memo and the UI's details, written anew after state changes: `gpuheal
+        fleet` reads the memo from the server, so it answers while this coordinator is too busy
+        for a query (a storm). The memo only when a figure changed (each write is a history event)."""
         shown: dict[str, Any] | None = None
         while True:
             await workflow.wait_condition(lambda: self._changed)
             self._changed = False
-            view = fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
+            view = self._view()
+            workflow.set_current_details(fleet_view.details(view, self._undelivered))
             figures = view.model_dump(exclude={"at"})
             if figures != shown:
                 workflow.upsert_memo({m.FLEET_VIEW.key: view})

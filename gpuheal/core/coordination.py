@@ -200,15 +200,12 @@ def release(
     def mine(g: Grant | Held) -> bool:
         return not run_id or not g.run_id or g.run_id == run_id
 
-    books = (s.grants, s.contained, s.containing)
-    held = [book for book in books if incident_id in book]
-    if held and not all(mine(book[incident_id]) for book in held):
-        other = held[0][incident_id].run_id
-        return f"nothing held by run {run_id} of {incident_id} (its run {other} holds it)", Effects()
-    grant = s.grants.pop(incident_id, None)
-    grant = s.contained.pop(incident_id, None) or grant
-    contained = s.containing.pop(incident_id, None)
-    grant = grant or contained
+    held = [book[incident_id] for book in s.books() if incident_id in book]
+    if not all(mine(g) for g in held):
+        return f"nothing held by run {run_id} of {incident_id} (its run {held[0].run_id} holds it)", Effects()
+    popped = [book.pop(incident_id, None) for book in s.books()]
+    grant = next((g for g in popped if g is not None), None)
+    contained = popped[2]  # it was contained while held
     s.queue = [h for h in s.queue if h.incident_id != incident_id or not mine(h)]
     stays = grant is not None and (left_drained or (keep_contained and contained is not None))
     if grant is not None and stays and grant.node not in {g.node for g in s.grants.values()}:
@@ -316,7 +313,7 @@ def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime, keep
     }
     if not earlier:
         return Effects()
-    for book in (s.grants, s.contained, s.containing) if keep_left else ():
+    for book in s.books() if keep_left else ():
         g = book.get(req.incident_id)
         if g is not None and (g.incident_id, g.run_id) in earlier:
             s.left.setdefault(g.node, g)

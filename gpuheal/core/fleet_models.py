@@ -227,6 +227,10 @@ class FleetState(BaseModel):
     left: dict[str, Grant] = {}
     configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
 
+    def books(self) -> tuple[dict[str, Grant], dict[str, Grant], dict[str, Grant]]:
+        """Where a run's hold on its node is kept (by incident id): granted, taken back, contained."""
+        return self.grants, self.contained, self.containing
+
 
 class FleetStatus(Frozen):
     cluster: str

@@ -51,7 +51,6 @@ class FleetView(Frozen):
     containing: int = 0  # held, drained as containment
     left: int = 0  # drained by closed runs, still counted
     held: int = 0
-    domains_open: int = 0
     out_nodes: tuple[NodeLine, ...] = ()
     containing_nodes: tuple[NodeLine, ...] = ()
     left_nodes: tuple[NodeLine, ...] = ()
@@ -101,7 +100,6 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
     if cut is not None:  # the fullest first: those are the ones an operator must see
         domains = tuple(sorted(domains, key=lambda u: (-u.used / max(1, u.limit), -u.used, u.name)))
     budget += first(domains)
-    open_domains = tuple(d for d in st.domain_incidents if not d.decided)
     return FleetView(
         at=at,
         cluster=st.cluster,
@@ -116,7 +114,6 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
         containing=len(st.containing),
         left=len(st.left),
         held=len(st.held),
-        domains_open=len(open_domains),
         out_nodes=first(tuple(_line(g, g.override or "") for g in st.out_of_service)),
         containing_nodes=first(tuple(_line(g) for g in st.containing)),
         left_nodes=first(tuple(_line(g) for g in st.left)),

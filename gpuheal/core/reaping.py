@@ -38,8 +38,9 @@ def earlier_run(held_by: str, asking: str) -> bool:
 def holders(s: FleetState) -> list[RunRef]:
     """Every run that holds something: a grant, a grant taken back, a containment, a place in line."""
     found: dict[tuple[str, str], str] = {}
-    for g in (*s.grants.values(), *s.contained.values(), *s.containing.values()):
-        found[(g.incident_id, g.run_id)] = g.node
+    for book in s.books():
+        for g in book.values():
+            found[(g.incident_id, g.run_id)] = g.node
     for h in s.queue:
         found.setdefault((h.incident_id, h.run_id), h.node)
     return [RunRef(incident_id=i, run_id=r, node=n) for (i, r), n in found.items()]
@@ -48,7 +49,7 @@ def holders(s: FleetState) -> list[RunRef]:
 def drop(s: FleetState, runs: set[tuple[str, str]]) -> list[str]:
     """Remove everything these runs hold; what was removed, in words."""
     gone: list[str] = []
-    for book in (s.grants, s.contained, s.containing):
+    for book in s.books():
         for key in [k for k, g in book.items() if (g.incident_id, g.run_id) in runs]:
             gone.append(f"{book.pop(key).node} ({key})")
     gone += [f"{h.node} ({h.incident_id}, in line)" for h in s.queue if (h.incident_id, h.run_id) in runs]
@@ -92,7 +93,8 @@ def reap(s: FleetState, closed: Iterable[RunRef], still_drained: Iterable[RunRef
         out.append(("left_back_in_service", "info", f"back in service, no longer counted: {_names(back)}"))
     kept = [
         g
-        for g in (*s.grants.values(), *s.contained.values(), *s.containing.values())
+        for book in s.books()
+        for g in book.values()
         if (g.incident_id, g.run_id) in runs and (g.incident_id, g.node) in drained
     ]
     gone = drop(s, runs)
@@ -148,7 +150,7 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
         )
         if o.contained:
             s.containing[o.incident_id] = grant
-    counted = {g.node for g in (*s.grants.values(), *s.contained.values(), *s.containing.values())}
+    counted = {g.node for book in s.books() for g in book.values()}
     for o in found.left:  # drained by incidents that ended: counted until back in service
         p = o.placement
         if p.node not in counted and p.node not in s.left:
