@@ -66,6 +66,7 @@ from gpuheal.core.models import (
     RepairResult,
     ReplacementLookup,
     ReplacementResult,
+    ReplaceRequest,
     RequeueRequest,
     RequeueResult,
 )
@@ -98,7 +99,7 @@ NOTIFY_OPERATORS = Activity("notify_operators", Notification, type(None))
 LIST_JOBS_ON_NODE = Activity("list_jobs_on_node", NodeRef, JobList)
 DRAIN_SLURM_NODE = Activity("drain_slurm_node", DrainRequest, DrainResult)
 REPAIR_NODE = Activity("repair_node", RepairRequest, RepairResult)
-REPLACE_NODE = Activity("replace_node", NodeRef, ReplacementResult)
+REPLACE_NODE = Activity("replace_node", ReplaceRequest, ReplacementResult)
 CHECK_NODE_HEALTH = Activity("check_node_health", NodeRef, HealthCheckResult)
 RESUME_SLURM_NODE = Activity("resume_slurm_node", NodeRef, str)
 DECOMMISSION_NODE = Activity("decommission_node", NodeRef, str)

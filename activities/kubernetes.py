@@ -46,6 +46,7 @@ CORDONED_BY_US = "gpuheal.io/cordoned-by-gpuheal"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 BORROWED_BY = "gpuheal.io/borrowed-by"  # label (selectable): the incident, on a borrowed node
 BORROWED_FROM = "gpuheal.io/borrowed-from"  # annotation: the pool it goes back to
+BORROW_TRIES = 3  # choices lost to another incident's precondition before "nothing to borrow"
 
 
 class KubernetesActivities:
@@ -180,20 +181,15 @@ class KubernetesActivities:
                 return BorrowResult(node=n.metadata.name, from_pool=pool, already_done=True)
         failed = await call(self.core.read_node, req.failed.kube_node)
         training_pool = (failed.metadata.labels or {}).get(POOL_LABEL, "default")
-        choice, why = await self._borrowable(req.policy)
-        if choice is None:
+        for _ in range(BORROW_TRIES):
+            choice, version, why = await self._borrowable(req.policy)
+            if choice is None:
+                return BorrowResult(node=None, why=why)
+            if await self._take(choice, version, req):
+                break
+            why = f"other incidents took each node chosen first ({BORROW_TRIES} tries)"
+        else:
             return BorrowResult(node=None, why=why)
-        await call(
-            self.core.patch_node,
-            choice,
-            {
-                "metadata": {
-                    "labels": {BORROWED_BY: _label_safe(req.incident_id)},
-                    "annotations": {BORROWED_FROM: req.policy.pool, INCIDENT_ANNOTATION: req.incident_id},
-                },
-                "spec": {"unschedulable": True},
-            },
-        )
         evicted = await self._evict_node(choice, req.deadline_s)
         if evicted.blocked:  # a PDB changed its mind meanwhile: give it back untouched
             await self._return_node(choice, req.policy.pool)
@@ -205,14 +201,38 @@ class KubernetesActivities:
         )
         return BorrowResult(node=choice, evicted=evicted.evicted, from_pool=req.policy.pool)
 
-    async def _borrowable(self, policy: BorrowPolicy) -> tuple[str | None, str]:
-        """The inference node with the fewest pods whose owners can spare them, or why none."""
+    async def _take(self, name: str, version: str, req: BorrowRequest) -> bool:
+        """Cordon and mark the node as this incident's, only if it is as it was when chosen (a
+        resourceVersion precondition): of two incidents choosing one node, one gets it."""
+        patch = {
+            "metadata": {
+                "resourceVersion": version,
+                "labels": {BORROWED_BY: _label_safe(req.incident_id)},
+                "annotations": {BORROWED_FROM: req.policy.pool, INCIDENT_ANNOTATION: req.incident_id},
+            },
+            "spec": {"unschedulable": True},
+        }
+        try:
+            await call(self.core.patch_node, name, patch)
+        except ApiException as err:
+            if err.status == 409:  # changed since it was read: choose again
+                return False
+            raise
+        return True
+
+    async def _borrowable(self, policy: BorrowPolicy) -> tuple[str | None, str, str]:
+        """The inference node with the fewest pods whose owners can spare them (with the
+        resourceVersion it was chosen at), or why none."""
         nodes = await call(self.core.list_node, label_selector=f"{POOL_LABEL}={policy.pool}")
-        ready = [n for n in nodes.items if node_ready(n) and not n.spec.unschedulable]
+        ready = [
+            n
+            for n in nodes.items
+            if node_ready(n) and not n.spec.unschedulable and BORROWED_BY not in (n.metadata.labels or {})
+        ]
         if not ready:
-            return None, f"no Ready node in pool {policy.pool}"
+            return None, "", f"no Ready node in pool {policy.pool}"
         reasons = []
-        best: tuple[int, str] | None = None
+        best: tuple[int, str, str] | None = None
         for n in ready:
             name = n.metadata.name
             pods = await self._workload_pods(name)
@@ -220,10 +240,10 @@ class KubernetesActivities:
             if refusal:
                 reasons.append(f"{name}: {refusal}")
             elif best is None or len(pods) < best[0]:
-                best = (len(pods), name)
+                best = (len(pods), name, n.metadata.resource_version)
         if best is None:
-            return None, "; ".join(reasons)
-        return best[1], ""
+            return None, "", "; ".join(reasons)
+        return best[1], best[2], ""
 
     async def _workload_pods(self, node: str) -> list[Any]:
         pods = await call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")

@@ -37,6 +37,7 @@ from gpuheal.core.models import (
     RepairResult,
     ReplacementLookup,
     ReplacementResult,
+    ReplaceRequest,
 )
 from gpuheal.providers.base import NodeProvider, NoSpareCapacity
 
@@ -112,13 +113,19 @@ class RemediationActivities:
         return await self._provider.repair(req.node.node, req.action)
 
     @implements(act.REPLACE_NODE)
-    async def replace_node(self, ref: NodeRef) -> ReplacementResult:
+    async def replace_node(self, req: ReplaceRequest) -> ReplacementResult:
         """A new node in place of the failed one; "no capacity" is an answer, not an error to
-        retry thirty times: the workflow waits for capacity on its own, slower, cadence."""
+        retry thirty times: the workflow waits for capacity on its own, slower, cadence, and
+        hands each try the last one's pool and start."""
+        earlier = None
+        if req.pool is not None or req.since is not None:
+            earlier = ReplacementResult(failed_node=req.node, new_node=None, pool=req.pool, since=req.since)
         try:
-            return await self._provider.replace(ref.node, ref.incident_id)
+            return await self._provider.replace(req.node, req.incident_id, earlier)
         except NoSpareCapacity as err:
-            return ReplacementResult(failed_node=ref.node, new_node=None, no_capacity=str(err))
+            searched = err.searched or earlier
+            pool, since = (searched.pool, searched.since) if searched is not None else (None, None)
+            return ReplacementResult(failed_node=req.node, new_node=None, no_capacity=str(err), pool=pool, since=since)
 
     @implements(act.CHECK_NODE_HEALTH)
     async def check_node_health(self, ref: NodeRef) -> HealthCheckResult:

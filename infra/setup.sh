@@ -5,12 +5,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager debootstrap chromium-headless-shell; do
+for pkg in slurmctld slurmd slurm-client munge openssh-server prometheus prometheus-alertmanager debootstrap chromium-headless-shell; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"
   apt-get update -qq
+  # Debian starts a package's service on install (slurmctld, munge, ssh): policy-rc.d says no,
+  # the sandboxes start their own daemons.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 

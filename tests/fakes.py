@@ -58,6 +58,7 @@ from gpuheal.core.models import (
     RepairResult,
     ReplacementLookup,
     ReplacementResult,
+    ReplaceRequest,
     RequeueRequest,
     RequeueResult,
     ResumedJob,
@@ -189,7 +190,7 @@ class FakeCluster:
             return RepairResult(action=req.action, repaired=c.can_repair, detail="fake repair")
 
         @implements(act.REPLACE_NODE)
-        async def replace(ref: NodeRef) -> ReplacementResult:
+        async def replace(ref: ReplaceRequest) -> ReplacementResult:
             c.calls.append("replace")
             if c.spares <= 0:
                 return ReplacementResult(failed_node=ref.node, new_node=None, no_capacity="no spare node left")

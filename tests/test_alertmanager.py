@@ -82,3 +82,11 @@ def test_an_xid_from_an_annotation_is_part_of_the_alert_key() -> None:
     assert first.alert_key == "f@20261130T010000+xid63" and later.alert_key == again.alert_key != first.alert_key
     (labelled,) = to_reports(payload(alert({"node": "gpu01", "xid": "79"})), "c").reports
     assert labelled.alert_key == "f@20261130T010000"  # a label is in the fingerprint already
+
+
+@pytest.mark.parametrize(
+    ("labels", "field"), [({"node": 'inf02" OR x="y'}, "node"), ({"node": "inf02", "cluster": "Prod OR 1"}, "cluster")]
+)
+def test_a_give_back_alert_with_a_bad_name_is_rejected(labels: dict[str, str], field: str) -> None:
+    parsed = to_reports(payload(alert({**labels, "gpuheal_action": "give_back"})), "prod")
+    assert parsed.give_backs == [] and parsed.rejected[0].reason.startswith(f"{field}: ")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from temporalio.testing import ActivityEnvironment
 
 from gpuheal.clients import proc
 from gpuheal.clients.notify import WebhookNotifier
@@ -66,14 +67,15 @@ esac
 
 async def test_exec_hook_provider(hook: Path) -> None:
     p = ExecHookProvider(str(hook), timeout_s=30)
-    assert (await p.replace("gpu01", "gpuheal-c-gpu01")).new_node == "gpu42"
+    replaced = await ActivityEnvironment().run(p.replace, "gpu01", "gpuheal-c-gpu01")
+    assert replaced.new_node == "gpu42"
     repaired = await p.repair("gpu01", ActionClass.REBOOT_NODE)
     assert repaired.repaired and repaired.detail == "power-cycled gpu01"
     assert await p.decommission("gpu01", "replaced") == "RMA filed"
     health = await p.check_health("gpu01")
     assert not health.healthy and health.detail == "GPU 3 missing"
     calls = (hook.parent / "calls").read_text().splitlines()
-    assert calls[0] == "replace gpu01 gpuheal-c-gpu01" and calls[1] == "repair gpu01 reboot_node"
+    assert calls[0] == "replace gpu01 gpuheal-c-gpu01 test-run" and calls[1] == "repair gpu01 reboot_node"
     with pytest.raises(ValueError, match="invalid node name"):
         await p.replace("gpu01; reboot", "x")
 

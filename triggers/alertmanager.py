@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuheal.core.errors import describe_error
-from gpuheal.core.models import HealthReport
+from gpuheal.core.models import ClusterName, HealthReport, NodeName
 
 NODE_LABELS = ("node", "Hostname", "hostname", "instance")
 XID_LABELS = ("xid", "err_code", "XID")
@@ -56,8 +56,8 @@ class Rejected(BaseModel):
 class GiveBack(BaseModel):
     """An alert that says inference wants its node back (label gpuheal_action="give_back")."""
 
-    cluster: str
-    node: str
+    cluster: ClusterName  # both reach a visibility query: validated like every node name
+    node: NodeName
     reason: str
 
 
@@ -97,9 +97,12 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
             continue
         if alert.labels.get("gpuheal_action") == "give_back":  # demand shifted back to inference
             why = (alert.annotations.get("summary") or alert.labels.get("alertname", "alert"))[:200]
-            give_backs.append(
-                GiveBack(cluster=alert.labels.get("cluster") or default_cluster, node=_node_from(node), reason=why)
-            )
+            try:
+                give_backs.append(
+                    GiveBack(cluster=alert.labels.get("cluster") or default_cluster, node=_node_from(node), reason=why)
+                )
+            except ValidationError as err:
+                rejected.append(Rejected(alert=name, reason=describe_error(err, "alert")))
             continue
         # dcgm-exporter's rule carries the XID as the alert value, in an annotation
         xid_label = _first(alert.labels, XID_LABELS)

@@ -36,7 +36,15 @@ from gpuheal.clients.slurm.base import NodeOutOfService, SlurmBackend, UnknownNo
 from gpuheal.core import dedupe, ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT, INCIDENT_GIVE_BACK, INCIDENT_REPORT
-from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, Stage
+from gpuheal.core.models import (
+    Decision,
+    HealthReport,
+    RemediationInput,
+    RemediationResult,
+    Stage,
+    check_cluster_name,
+    check_node_name,
+)
 from gpuheal.core.settings import Settings
 
 log = logging.getLogger("gpuheal.start")
@@ -79,7 +87,10 @@ async def start_or_join(
 
 async def give_back_borrowed(client: Client, cluster: str, node: str, operator: str, reason: str) -> str:
     """Demand shifted back: the running incident that borrowed `node` from inference gives it back
-    now (its jobs move off first). Says so when no incident holds that node."""
+    now (its jobs move off first). Says so when no incident holds that node. The names reach a
+    visibility query: a bad one is refused here, before it is asked."""
+    check_node_name(node)
+    check_cluster_name(cluster)
     query = queries.where(
         queries.of_type(INCIDENT),
         queries.eq(sa.CLUSTER, cluster),

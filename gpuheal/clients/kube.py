@@ -18,6 +18,7 @@ from gpuheal.clients.proc import heartbeat
 
 REQUEST_TIMEOUT_S = 15
 POOL_LABEL = "gpuheal.io/pool"
+REPLACES_ANNOTATION = "gpuheal.io/replaces"  # on a new Node: the incident run it was reserved for
 
 
 def load_api(kubeconfig: str | None) -> client.ApiClient:

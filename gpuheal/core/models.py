@@ -21,9 +21,11 @@ from gpuheal.core.envvars import section, setting
 # a shell); the pattern still refuses anything a Slurm or Kubernetes node name cannot be.
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_PATTERN)]
-ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
+ClusterName = Annotated[str, StringConstraints(pattern=CLUSTER_NAME_PATTERN)]
 OperatorName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")]
 _NODE_RE = re.compile(NODE_NAME_PATTERN)
+_CLUSTER_RE = re.compile(CLUSTER_NAME_PATTERN)
 
 
 def check_node_name(node: str) -> str:
@@ -31,6 +33,12 @@ def check_node_name(node: str) -> str:
     if not _NODE_RE.match(node):
         raise ValueError(f"invalid node name {node!r}")
     return node
+
+
+def check_cluster_name(cluster: str) -> str:
+    if not _CLUSTER_RE.match(cluster):
+        raise ValueError(f"invalid cluster name {cluster!r}")
+    return cluster
 
 
 # Literals and sets that several layers speak: defined here, once.
@@ -198,6 +206,13 @@ class BorrowPolicy(Frozen):
     )
     floor: int = setting(
         "GPUHEAL_BORROW_FLOOR", 1, "never take an inference Deployment below this many ready replicas", ge=0
+    )
+    give_back_wait_s: float = setting(
+        "GPUHEAL_BORROW_GIVE_BACK_WAIT_S",
+        86400.0,
+        "how long a borrowed node may wait, drained, for its last jobs to leave before it goes back"
+        " (it never goes back with a job on it: past this, a person decides)",
+        gt=0,
     )
 
 
@@ -422,6 +437,17 @@ class ReplacementResult(Frozen):
     new_node: str | None  # None: no capacity now (no_capacity says why)
     already_done: bool = False
     no_capacity: str = ""
+    # What the search for a new node needs on its next try, once the failed node is gone: the
+    # pool it comes from and when the search began (a node made meanwhile still counts).
+    pool: str | None = None
+    since: datetime | None = None
+
+
+class ReplaceRequest(NodeRef):
+    """A NodeRef (what earlier releases sent), plus the last try's pool and start."""
+
+    pool: str | None = None
+    since: datetime | None = None
 
 
 class EarlierReplacement(Frozen):

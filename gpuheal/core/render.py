@@ -211,6 +211,20 @@ def given_back(node: str, jobs: int, left: JobList, released: str, back: str, by
     return f"{why}{jobs} job(s) moved off {node}{stayed}; {released}; {back}"
 
 
+def give_back_waits(node: str, left: JobList, bound_s: float) -> str:
+    return (
+        f"{node} stays in Slurm, drained: job(s) {[j.job_id for j in left.jobs]} still run on it; it goes back"
+        f" to inference once they leave (at most {bound_s:.0f} s)"
+    )
+
+
+def kept_borrowed(node: str, pool: str, left: JobList, bound_s: float) -> str:
+    return (
+        f"{node} kept in Slurm, drained: job(s) {[j.job_id for j in left.jobs]} still on it after {bound_s:.0f} s;"
+        f" no job is killed to give it back: return it to pool {pool} by hand once they end"
+    )
+
+
 def awaiting_capacity(reason: str, waited_s: float, bound_s: float) -> str:
     return f"no capacity: {reason}; waited {waited_s:.0f} s of {bound_s:.0f} s"
 

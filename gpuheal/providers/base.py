@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from temporalio import activity
+
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.core.settings import ProviderSettings
@@ -25,9 +27,10 @@ class NodeProvider(Protocol):
         """Reset the GPU or reboot the node. ``repaired=False`` when the platform cannot."""
         ...
 
-    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
+    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
         """Bring a healthy node into the cluster in place of `node`; returns it once it serves.
-        Raises NoSpareCapacity when there is none to be had."""
+        Raises NoSpareCapacity when there is none to be had. `earlier` is this incident run's
+        last try (its pool and start), for a try after the failed node is gone."""
         ...
 
     async def decommission(self, node: str, reason: str) -> str:
@@ -46,7 +49,18 @@ class NodeProvider(Protocol):
 
 
 class NoSpareCapacity(RuntimeError):
-    """No node to replace with, now."""
+    """No node to replace with, now. `searched` is what the next try goes on from."""
+
+    def __init__(self, why: str, searched: ReplacementResult | None = None) -> None:
+        super().__init__(why)
+        self.searched = searched
+
+
+def run_key(incident_id: str) -> str:
+    """What a provider records its choice under: the incident's run, never only its node's id
+    (an incident id names a node, and its next failure is a new run that needs a new spare)."""
+    run_id = activity.info().workflow_run_id if activity.in_activity() else ""
+    return f"{incident_id}/{run_id}" if run_id else incident_id
 
 
 @dataclass

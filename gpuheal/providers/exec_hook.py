@@ -1,11 +1,12 @@
 """The exec hook: how a cloud API (or a site's own tooling) plugs in without a line of Python.
 
-``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT`` (prints
+``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT RUN`` (prints
 ``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be had),
 ``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON``, ``HOOK health NODE`` (prints
 ``{"healthy": true, "detail": "..."}``), and for nodes borrowed from inference ``HOOK adopt NODE``
-and ``HOOK release NODE REASON``. It must be idempotent per incident id: a retried
-activity calls it again. It runs under the provider timeout; on timeout its whole process group
+and ``HOOK release NODE REASON``. A replacement must be idempotent per incident run
+(``INCIDENT/RUN``; a node's next failure is a new run of the same incident id that needs a new
+node): a retried activity calls it again. It runs under the provider timeout; on timeout its whole process group
 is killed.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from gpuheal.clients import proc
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
-from gpuheal.providers.base import NoSpareCapacity, ProviderContext
+from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key
 
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"
 
@@ -42,8 +43,9 @@ class ExecHookProvider:
         out = await self._run("repair", check_node_name(node), action.value)
         return RepairResult(action=action, repaired=True, detail=str(out.get("message", "repaired")))
 
-    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
-        out = await self._run("replace", check_node_name(node), incident_id)
+    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+        incident, _, run = run_key(incident_id).partition("/")
+        out = await self._run("replace", check_node_name(node), incident, run)
         return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])))
 
     async def decommission(self, node: str, reason: str) -> str:

@@ -1,7 +1,8 @@
 """The Kubernetes-native provider, for Slurm-on-Kubernetes clusters (Slinky and the like).
 
 Deleting the Node (or its Cluster API Machine) makes the node group create a new one; the
-provider waits, heartbeating, for a new Ready node in the same pool that has joined Slurm.
+provider waits, heartbeating, for a new Ready node in the same pool that has joined Slurm, and
+reserves it for the incident run (an annotation under a resourceVersion precondition).
 A GPU reset or a reboot is not a Kubernetes operation: it goes to GPUHEAL_REPAIR_HOOK when one
 is set (an exec hook that, say, calls the BMC), and otherwise the workflow replaces the node.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -20,7 +21,7 @@ from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.providers.base import ProviderContext, unsupported_repair
+from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key, unsupported_repair
 from gpuheal.providers.exec_hook import ExecHookProvider, repair_hook
 
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
@@ -47,52 +48,108 @@ class KubernetesProvider:
             return unsupported_repair(node, action, "the kubernetes")
         return await self._repairer.repair(node, action)
 
-    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
-        # A replacement is a node created after this replacement began (its first attempt, so a
-        # retry after a crash still recognises it) that was not in the pool before.
-        since = _first_attempt_time()
+    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+        """Delete the failed Node (or its Machine), then reserve the first new Node of its pool.
+
+        A replacement is a Node of the failed node's pool that was not there when this incident
+        run's search began: on its first try, any Node the pool's list did not name; on a later
+        try (the failed Node gone), one created after the newest Node the pool had then, by the
+        apiserver's own clock (`since`: no skew with the worker's). It is *reserved* by annotating
+        it with this run under a resourceVersion precondition, so two incidents never take one
+        Node. No new Node within the provider's bound is "no capacity" (the workflow's capacity
+        wait goes on from there), not an error retried for hours."""
+        memory = earlier or _heartbeat_memory(node)
+        pool, since = (memory.pool, memory.since) if memory is not None else (None, None)
+        known: set[str] | None = None  # the pool's nodes at the first try: never "the new one"
         try:
             failed = await kube.call(self._core.read_node, node)
         except ApiException as err:
             if err.status != 404:
                 raise
-            failed = None  # deleted by an earlier attempt: only the wait is left
-        pool = None
-        known: set[str] = set()  # nodes of the pool that were there before: never "the new one"
+            failed = None  # deleted by an earlier try: only the wait is left
         if failed is not None:
-            pool = (failed.metadata.labels or {}).get(self._pool_label)
-            selector = f"{self._pool_label}={pool}" if pool else self._pool_label
-            known = {n.metadata.name for n in (await kube.call(self._core.list_node, label_selector=selector)).items}
-            machine = (failed.metadata.annotations or {}).get(MACHINE_ANNOTATION)
-            if machine:  # Cluster API: the MachineSet makes a new Machine
+            pool = (failed.metadata.labels or {}).get(self._pool_label, "")
+            before = (await kube.call(self._core.list_node, label_selector=self._selector(pool))).items
+            known = {n.metadata.name for n in before}
+            since = max(n.metadata.creation_timestamp for n in before)  # the failed node is among them
+            await self._delete(failed)
+        searched = ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since)
+        if pool is None or since is None:
+            # The Node went before any try of this run read its pool (a person deleted it): any
+            # fresh node of any pool could be taken for it. Say so instead of guessing.
+            raise NoSpareCapacity(
+                f"{node} is gone from Kubernetes and its pool is unknown: replace it by hand", searched
+            )
+        new = await self._reserve_new_node(searched, known, run_key(incident_id))
+        return searched.model_copy(update={"new_node": new})
+
+    async def _delete(self, failed: Any) -> None:
+        machine = (failed.metadata.annotations or {}).get(MACHINE_ANNOTATION)
+        if machine:  # Cluster API: the MachineSet makes a new Machine
+            namespace, _, name = machine.partition("/")
+            try:
                 await kube.call(
                     self._custom.delete_namespaced_custom_object,
                     "cluster.x-k8s.io",
                     "v1beta1",
-                    machine.split("/")[0],
+                    namespace,
                     "machines",
-                    machine.split("/")[-1],
+                    name or namespace,
                 )
-            else:
-                await kube.call(self._core.delete_node, node)
-        new = await self._wait_new_node(pool, since, known)
-        return ReplacementResult(failed_node=node, new_node=new, already_done=False)
+            except ApiException as err:
+                if err.status != 404:  # deleted by an earlier try
+                    raise
+        else:
+            try:
+                await kube.call(self._core.delete_node, failed.metadata.name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
 
-    async def _wait_new_node(self, pool: str | None, since: datetime, known: set[str]) -> str:
+    def _selector(self, pool: str) -> str:
+        return f"{self._pool_label}={pool}" if pool else f"!{self._pool_label}"
+
+    async def _reserve_new_node(self, searched: ReplacementResult, known: set[str] | None, key: str) -> str:
+        pool, since = searched.pool or "", searched.since
+        assert since is not None
         deadline = time.monotonic() + self._timeout
-        selector = f"{self._pool_label}={pool}" if pool else self._pool_label
         while time.monotonic() < deadline:
             in_slurm = await self._slurm.nodes()
-            nodes = await kube.call(self._core.list_node, label_selector=selector)
-            for n in nodes.items:
-                name = n.metadata.name
-                created = n.metadata.creation_timestamp
-                fresh = name not in known and n.metadata.deletion_timestamp is None and created >= since
-                if fresh and kube.node_ready(n) and name in in_slurm and in_slurm[name].state in {"idle", "mixed"}:
-                    return str(name)
-            proc.heartbeat(f"waiting for the node group of pool {pool} to bring a new node")
+            nodes = await kube.call(self._core.list_node, label_selector=self._selector(pool))
+            for n in sorted(nodes.items, key=lambda n: str(n.metadata.name)):
+                name = str(n.metadata.name)
+                holder = (n.metadata.annotations or {}).get(kube.REPLACES_ANNOTATION)
+                if holder == key:
+                    return name  # this run reserved it on an earlier try
+                new = name not in known if known is not None else n.metadata.creation_timestamp > since
+                serving = name in in_slurm and in_slurm[name].state in {"idle", "mixed"}
+                ready = n.metadata.deletion_timestamp is None and kube.node_ready(n)
+                if holder is None and new and ready and serving and await self._claim(n, key):
+                    return name
+            # The pool and start ride on the heartbeat: a retry after a crash goes on from them.
+            proc.heartbeat(
+                {
+                    "waiting": f"for the node group of pool {pool or '(unlabelled)'} to bring a new node",
+                    "searched": searched.model_dump(mode="json"),
+                }
+            )
             await asyncio.sleep(2)
-        raise TimeoutError(f"no new Ready node in pool {pool} joined Slurm within {self._timeout:.0f} s")
+        raise NoSpareCapacity(
+            f"no new Ready node in pool {pool or '(unlabelled)'} joined Slurm within {self._timeout:.0f} s", searched
+        )
+
+    async def _claim(self, n: Any, key: str) -> bool:
+        """Annotate the Node as this run's, only if nobody changed it since it was read."""
+        patch = {
+            "metadata": {"resourceVersion": n.metadata.resource_version, "annotations": {kube.REPLACES_ANNOTATION: key}}
+        }
+        try:
+            await kube.call(self._core.patch_node, n.metadata.name, patch)
+        except ApiException as err:
+            if err.status == 409:  # another incident (or anything) changed it first: look again
+                return False
+            raise
+        return True
 
     async def decommission(self, node: str, reason: str) -> str:
         return f"{node} was deleted from Kubernetes at replacement"
@@ -120,10 +177,16 @@ class KubernetesProvider:
         return HealthCheckResult(node=node, healthy=ready, detail="Ready" if ready else "NotReady")
 
 
-def _first_attempt_time() -> datetime:
-    if activity.in_activity():
-        return activity.info().scheduled_time - timedelta(seconds=5)  # allow for clock skew
-    return datetime.now(UTC) - timedelta(seconds=5)  # called outside an activity (tests, tools)
+def _heartbeat_memory(node: str) -> ReplacementResult | None:
+    """What an earlier attempt of this activity heartbeated about its search (its pool, start)."""
+    if not activity.in_activity():
+        return None
+    for detail in activity.info().heartbeat_details:
+        if isinstance(detail, dict) and isinstance(detail.get("searched"), dict):
+            searched = ReplacementResult.model_validate(detail["searched"])
+            if searched.failed_node == node:
+                return searched
+    return None
 
 
 def build(ctx: ProviderContext) -> KubernetesProvider:

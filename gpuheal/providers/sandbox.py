@@ -24,7 +24,7 @@ from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend, SlurmError
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
-from gpuheal.providers.base import NoSpareCapacity, ProviderContext
+from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key
 
 NOT_RESPONDING_GRACE_S = 10.0
 
@@ -101,14 +101,15 @@ class SandboxProvider:
             )
         return RepairResult(action=action, repaired=True, detail=f"reset the GPUs of {node} (GPU fault cleared)")
 
-    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
-        new, already = await self._choose_spare(node, incident_id)
+    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+        new, already = await self._choose_spare(node, run_key(incident_id))
         await self._start_spare(new)
         return ReplacementResult(failed_node=node, new_node=new, already_done=already)
 
-    async def _choose_spare(self, node: str, incident_id: str) -> tuple[str, bool]:
+    async def _choose_spare(self, node: str, key: str) -> tuple[str, bool]:
+        """The spare recorded for this incident run, or the first free one, recorded first."""
         record = self._load()
-        new = record.get(incident_id)
+        new = record.get(key)
         already = new is not None
         if new is None:
             in_service = await self._slurm.nodes()
@@ -118,7 +119,7 @@ class SandboxProvider:
                 raise NoSpareCapacity(f"no spare node left to replace {node}")
             new = free[0]
             # Record the choice before acting: a retry after a crash reuses this spare.
-            record[incident_id] = new
+            record[key] = new
             self._record.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._record.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
@@ -176,8 +177,8 @@ class KubeSandboxProvider(SandboxProvider):
         super().__init__(slurm, sandbox_dir, script, root)
         self._core = core
 
-    async def replace(self, node: str, incident_id: str) -> ReplacementResult:
-        new, already = await self._choose_spare(node, incident_id)
+    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+        new, already = await self._choose_spare(node, run_key(incident_id))
         failed = await kube.call(self._core.read_node, node)
         pool = (failed.metadata.labels or {}).get(kube.POOL_LABEL, "default")
         try:

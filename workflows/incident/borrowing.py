@@ -14,15 +14,27 @@ from temporalio import workflow
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident import node
 from gpuheal.workflows.incident.state import IncidentState
+from gpuheal.workflows.incident.timeline import notify
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import policy, render
     from gpuheal.core import search_attributes as sa
-    from gpuheal.core.models import BorrowedNode, BorrowRequest, DrainRequest, JobSnapshot, NodeEmptyWait, NodeRef
+    from gpuheal.core.models import (
+        BorrowedNode,
+        BorrowRequest,
+        DrainRequest,
+        JobList,
+        JobSnapshot,
+        NodeEmptyWait,
+        NodeRef,
+    )
 
-# How long the borrowed node's jobs get to leave it before it goes back anyway.
+# How long the borrowed node's jobs get to leave it before the operators hear it still waits.
 GIVE_BACK_EMPTY_S = 300
+# Incidents started before a borrowed node waited for its jobs released it with them after
+# GIVE_BACK_EMPTY_S; they keep doing so (workflow.patched) to replay.
+GIVE_BACK_NEVER_KILLS = "give-back-never-kills"
 
 HandOver = Callable[[JobSnapshot, str, str], Awaitable[None]]  # (job, node it was on, why)
 
@@ -64,14 +76,31 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
     jobs = await act_run(act.LIST_JOBS_ON_NODE, ref, summary=f"jobs on {borrowed.node}")
     for job in jobs.jobs:
         await hand_over(job, borrowed.node, f"{borrowed.node} goes back to pool {borrowed.from_pool}")
-    empty = NodeEmptyWait(node=borrowed.node, deadline_at=workflow.now().timestamp() + GIVE_BACK_EMPTY_S)
-    left = await act_run(
-        act.WAIT_FOR_NODE_EMPTY,
-        empty,
-        summary=f"wait for the jobs to leave {borrowed.node}",
-        timeout=timedelta(seconds=GIVE_BACK_EMPTY_S + 60),
-        heartbeat=timedelta(seconds=30),
-    )
+    left = await _wait_empty(borrowed.node, GIVE_BACK_EMPTY_S)
+    if left.jobs and workflow.patched(GIVE_BACK_NEVER_KILLS):
+        # Releasing it now would take its slurmd, and the jobs with it: it stays in Slurm,
+        # drained, until they leave (they were handed to their recovery above).
+        assert s.settings.borrow is not None
+        bound = s.settings.borrow.give_back_wait_s
+        await notify(s, "give_back_waits", "warning", render.give_back_waits(borrowed.node, left, bound))
+        started = workflow.now()
+        while left.jobs and (waited := (workflow.now() - started).total_seconds()) < bound:
+            left = await _wait_empty(borrowed.node, min(GIVE_BACK_EMPTY_S, bound - waited))
+        if left.jobs:
+            kept = render.kept_borrowed(borrowed.node, borrowed.from_pool, left, bound)
+            await notify(s, "borrowed_node_kept", "critical", kept)
+            return kept
     released = await act_run(act.RELEASE_BORROWED_NODE, borrowed, summary=f"{borrowed.node} leaves Slurm")
     back = await act_run(act.GIVE_BACK_NODE, borrowed, summary=f"{borrowed.node} back to {borrowed.from_pool}")
     return render.given_back(borrowed.node, len(jobs.jobs), left, released, back, s.give_back_by)
+
+
+async def _wait_empty(name: str, within_s: float) -> JobList:
+    empty = NodeEmptyWait(node=name, deadline_at=workflow.now().timestamp() + within_s)
+    return await act_run(
+        act.WAIT_FOR_NODE_EMPTY,
+        empty,
+        summary=f"wait for the jobs to leave {name}",
+        timeout=timedelta(seconds=within_s + 60),
+        heartbeat=timedelta(seconds=30),
+    )

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         NodeAt,
         RepairRequest,
         ReplacementResult,
+        ReplaceRequest,
     )
 
 PROVIDER_HEARTBEAT = timedelta(seconds=60)
@@ -83,9 +84,13 @@ async def repair(s: IncidentState, action: ActionClass) -> tuple[ActionClass, st
 
 
 async def replace(s: IncidentState) -> ReplacementResult:
+    """Each try after the first goes on from the last one's pool and start (the failed node may be
+    gone by then). An activity's input is not part of replay: no patch needed."""
+    last = s.replacement
+    req = ReplaceRequest(**s.ref.model_dump(), pool=last.pool if last else None, since=last.since if last else None)
     return await act_run(
         act.REPLACE_NODE,
-        s.ref,
+        req,
         summary=f"replace {s.ref.node}",
         timeout=provider_timeout(s),
         heartbeat=PROVIDER_HEARTBEAT,

@@ -11,13 +11,16 @@ back; 22.05 ignores filters in JSON mode, so there a question costs one full ``s
 Hostlists are expanded in Python (clients/slurm/hostlist.py).
 
 Every argument goes to the program as its own argv element (no shell), and node names are
-validated before they get here (gpuheal.core.models.NodeName, check_node_name).
+validated before they get here (gpuheal.core.models.NodeName, check_node_name). A wrapper that
+hands its arguments to a remote shell (``ssh``, which joins them with spaces) gets the command
+quoted as one word per argument, so a drain reason with spaces or parentheses arrives whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +29,16 @@ from gpuheal.clients.slurm.base import JobUpdate, NodeOutOfService, NodeState, S
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, schema_of
 from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
+
+# Wrappers that join their arguments into a remote shell's command line.
+REMOTE_SHELLS = frozenset({"ssh", "autossh", "rsh"})
+
+
+def wrapped(wrapper: list[str], argv: tuple[str, ...]) -> list[str]:
+    """The command line that runs argv through the wrapper, quoted where a remote shell reads it."""
+    if wrapper and os.path.basename(wrapper[0]) in REMOTE_SHELLS:
+        return [*wrapper, shlex.join(argv)]
+    return [*wrapper, *argv]
 
 
 class SlurmCli:
@@ -45,7 +58,7 @@ class SlurmCli:
     async def run(self, *argv: str, check: bool = True) -> tuple[int, str, str]:
         self.calls += 1
         try:
-            done = await proc.run([*self._wrapper, *argv], timeout_s=self._timeout, env=self._env, check=False)
+            done = await proc.run(wrapped(self._wrapper, argv), timeout_s=self._timeout, env=self._env, check=False)
         except proc.CommandTimedOut as err:
             raise SlurmError(str(err)) from err
         if check and done.returncode != 0:
