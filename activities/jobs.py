@@ -269,6 +269,9 @@ class JobActivities:
 
     @implements(act.NOTIFY_JOB_OWNER)
     async def notify_job_owner(self, notice: OwnerNotice) -> str:
+        """Deliver the notice; a job whose JSON left out --mail-user (22.05) is asked for it."""
+        if not notice.mail_user:
+            notice = notice.model_copy(update={"mail_user": await self._slurm.mail_user(notice.job_id)})
         return await self._owners.send(notice)
 
     # --- recoveries (Temporal) -------------------------------------------------------------

@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.activities.jobs import JobActivities
-from gpuheal.clients.owners import LogOwnerNotifier
+from gpuheal.clients.owners import OwnerDelivery
 from gpuheal.core.errors import UNKNOWN_NODE
 from gpuheal.core.fleet_models import (
     Admission,
@@ -63,6 +63,7 @@ from gpuheal.core.models import (
     RequeueResult,
     ResumedJob,
 )
+from gpuheal.core.settings import OwnerSettings
 
 
 class FakeCluster:
@@ -313,5 +314,5 @@ class FakeCluster:
             c.calls.append("history")
             return JobHistory()
 
-        real = JobActivities(slurm=None, owners=LogOwnerNotifier(), recovery=JobRecoverySettings())  # type: ignore[arg-type]
+        real = JobActivities(slurm=None, owners=OwnerDelivery(OwnerSettings()), recovery=JobRecoverySettings())  # type: ignore[arg-type]
         return [checkpoint, confirm, find, empty, requeue, hold, verify, tell_owner, history, real.start_job_recovery]

@@ -89,7 +89,7 @@ def test_irregular_names_shared_values_lists_and_paths(tmp_path: Path, monkeypat
     assert s.slurm.conf == "/etc/slurm/slurm.conf" and s.provider.sandbox_dir == tmp_path / "sandbox"
     assert s.remediation.verify_timeout_s == s.remediation.jobs.verify_timeout_s == 120
     assert s.remediation.gpus_per_node == s.remediation.jobs.gpus_per_node == 4
-    assert s.domain_labels == ("rack", "switch") and s.owner_format == "slack" and s.fleet.budget.cluster == "10%"
+    assert s.domain_labels == ("rack", "switch") and s.owners.format == "slack" and s.fleet.budget.cluster == "10%"
 
 
 def test_unset_is_the_models_own_defaults() -> None:

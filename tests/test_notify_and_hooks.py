@@ -15,6 +15,8 @@ from temporalio.testing import ActivityEnvironment
 
 from gpuheal.clients import proc
 from gpuheal.clients.notify import WebhookNotifier
+from gpuheal.clients.owners import addresses, route
+from gpuheal.core.jobs import OwnerNotice
 from gpuheal.core.models import ActionClass, Notification
 from gpuheal.providers.base import NoSpareCapacity
 from gpuheal.providers.exec_hook import ExecHookProvider
@@ -118,3 +120,58 @@ def running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def owner_notice(**kw: Any) -> OwnerNotice:
+    base: dict[str, Any] = {
+        "key": "r/run:7:job_hit",
+        "event": "job_hit",
+        "cluster": "c1",
+        "job_id": 7,
+        "job_name": "train",
+        "user": "alice",
+        "account": "ml",
+        "recipients": ("alice",),
+        "nodes": ("gpu01",),
+        "message": "hit",
+    }
+    return OwnerNotice.model_validate(base | kw)
+
+
+@pytest.mark.parametrize(
+    ("routes", "default", "chosen"),
+    [
+        ({"user:alice": "U", "account:ml": "A", "*": "D"}, None, ("U", "user route")),
+        ({"alice": "U", "account:ml": "A"}, None, ("U", "user route")),  # the bare name of earlier releases
+        ({"user:bob": "B", "account:ml": "A", "*": "D"}, None, ("A", "account route")),
+        ({"account:other": "O", "*": "D"}, "N", ("D", "default route")),
+        ({"account:other": "O"}, "N", ("N", "default route")),
+        ({}, None, None),
+    ],
+)
+def test_an_owner_notice_goes_to_the_user_then_the_team_then_the_default(
+    routes: dict[str, str], default: str | None, chosen: tuple[str, str] | None
+) -> None:
+    assert route(routes, default, owner_notice()) == chosen
+
+
+def test_an_owner_without_an_account_matches_no_account_route() -> None:
+    assert route({"account:": "X"}, None, owner_notice(account="")) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "domain", "mailed"),
+    [
+        ({"mail_user": "alice@example.com"}, None, ("alice@example.com",)),
+        ({"mail_user": ""}, "example.org", ("alice@example.org",)),  # Slurm's default: the user's name
+        ({"mail_user": "bob"}, "example.org", ("bob@example.org",)),
+        ({"mail_user": "alice"}, None, ()),  # a bare name and no domain: nobody to mail
+        ({"mail_user": "a@x.io", "recipients": ("alice", "team@x.io", "a@x.io")}, None, ("a@x.io", "team@x.io")),
+        ({"mail_user": "a@x.io", "recipients": ("https://evil.example/hook",)}, "x.io", ("a@x.io",)),
+        ({"mail_user": "a@x.io\nBcc: all@x.io"}, None, ()),  # no header smuggled in
+    ],
+)
+def test_owner_mail_goes_to_the_mail_user_and_named_addresses(
+    fields: dict[str, Any], domain: str | None, mailed: tuple[str, ...]
+) -> None:
+    assert addresses(owner_notice(**fields), domain) == mailed

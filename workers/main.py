@@ -31,7 +31,7 @@ from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
 from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
-from gpuheal.clients.owners import LogOwnerNotifier, OwnerNotifier, WebhookOwnerNotifier, load_routes
+from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
 from gpuheal.clients.slurm import build_slurm
 from gpuheal.clients.temporal import connect
 from gpuheal.core import fleet_view, ids, policy_file, queries
@@ -68,10 +68,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     if settings.notify_url:
         notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
     acts = RemediationActivities(slurm, provider, notifier, on_closed=metrics.observe_incident)
-    owners: OwnerNotifier = LogOwnerNotifier()
-    routes = load_routes(settings.owner_routes)
-    if routes:
-        owners = WebhookOwnerNotifier(routes, settings.owner_format)
+    owners: OwnerNotifier = OwnerDelivery(settings.owners)
     jobs = JobActivities(slurm, owners, settings.remediation.jobs)
     fleet = FleetActivities(
         slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels, settings.coordinator_updates

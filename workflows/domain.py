@@ -43,6 +43,7 @@ class DomainIncidentWorkflow:
             ),
             node=",".join(d.nodes),
             cluster=inp.cluster,
+            key=f"{d.incident_id}/{workflow.info().first_execution_run_id}:domain_incident",
         )
         await run(act.NOTIFY_OPERATORS, note, summary="notify: domain incident")
         self._decision = await gate.decide(

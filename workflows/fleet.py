@@ -246,6 +246,8 @@ class FleetCoordinator:
                 message=message,
                 node="-",
                 cluster=self._s.cluster,
+                # The coordinator lives on: the same event recurs, each occurrence its own notice.
+                key=f"{workflow.info().workflow_id}:{event}:{workflow.now().isoformat()}:{len(self._notes)}",
             )
             delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
             if background:

@@ -160,12 +160,16 @@ class JobRecoveryWorkflow:
         first = self._joins[0]
         notice = OwnerNotice.model_validate(
             {
-                "key": f"{workflow.info().workflow_id}:{first.job.job_id}:{event}",
+                # One per job, event and recovery run: a receiver that dedupes drops only a repeat.
+                "key": f"{workflow.info().workflow_id}/{workflow.info().first_execution_run_id}"
+                f":{first.job.job_id}:{event}",
                 "event": event,
                 "cluster": self._input.cluster,
                 "job_id": first.job.job_id,
                 "job_name": first.job.name,
                 "user": first.job.user,
+                "account": first.job.account,
+                "mail_user": first.job.mail_user,
                 "recipients": job_policy.owner_recipients(first.job),
                 "nodes": tuple(self._failed_nodes()),
                 "message": message,

@@ -34,7 +34,7 @@ class WebhookNotifier:
 
     async def send(self, note: Notification) -> None:
         body = note.model_dump(mode="json") | {"text": f"[{note.severity}] {note.message}"}
-        headers = {"Idempotency-Key": f"{note.incident_id}:{note.event}"}
+        headers = {"Idempotency-Key": note.key or f"{note.incident_id}:{note.event}"}
         async with aiohttp.ClientSession(timeout=self._timeout) as session:
             async with session.post(self._url, json=body, headers=headers) as resp:
                 if resp.status >= 300:

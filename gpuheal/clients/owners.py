@@ -1,27 +1,45 @@
-"""Telling a job's owner: a generic webhook with per-user routing, or Slack's payload.
+"""Telling a job's owner: a chat webhook routed by user or account, and e-mail over SMTP.
 
-Where a notice goes: the route for the job's Slurm user (GPUHEAL_OWNER_ROUTES, a JSON object
-`{"alice": "https://...", "*": "https://..."}` inline or in a file), else the default route
-(`"*"`, or GPUHEAL_OWNER_NOTIFY_URL). The payload is gpuheal's JSON (`format=generic`: the
-notice's fields, for a bridge that mails or pages the recipients) or Slack's incoming-webhook
-body (`format=slack`: `{"text": ...}`). Every POST carries an Idempotency-Key naming the notice
-(job recovery, job, stage): a receiver drops a repeat, and gpuheal sends each notice from one
-activity, once.
+Where a notice goes (gpuheal.core.settings.OwnerSettings):
+- **chat**: the route for the job's Slurm user (`user:alice`, or the bare `alice`), else for its
+  account (`account:ml-research`: a team's channel), else `"*"`, else GPUHEAL_OWNER_NOTIFY_URL.
+  The body is gpuheal's JSON (`generic`) or Slack's incoming-webhook body (`slack`).
+- **e-mail**, where an SMTP relay is set: to the job's `--mail-user` (Slurm's default is the bare
+  user name, mailed as USER@GPUHEAL_MAIL_DOMAIN) and to an address the job's progress line names
+  (`notify=`). Never to a URL a job names: the worker would post wherever a user asks.
+- always a structured log line.
+
+Once per notice: every POST carries an Idempotency-Key and every mail a Message-ID made from the
+notice's key (one per job, event and recovery run), and a retried activity skips the channels its
+earlier attempt heartbeated as delivered.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
+import re
+import smtplib
+from collections.abc import Sequence
+from email import policy
+from email.message import EmailMessage
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import aiohttp
+from temporalio import activity
 
+from gpuheal.clients.proc import heartbeat
 from gpuheal.core.jobs import OwnerNotice
+from gpuheal.core.settings import OwnerSettings
 
 log = logging.getLogger("gpuheal.owners")
-OwnerFormat = Literal["generic", "slack"]
+ADDRESS = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}$")
+BARE_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+TIMEOUT_S = 10.0
+LONG_HEADERS = policy.SMTP.clone(max_line_length=998)  # RFC 5322's limit: the key stays readable
 
 
 class OwnerNotifier(Protocol):
@@ -37,40 +55,114 @@ def load_routes(value: str | None) -> dict[str, str]:
     text = Path(value).read_text() if not value.lstrip().startswith("{") else value
     routes = json.loads(text)
     if not isinstance(routes, dict) or not all(isinstance(v, str) for v in routes.values()):
-        raise ValueError("GPUHEAL_OWNER_ROUTES must map Slurm user names (or '*') to webhook URLs")
+        raise ValueError("GPUHEAL_OWNER_ROUTES must map `user:NAME`, `account:NAME` or '*' to webhook URLs")
     return {str(k): v for k, v in routes.items()}
 
 
-class LogOwnerNotifier:
-    """Every notice as a structured log line, when no route is configured (and always beside one)."""
+def route(routes: dict[str, str], default: str | None, notice: OwnerNotice) -> tuple[str, str] | None:
+    """The chat webhook for this notice and which rule chose it: user, account, default."""
+    for key, why in (
+        (f"user:{notice.user}", "user route"),
+        (notice.user, "user route"),
+        (f"account:{notice.account}", "account route"),
+        ("*", "default route"),
+    ):
+        if key and not key.endswith(":") and key in routes:
+            return routes[key], why
+    return (default, "default route") if default else None
+
+
+def addresses(notice: OwnerNotice, domain: str | None) -> tuple[str, ...]:
+    """Where the mail goes: the job's --mail-user (else its user; a bare name at the mail domain)
+    and any full address among its recipients (notify=), each once."""
+    found: list[str] = []
+    first = [(one.strip(), True) for one in (notice.mail_user or notice.user).split(",")]
+    for one, may_be_bare in [*first, *((r, False) for r in notice.recipients)]:
+        if ADDRESS.fullmatch(one):
+            address = one
+        elif may_be_bare and domain and BARE_USER.fullmatch(one):
+            address = f"{one}@{domain}"
+        else:
+            continue
+        if address not in found:
+            found.append(address)
+    return tuple(found)
+
+
+def mail(notice: OwnerNotice, sender: str, to: Sequence[str]) -> EmailMessage:
+    msg = EmailMessage(policy=LONG_HEADERS)
+    msg["From"] = sender
+    msg["To"] = ", ".join(to)
+    msg["Subject"] = f"[gpuheal] job {notice.job_id} ({notice.job_name}): {notice.event.replace('_', ' ')}"
+    msg["Message-ID"] = f"<{hashlib.sha256(notice.key.encode()).hexdigest()[:32]}@gpuheal>"  # receivers dedupe
+    msg["X-Gpuheal-Key"] = notice.key
+    facts = [
+        f"Job: {notice.job_id} ({notice.job_name}), user {notice.user or '?'}, account {notice.account or '?'}",
+        f"Cluster: {notice.cluster}",
+        f"Nodes: {', '.join(notice.nodes) or '-'}",
+    ]
+    if notice.steps_at_risk is not None:
+        facts.append(f"Steps at risk: {notice.steps_at_risk}")
+    if notice.steps_lost is not None:
+        facts.append(f"Steps lost: {notice.steps_lost}")
+    msg.set_content(f"{notice.message}\n\n" + "\n".join(facts) + "\n")
+    return msg
+
+
+class OwnerDelivery:
+    """Every channel the settings name, each once per notice."""
+
+    def __init__(self, settings: OwnerSettings) -> None:
+        self._s = settings
+        self._routes = load_routes(settings.routes)
+        self._password = settings.smtp_password_file.read_text().strip() if settings.smtp_password_file else None
 
     async def send(self, notice: OwnerNotice) -> str:
         log.info(json.dumps(notice.model_dump(mode="json"), sort_keys=True))
-        return "log"
+        done = _delivered_before()
+        went: list[str] = ["log"]
+        chat = route(self._routes, self._s.notify_url, notice)
+        if chat is not None:
+            if "chat" not in done:
+                await self._post(chat[0], notice)
+                done.add("chat")
+                heartbeat({"delivered": sorted(done)})
+            went.append(f"webhook ({chat[1]})")
+        to = addresses(notice, self._s.mail_domain)
+        if self._s.smtp_host and to:
+            if "mail" not in done:
+                await asyncio.to_thread(self._mail, mail(notice, self._s.mail_from, to))
+                done.add("mail")
+                heartbeat({"delivered": sorted(done)})
+            went.append(f"e-mail to {len(to)} address(es)")
+        return ", ".join(went)
 
-
-class WebhookOwnerNotifier:
-    def __init__(self, routes: dict[str, str], fmt: OwnerFormat = "generic", timeout_s: float = 10.0) -> None:
-        self._routes = routes
-        self._format = fmt
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    def route(self, user: str) -> str | None:
-        return self._routes.get(user) or self._routes.get("*")
-
-    def body(self, notice: OwnerNotice) -> dict[str, object]:
-        if self._format == "slack":
-            return {"text": notice.message, "username": "gpuheal"}
-        return notice.model_dump(mode="json")
-
-    async def send(self, notice: OwnerNotice) -> str:
-        await LogOwnerNotifier().send(notice)
-        url = self.route(notice.user)
-        if url is None:
-            return "log (no route for this user)"
-        headers = {"Idempotency-Key": notice.key}
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
-            async with session.post(url, json=self.body(notice), headers=headers) as resp:
+    async def _post(self, url: str, notice: OwnerNotice) -> None:
+        body = (
+            {"text": notice.message, "username": "gpuheal"}
+            if self._s.format == "slack"
+            else notice.model_dump(mode="json")
+        )
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
+            async with session.post(url, json=body, headers={"Idempotency-Key": notice.key}) as resp:
                 if resp.status >= 300:
                     raise RuntimeError(f"owner webhook for {notice.user!r} answered HTTP {resp.status}")
-        return f"webhook ({'user route' if notice.user in self._routes else 'default route'})"
+
+    def _mail(self, msg: EmailMessage) -> None:
+        assert self._s.smtp_host is not None
+        with smtplib.SMTP(self._s.smtp_host, self._s.smtp_port, timeout=TIMEOUT_S) as smtp:
+            if self._s.smtp_starttls:
+                smtp.starttls()
+            if self._s.smtp_user and self._password:
+                smtp.login(self._s.smtp_user, self._password)
+            smtp.send_message(msg)
+
+
+def _delivered_before() -> set[str]:
+    """The channels an earlier attempt of this activity delivered (from its last heartbeat)."""
+    if not activity.in_activity():
+        return set()
+    for detail in activity.info().heartbeat_details:
+        if isinstance(detail, dict) and isinstance(detail.get("delivered"), list):
+            return {str(d) for d in detail["delivered"]}
+    return set()

@@ -120,6 +120,8 @@ class OwnerNotice(Frozen):
     job_id: int
     job_name: str
     user: str
+    account: str = ""  # the job's Slurm account: a team's chat route
+    mail_user: str = ""  # --mail-user (Slurm's default: the user's name)
     recipients: tuple[str, ...]  # the Slurm user, --mail-user, the progress line's notify=
     nodes: tuple[str, ...]  # the failed nodes (hit), or where it runs again
     message: str

@@ -338,6 +338,7 @@ class JobSnapshot(Frozen):
     required_nodes: str = ""
     user: str = ""  # the job's owner (Slurm user name)
     mail_user: str = ""  # --mail-user, where Slurm reports it
+    account: str = ""  # the Slurm account the job runs under (a team, for owner routes)
     submit_time: int = 0  # unix time (with the id and restart count: one failure of one job)
     submit_line: str = ""  # the sbatch command line, where Slurm reports it (26.05+): --signal
     progress: JobProgress | None = None
@@ -490,6 +491,9 @@ class Notification(Frozen):
     message: str
     node: str
     cluster: str
+    # The receiver's Idempotency-Key: one per event per incident *run* (an incident id names a
+    # node, and its next failure must not be dropped as a repeat). Empty from earlier releases.
+    key: str = ""
 
 
 class StageRecord(BaseModel):

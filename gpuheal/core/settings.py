@@ -132,6 +132,43 @@ class ProviderSettings(BaseModel):
     )
 
 
+class OwnerSettings(BaseModel):
+    """Where a job's owner hears about its job (gpuheal.clients.owners): a chat webhook routed by
+    Slurm user or account, and e-mail to the job's --mail-user through an SMTP relay."""
+
+    routes: str | None = setting(
+        "GPUHEAL_OWNER_ROUTES",
+        None,
+        "owner notices: JSON (inline or a file) of `user:NAME`, `account:NAME` (or a bare user name)"
+        ' -> chat webhook URL, `"*"` the default',
+    )
+    notify_url: str | None = setting(
+        "GPUHEAL_OWNER_NOTIFY_URL", None, "owner notices: the chat webhook for every job no route names"
+    )
+    format: Literal["generic", "slack"] = setting(
+        "GPUHEAL_OWNER_NOTIFY_FORMAT", "generic", "owner notices' payload: `generic` (gpuheal's JSON) or `slack`"
+    )
+    smtp_host: str | None = setting(
+        "GPUHEAL_SMTP_HOST",
+        None,
+        "owner e-mail: the SMTP relay (mail goes to the job's `--mail-user`)",
+        unset="no e-mail",
+    )
+    smtp_port: int = setting("GPUHEAL_SMTP_PORT", 25, "owner e-mail: the relay's port", ge=1, le=65535)
+    smtp_starttls: bool = setting("GPUHEAL_SMTP_STARTTLS", False, "owner e-mail: `1` to STARTTLS before sending")
+    smtp_user: str | None = setting("GPUHEAL_SMTP_USER", None, "owner e-mail: the relay's login, if it asks")
+    smtp_password_file: Path | None = setting(
+        "GPUHEAL_SMTP_PASSWORD_FILE", None, "owner e-mail: file holding the relay's password (never logged)"
+    )
+    mail_from: str = setting("GPUHEAL_MAIL_FROM", "gpuheal@localhost", "owner e-mail: the sender address")
+    mail_domain: str | None = setting(
+        "GPUHEAL_MAIL_DOMAIN",
+        None,
+        "owner e-mail: a job whose `--mail-user` is a bare user name (Slurm's default) is mailed USER@this",
+        unset="bare names get no e-mail",
+    )
+
+
 class Settings(BaseModel):
     temporal: TemporalSettings = TemporalSettings()
     task_queue: str = setting("GPUHEAL_TASK_QUEUE", "gpuheal", "task queue of the worker")
@@ -148,14 +185,7 @@ class Settings(BaseModel):
         "GPUHEAL_WEBHOOK_TOKEN", None, "bearer token the webhook demands", unset="none: the webhook refuses to start"
     )
     notify_url: str | None = setting("GPUHEAL_NOTIFY_URL", None, "webhook that receives notifications")
-    owner_routes: str | None = setting(
-        "GPUHEAL_OWNER_ROUTES",
-        None,
-        'owner notices: JSON (inline or a file) of Slurm user -> webhook URL, `"*"` the default',
-    )
-    owner_format: Literal["generic", "slack"] = setting(
-        "GPUHEAL_OWNER_NOTIFY_FORMAT", "generic", "owner notices' payload: `generic` (gpuheal's JSON) or `slack`"
-    )
+    owners: OwnerSettings = OwnerSettings()
     kubeconfig: str | None = setting("GPUHEAL_KUBECONFIG", None, "kubeconfig: turns on the Kubernetes half")
     k8s_in_cluster: bool = setting(
         "GPUHEAL_K8S_IN_CLUSTER",

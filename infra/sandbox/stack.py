@@ -298,9 +298,11 @@ class Sandbox:
         nodes: int = 1,
         env: dict[str, str] | None = None,
         checkpoint: Path | None = None,
+        sbatch_args: tuple[str, ...] = (),
     ) -> int:
         """The example training job (infra/slurm/jobs/train.py): it traps SIGUSR1 and says so.
-        `checkpoint`: its checkpoint file (default: a fresh one; an existing one resumes it)."""
+        `checkpoint`: its checkpoint file (default: a fresh one; an existing one resumes it).
+        `sbatch_args`: more of sbatch's options (`--mail-user=...`, `--account=...`)."""
         ckpt = checkpoint or self.slurm_dir / "jobs" / f"{name}-{time.time_ns()}.ckpt.json"
         exports = {
             "TRAIN_CKPT": str(ckpt),
@@ -311,7 +313,7 @@ class Sandbox:
             **(env or {}),
         }
         python = sys.executable if self.slurm_root is None else "python3"  # the root's own python3
-        return self._sbatch(name, f"exec {python} {TRAIN_JOB}", exports, requeue, nodelist, nodes)
+        return self._sbatch(name, f"exec {python} {TRAIN_JOB}", exports, requeue, nodelist, nodes, extra=sbatch_args)
 
     def submit_script(
         self, name: str, script: str, nodelist: str | None = None, exclusive: bool = False, requeue: bool = True
@@ -328,6 +330,7 @@ class Sandbox:
         nodelist: str | None,
         nodes: int,
         exclusive: bool = False,
+        extra: tuple[str, ...] = (),
     ) -> int:
         jobs = self.slurm_dir / "jobs"  # inside the sandbox's directory: seen from its root too
         jobs.mkdir(parents=True, exist_ok=True)
@@ -344,6 +347,7 @@ class Sandbox:
             argv.append(f"--nodelist={nodelist}")
         if exclusive:
             argv.append("--exclusive")
+        argv.extend(extra)
         argv.append(f"--wrap={wrap}")
         return int(self.slurm(*argv).strip().split(";")[0])
 

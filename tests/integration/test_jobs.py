@@ -121,7 +121,7 @@ async def test_owners_hear_once_per_job_per_stage_across_a_worker_kill(
     events = [body["event"] for _, body in received]
     assert events == ["job_hit", "job_running_again"]  # once each, across the kill
     assert len({key for key, _ in received}) == len(received)
-    assert all(key.startswith(f"{recovery}:{job}:") for key, _ in received)
+    assert all(key.startswith(f"{recovery}/") and f":{job}:" in key for key, _ in received)
     hit, back = (body for _, body in received)
     assert hit["job_id"] == job and hit["user"] == "root" and node in hit["nodes"]
     assert hit["recipients"] == ["root", "alice@example.com"]

@@ -65,7 +65,13 @@ async def notify(s: IncidentState, event: str, severity: Severity, message: str)
     its timeline says the notice was lost."""
     ref = s.ref
     note = Notification(
-        incident_id=ref.incident_id, event=event, severity=severity, message=message, node=ref.node, cluster=ref.cluster
+        incident_id=ref.incident_id,
+        event=event,
+        severity=severity,
+        message=message,
+        node=ref.node,
+        cluster=ref.cluster,
+        key=f"{ref.incident_id}/{workflow.info().first_execution_run_id}:{event}",
     )
     try:
         await act_run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")

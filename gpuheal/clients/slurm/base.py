@@ -74,6 +74,11 @@ class SlurmBackend(Protocol):
         """These jobs (the ones Slurm still knows)."""
         ...
 
+    async def mail_user(self, job_id: int) -> str:
+        """Where Slurm mails the job's owner (--mail-user; Slurm's default is the user's name),
+        including on 22.05, whose JSON leaves it out; "" once Slurm has forgotten the job."""
+        ...
+
     async def update_job(self, job_id: int, update: JobUpdate) -> None: ...
 
     async def requeue(self, job_id: int, failed_node: str, hold: bool = False) -> None:

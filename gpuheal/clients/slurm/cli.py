@@ -129,6 +129,12 @@ class SlurmCli:
         found = await self.jobs([job_id])
         return found[0] if found else None
 
+    async def mail_user(self, job_id: int) -> str:
+        rc, out, _ = await self.run("scontrol", "show", "job", "-o", str(int(job_id)), check=False)
+        if rc != 0:
+            return ""
+        return next((f.split("=", 1)[1] for f in out.split() if f.startswith("MailUser=")), "")
+
     async def jobs(self, job_ids: Iterable[int]) -> list[JobSnapshot]:
         wanted = sorted(set(job_ids))
         if not wanted:

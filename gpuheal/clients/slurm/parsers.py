@@ -154,6 +154,7 @@ def _job(j: dict[str, Any]) -> JobSnapshot:
         required_nodes=str(j.get("required_nodes") or ""),
         user=str(j.get("user_name") or ""),
         mail_user=str(j.get("mail_user") or ""),
+        account=str(j.get("account") or ""),
         submit_time=_number(j.get("submit_time")),
         submit_line=str(j.get("submit_line") or ""),
         progress=parse_progress(j.get("comment")),

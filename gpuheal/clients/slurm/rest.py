@@ -173,6 +173,10 @@ class SlurmRest:
         jobs = parse_jobs(data)
         return jobs[0] if jobs else None
 
+    async def mail_user(self, job_id: int) -> str:
+        job = await self.job(job_id)  # 22.05's v0.0.38 leaves it out: "" there
+        return job.mail_user if job is not None else ""
+
     async def jobs(self, job_ids: Iterable[int]) -> list[JobSnapshot]:
         wanted = sorted(set(job_ids))
         if len(wanted) > 3:  # one listing beats many lookups
