@@ -69,6 +69,8 @@ from gpuheal.core.models import (
     ReplaceRequest,
     RequeueRequest,
     RequeueResult,
+    ValidateRequest,
+    ValidationResult,
 )
 
 I = TypeVar("I")  # noqa: E741  (input, output: the usual names for an activity's two types)
@@ -102,6 +104,7 @@ REPAIR_NODE = Activity("repair_node", RepairRequest, RepairResult)
 REPLACE_NODE = Activity("replace_node", ReplaceRequest, ReplacementResult)
 CHECK_NODE_HEALTH = Activity("check_node_health", NodeRef, HealthCheckResult)
 RESUME_SLURM_NODE = Activity("resume_slurm_node", NodeRef, str)
+VALIDATE_NODE_GPUS = Activity("validate_node_gpus", ValidateRequest, ValidationResult)
 DECOMMISSION_NODE = Activity("decommission_node", NodeRef, str)
 RECORD_INCIDENT_METRICS = Activity("record_incident_metrics", RemediationResult, type(None))
 ADOPT_BORROWED_NODE = Activity("adopt_borrowed_node", BorrowedNode, str)
@@ -155,6 +158,7 @@ REMEDIATION = (
     ADOPT_BORROWED_NODE,
     RELEASE_BORROWED_NODE,
 )
+VALIDATION = (VALIDATE_NODE_GPUS,)
 JOBS = (
     REQUEST_CHECKPOINT,
     WAIT_FOR_CHECKPOINTS,

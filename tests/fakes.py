@@ -62,6 +62,8 @@ from gpuheal.core.models import (
     RequeueRequest,
     RequeueResult,
     ResumedJob,
+    ValidateRequest,
+    ValidationResult,
 )
 from gpuheal.core.settings import OwnerSettings
 
@@ -98,6 +100,7 @@ class FakeCluster:
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
         self.spares = spares
+        self.validation = ValidationResult(passed=True, detail="burn-in job 90 ended COMPLETED (exit 0:0)", job_id=90)
         self.job = JobSnapshot(
             job_id=7,
             name="train",
@@ -197,6 +200,11 @@ class FakeCluster:
                 return ReplacementResult(failed_node=ref.node, new_node=None, no_capacity="no spare node left")
             return ReplacementResult(failed_node=ref.node, new_node="gpu09")
 
+        @implements(act.VALIDATE_NODE_GPUS)
+        async def validate(req: ValidateRequest) -> ValidationResult:
+            c.calls.append("validate")
+            return c.validation
+
         @implements(act.CHECK_NODE_HEALTH)
         async def health(ref: NodeRef) -> HealthCheckResult:
             c.calls.append("health")
@@ -235,6 +243,7 @@ class FakeCluster:
             repair,
             replace,
             health,
+            validate,
             resume,
             decommission,
             record,

@@ -30,9 +30,12 @@ from temporalio.worker import Worker
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.activities.validation import ValidationActivities
 from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
 from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
-from gpuheal.clients.slurm import build_slurm
+from gpuheal.clients.slurm import build_slurm, wrapper
+from gpuheal.clients.slurm.burn_in import BurnIn
+from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.clients.temporal import connect
 from gpuheal.core import fleet_view, ids, policy_file, queries
 from gpuheal.core import search_attributes as sa
@@ -70,6 +73,9 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     acts = RemediationActivities(slurm, provider, notifier, on_closed=metrics.observe_incident)
     owners: OwnerNotifier = OwnerDelivery(settings.owners)
     jobs = JobActivities(slurm, owners, settings.remediation.jobs)
+    # The burn-in speaks Slurm's commands (reservations, sbatch), whichever backend asks the rest.
+    cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
+    validation = ValidationActivities(slurm, BurnIn(cli))
     fleet = FleetActivities(
         slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels, settings.coordinator_updates
     )
@@ -107,6 +113,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.find_closed_runs,
         fleet.find_open_incidents,
         fleet.find_nodes_left_drained,
+        validation.validate_node_gpus,
     ]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -49,9 +49,18 @@ Verdict = Literal["approve", "abort"]
 # have done is in its history; nothing touched), escalated (its domain incident handles the
 # node with the rest of its domain), not_granted (held past the bound: the budget never freed),
 # already_replaced (a late report for a node gpuheal replaced earlier: the result names by which
-# node and in which incident; nothing touched).
+# node and in which incident; nothing touched), failed_validation (repaired, but its GPUs failed
+# the validation run before it would take jobs: drained and out, for the vendor).
 Outcome = Literal[
-    "resolved", "ignored", "aborted", "no_capacity", "observed", "escalated", "not_granted", "already_replaced"
+    "resolved",
+    "ignored",
+    "aborted",
+    "no_capacity",
+    "observed",
+    "escalated",
+    "not_granted",
+    "already_replaced",
+    "failed_validation",
 ]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
@@ -117,6 +126,7 @@ class NodeState(StrEnum):
     RETURNED = "returned"  # repaired, health check passed, back in service
     LEFT_DRAINED = "left_drained"  # repaired, but someone else drained it before us: left as they had it
     REPLACED = "replaced"  # out of the cluster, a new node in its place
+    FAILED_VALIDATION = "failed_validation"  # repaired, its GPUs failed validation: drained and out
     ALREADY_REPLACED = "already_replaced"  # gone before this (late) report: an earlier incident replaced it
     UNKNOWN = "unknown"  # recorded by a release before the states were named (its detail has the words)
 
@@ -267,6 +277,18 @@ class RemediationSettings(Frozen):
         "GPUHEAL_PROVIDER_TIMEOUT_S", 900.0, "how long a provider may take to repair or replace a node", gt=0
     )
     gpus_per_node: int = _gpus_per_node()
+    # Before a repaired node takes jobs again: a burn-in job through Slurm on it, in a maintenance
+    # reservation only gpuheal's user may use (the provider's health check alone says "Ready").
+    validate_job: str | None = setting(
+        "GPUHEAL_VALIDATE_JOB",
+        None,
+        "a batch script Slurm runs on a repaired node before it takes jobs (exit 0: its GPUs pass;"
+        " e.g. `dcgmi diag -r 2`)",
+        unset="no burn-in: the provider's health check only",
+    )
+    validate_timeout_s: float = setting(
+        "GPUHEAL_VALIDATE_TIMEOUT_S", 1800.0, "how long the validation may run before it counts as failed", gt=0
+    )
 
 
 class RemediationInput(Frozen):
@@ -297,6 +319,18 @@ class NodeRef(Frozen):
     cluster: ClusterName
     node: NodeName
     incident_id: str
+
+
+class ValidateRequest(Frozen):
+    node: NodeRef
+    job: str  # the batch script
+    timeout_s: float
+
+
+class ValidationResult(Frozen):
+    passed: bool
+    detail: str
+    job_id: int | None = None
 
 
 class NodeInfo(Frozen):

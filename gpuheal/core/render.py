@@ -37,6 +37,7 @@ from gpuheal.core.models import (
     RequeueResult,
     ResumedJob,
     StageRecord,
+    ValidationResult,
 )
 from gpuheal.core.policy import Plan
 
@@ -294,6 +295,14 @@ def returned_replaced(new_node: str | None, detail: str) -> NodeAt:
     """The node left the cluster; replaced, or still awaiting its replacement (no spare yet)."""
     state = NodeState.REPLACED if new_node else NodeState.AWAITING_REPLACEMENT
     return NodeAt(state, f"replaced by {new_node or '(none yet)'}; {detail}")
+
+
+def failed_validation(health: str, v: ValidationResult) -> NodeAt:
+    return NodeAt(
+        NodeState.FAILED_VALIDATION,
+        f"repaired and {health or 'healthy'}, but its GPUs failed validation ({v.detail}): "
+        "drained and out, for the vendor",
+    )
 
 
 def replaced_after_failed_health_check(health: str, new_node: str | None, detail: str) -> NodeAt:

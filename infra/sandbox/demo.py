@@ -166,6 +166,7 @@ def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes
         extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "30", "GPUHEAL_OWNER_ROUTES": json.dumps({"*": inbox.url})},
     )
     sb.use_slurm(slurm_version, backend)
+    sb.extra_env["GPUHEAL_VALIDATE_JOB"] = str(sb.validate_job)  # a repaired node is burned in first
     t0 = time.monotonic()
     say(f"starting the Slurm {slurm_version} sandbox (slurmctld + 3 slurmd + 3 spares, loopback; worker via {backend})")
     sb.start_slurm(clean=True)

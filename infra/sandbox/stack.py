@@ -188,6 +188,7 @@ class Sandbox:
             self.run(SLURM_ROOTS_SCRIPT, "build", self.slurm_version, timeout=900)  # once, then reused
         self.run(SLURM_SCRIPT, "start", *(["--clean"] if clean else []), timeout=180)
         self.fault_dir.mkdir(parents=True, exist_ok=True)
+        self._write_burn_in()
         if self.slurm_backend == "rest":
             self.run(SLURM_SCRIPT, "start-rest")
             self.run(SLURM_SCRIPT, "token")
@@ -390,6 +391,29 @@ class Sandbox:
                 return j.nodes
             time.sleep(0.3)
         raise SandboxError(f"job {job_id} did not reach step {step} within {timeout:.0f} s")
+
+    @property
+    def validate_job(self) -> Path:
+        """The sandbox's burn-in script (GPUHEAL_VALIDATE_JOB): its "GPU" fails while a fault is
+        marked, the one a repair clears or a lasting one (inject_lasting_fault)."""
+        return self.slurm_dir / "burn-in.sh"
+
+    def _write_burn_in(self) -> None:
+        faults = self.fault_dir
+        self.validate_job.write_text(
+            "#!/bin/sh\n"
+            f'for f in "{faults}/$SLURMD_NODENAME" "{faults}/$SLURMD_NODENAME.lasting"; do\n'
+            '  if [ -e "$f" ]; then echo "GPU fault on $SLURMD_NODENAME" >&2; exit 1; fi\n'
+            "done\n"
+            'echo "GPUs of $SLURMD_NODENAME pass"\n'
+        )
+        self.validate_job.chmod(0o755)
+
+    def inject_lasting_fault(self, node: str) -> None:
+        """A GPU no reset or reboot mends (an HBM with remapping exhausted): jobs stop, and the
+        burn-in fails after any repair."""
+        self.inject_gpu_fault(node)
+        (self.fault_dir / f"{node}.lasting").touch()
 
     def inject_gpu_fault(self, node: str) -> None:
         """The sandbox's stand-in for a GPU falling off the bus: jobs on the node stop stepping."""

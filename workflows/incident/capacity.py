@@ -33,7 +33,15 @@ BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
 # an action that needed none (an application restart) to one that drains.
 ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
 # Endings that leave the node drained by this incident: the coordinator keeps counting it.
-STILL_OUT = frozenset({NodeState.DRAINED, NodeState.BLOCKED, NodeState.AWAITING_REPLACEMENT, NodeState.ESCALATED})
+STILL_OUT = frozenset(
+    {
+        NodeState.DRAINED,
+        NodeState.BLOCKED,
+        NodeState.AWAITING_REPLACEMENT,
+        NodeState.ESCALATED,
+        NodeState.FAILED_VALIDATION,
+    }
+)
 
 
 async def admit(s: IncidentState, action: ActionClass, what: str) -> None:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         RepairRequest,
         ReplacementResult,
         ReplaceRequest,
+        ValidateRequest,
     )
 
 PROVIDER_HEARTBEAT = timedelta(seconds=60)
@@ -110,6 +111,17 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
             msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
             return render.replaced_after_failed_health_check(health.detail, s.replacement.new_node, msg)
         if drain is not None and drain.drained_by_us:
+            if s.settings.validate_job:  # "Ready" says nothing about a GPU: burn it in first
+                req = ValidateRequest(node=ref, job=s.settings.validate_job, timeout_s=s.settings.validate_timeout_s)
+                verdict = await act_run(
+                    act.VALIDATE_NODE_GPUS,
+                    req,
+                    summary=f"validate the GPUs of {ref.node}",
+                    timeout=timedelta(seconds=req.timeout_s + 120),
+                    heartbeat=timedelta(seconds=60),
+                )
+                if not verdict.passed:
+                    return render.failed_validation(health.detail, verdict)
             msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
             if s.kube is not None:
                 msg += "; " + await act_run(act.UNCORDON_NODE, s.kube, summary="uncordon")

@@ -26,14 +26,20 @@ __all__ = [
     "UnknownNode",
     "UnknownSchema",
     "build_slurm",
+    "wrapper",
 ]
+
+
+def wrapper(s: SlurmSettings) -> list[str] | None:
+    """GPUHEAL_SLURM_CLI_WRAPPER as argv (it prefixes each of Slurm's commands)."""
+    return shlex.split(s.cli_wrapper) if s.cli_wrapper else None
 
 
 def build_slurm(s: SlurmSettings) -> SlurmBackend:
     if s.backend == "cli":
         from gpuheal.clients.slurm.cli import SlurmCli
 
-        return SlurmCli(s.conf, shlex.split(s.cli_wrapper) if s.cli_wrapper else None)
+        return SlurmCli(s.conf, wrapper(s))
     if not s.rest_url or not s.rest_user:
         raise SettingsError(
             "GPUHEAL_SLURM_BACKEND=rest needs GPUHEAL_SLURM_REST_URL (slurmrestd's address) and "
