@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -65,6 +66,10 @@ from gpuheal.core.messages import (
 from gpuheal.core.models import NodeInfo, RemediationSettings, Stage
 
 PLACEMENT_TTL_S = 10.0
+# The domains Slurm itself names (gpuheal.clients.slurm.parsers.parse_topology), where the
+# cluster has no Kubernetes labels for them.
+SLURM_DOMAINS = ("switch", "block")
+SlurmTopology = Callable[[], Awaitable[dict[str, dict[str, str]]]]
 CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
 I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
 O = TypeVar("O")  # noqa: E741
@@ -106,8 +111,10 @@ class FleetActivities:
         settings: RemediationSettings,
         domain_labels: tuple[str, ...],
         updates: int,
+        topology: SlurmTopology | None = None,
     ) -> None:
         self._slurm = slurm
+        self._topology = topology  # Slurm's own domains, for a cluster without Kubernetes
         self._core = None
         if kube is not None:
             from kubernetes import client
@@ -157,26 +164,28 @@ class FleetActivities:
                 if self._core is not None:
                     kube_nodes = (await call(self._core.list_node)).items
                     labels = {n.metadata.name: n.metadata.labels or {} for n in kube_nodes}
+                elif self._topology is not None:
+                    labels = await self._topology()  # {"gpu01": {"switch": "leaf1"}}
                 self._listing = (now, nodes, labels)
             return self._listing[1], self._listing[2]
 
     async def _placement(self, node: str) -> Placement:
         """The node's pool (Kubernetes label, else its first Slurm partition) and domains (the
-        configured node labels), with the sizes a share is of."""
+        configured node labels; without Kubernetes, Slurm's leaf switch and block), with the
+        sizes a share is of."""
         nodes, labels = await self._listings()
         info = nodes.get(node)
         pool = info.partitions[0] if info is not None and info.partitions else "default"
         pool_size = sum(1 for n in nodes.values() if pool in n.partitions) or 1
         domains: dict[str, int] = {}
-        if self._core is not None:
-            mine = labels.get(node, {})
-            if POOL_LABEL in mine:
-                pool = mine[POOL_LABEL]
-                pool_size = sum(1 for lab in labels.values() if lab.get(POOL_LABEL) == pool)
-            for key in self._domain_labels:
-                if key in mine:
-                    size = sum(1 for lab in labels.values() if lab.get(key) == mine[key])
-                    domains[f"{key}={mine[key]}"] = size
+        mine = labels.get(node, {})
+        if self._core is not None and POOL_LABEL in mine:
+            pool = mine[POOL_LABEL]
+            pool_size = sum(1 for lab in labels.values() if lab.get(POOL_LABEL) == pool)
+        for key in self._domain_labels if self._core is not None else SLURM_DOMAINS:
+            if key in mine:
+                size = sum(1 for lab in labels.values() if lab.get(key) == mine[key])
+                domains[f"{key}={mine[key]}"] = size
         return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
 
     async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:

@@ -11,7 +11,7 @@ import pytest
 
 from gpuheal.clients.slurm.base import UnknownSchema
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, schema_of
+from gpuheal.clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, parse_topology, schema_of
 from gpuheal.core.models import NodeInfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -139,3 +139,19 @@ def test_one_node_read_from_scontrols_text_agrees_with_sinfos_json(name: str) ->
 
 def test_a_line_that_is_not_a_node_is_refused() -> None:
     assert parse_node_line("Node gpu99 not found") is None
+
+
+def test_topology_names_each_nodes_leaf_switch_and_block() -> None:
+    tree = (
+        "SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu[01-02]\n"
+        "SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=gpu03\n"
+        "SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[01-03] Switches=leaf[1-2]\n"
+    )
+    assert parse_topology(tree) == {
+        "gpu01": {"switch": "leaf1"},
+        "gpu02": {"switch": "leaf1"},
+        "gpu03": {"switch": "leaf2"},
+    }
+    block = "BlockName=b1 BlockIndex=0 Nodes=gpu[01-04] BlockSize=4\nAggregatedBlock=b1 BlockSize=4 Nodes=gpu[01-04]\n"
+    assert parse_topology(block)["gpu04"] == {"block": "b1"}
+    assert parse_topology("") == {} and parse_topology("SwitchName=s Level=0 Nodes=(null)") == {}

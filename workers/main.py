@@ -73,11 +73,18 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     acts = RemediationActivities(slurm, provider, notifier, on_closed=metrics.observe_incident)
     owners: OwnerNotifier = OwnerDelivery(settings.owners)
     jobs = JobActivities(slurm, owners, settings.remediation.jobs)
-    # The burn-in speaks Slurm's commands (reservations, sbatch), whichever backend asks the rest.
+    # The burn-in and the topology speak Slurm's commands (reservations, sbatch, `scontrol show
+    # topology`), whichever backend asks the rest.
     cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
     validation = ValidationActivities(slurm, BurnIn(cli))
     fleet = FleetActivities(
-        slurm, kube_api, settings.fleet, settings.remediation, settings.domain_labels, settings.coordinator_updates
+        slurm,
+        kube_api,
+        settings.fleet,
+        settings.remediation,
+        settings.domain_labels,
+        settings.coordinator_updates,
+        topology=cli.topology,
     )
     found: list[Callable[..., Any]] = [
         acts.look_up_slurm_node,

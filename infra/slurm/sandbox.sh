@@ -29,6 +29,8 @@ CLUSTER=${GPUHEAL_SLURM_CLUSTER:-sandbox}
 ACTIVE=${GPUHEAL_SLURM_ACTIVE:-3}
 SPARES=${GPUHEAL_SLURM_SPARES:-3}
 INFERENCE=${GPUHEAL_SLURM_INFERENCE:-0}  # inf01..: nodes of an inference pool (FUTURE until borrowed)
+# topology.conf's lines, ';'-separated (e.g. "SwitchName=leaf1 Nodes=gpu[01-02];..."): topology/tree
+TOPOLOGY=${GPUHEAL_SLURM_TOPOLOGY:-}
 FLEET=${GPUHEAL_SLURM_FLEET:-0}  # fleet0001..: defined in slurm.conf, no slurmd (a fleet's size for benchmarks)
 ROOT=${GPUHEAL_SLURM_ROOT:+$(realpath -m "$GPUHEAL_SLURM_ROOT")}
 REPO=$(realpath -m "$(dirname "$0")/../..")
@@ -207,6 +209,11 @@ CONF
   done
   [ "$FLEET" -gt 0 ] && members+=",fleet[0001-$(printf '%04d' "$FLEET")]"
   echo "PartitionName=gpu Nodes=$members Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+  rm -f "$DIR/topology.conf"
+  if [ -n "$TOPOLOGY" ]; then
+    echo "TopologyPlugin=topology/tree" >>"$CONF"
+    printf '%s\n' "$TOPOLOGY" | tr ';' '\n' >"$DIR/topology.conf"
+  fi
 }
 
 # --- daemons ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 from gpuheal.clients import proc
 from gpuheal.clients.slurm.base import JobUpdate, NodeOutOfService, NodeState, SlurmError, UnknownNode
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, schema_of
+from gpuheal.clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, parse_topology, schema_of
 from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
 
 # Wrappers that join their arguments into a remote shell's command line.
@@ -109,6 +109,15 @@ class SlurmCli:
         if name in future:
             raise NodeOutOfService(f"node {name!r} is not in service (State={future[name].state.upper()})")
         raise UnknownNode(f"Slurm has no node named {name!r}")
+
+    async def topology(self) -> dict[str, dict[str, str]]:
+        """Each node's topology domains from Slurm (its leaf switch, its block); {} where the
+        cluster has no topology plugin."""
+        try:
+            rc, out, _ = await self.run("scontrol", "show", "topology", check=False)
+        except (OSError, SlurmError):  # no Slurm commands here (a slurmrestd worker): no domains
+            return {}
+        return parse_topology(out) if rc == 0 else {}
 
     async def update_node(self, name: str, state: NodeState, reason: str | None = None) -> None:
         fields = [f"state={state}", *([f"reason={reason}"] if reason else [])]

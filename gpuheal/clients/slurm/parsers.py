@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from gpuheal.clients.slurm.base import UnknownSchema
+from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.core.models import JobSnapshot, NodeInfo
 from gpuheal.core.progress import parse_progress
 
@@ -159,3 +160,22 @@ def _job(j: dict[str, Any]) -> JobSnapshot:
         submit_line=str(j.get("submit_line") or ""),
         progress=parse_progress(j.get("comment")),
     )
+
+
+def parse_topology(text: str) -> dict[str, dict[str, str]]:
+    """`scontrol show topology` to each node's domains: its leaf switch (topology/tree: the
+    switches of level 0) and its block (topology/block, 23.11+). Empty without a plugin."""
+    found: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "Nodes" not in fields or fields["Nodes"] in ("", "(null)"):
+            continue
+        if "SwitchName" in fields and fields.get("Level", "0") == "0":
+            key, name = "switch", fields["SwitchName"]
+        elif "BlockName" in fields:
+            key, name = "block", fields["BlockName"]
+        else:
+            continue
+        for node in expand(fields["Nodes"]):
+            found.setdefault(node, {})[key] = name
+    return found
