@@ -138,6 +138,7 @@ class FleetActivities:
             action=ask.action,
             what=ask.what,
             gpu_uuids=ask.gpu_uuids,
+            gpu_serials=ask.gpu_serials,
             seed=self._seed,
         )
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(

@@ -72,6 +72,7 @@ from gpuheal.core.models import (
     ValidateRequest,
     ValidationResult,
 )
+from gpuheal.core.rma import RmaEvidence, RmaRequest
 
 I = TypeVar("I")  # noqa: E741  (input, output: the usual names for an activity's two types)
 O = TypeVar("O")  # noqa: E741
@@ -159,6 +160,9 @@ REMEDIATION = (
     RELEASE_BORROWED_NODE,
 )
 VALIDATION = (VALIDATE_NODE_GPUS,)
+GATHER_RMA_EVIDENCE = Activity("gather_rma_evidence", RmaRequest, RmaEvidence)
+FILE_RMA = Activity("file_rma", RmaEvidence, str)
+RMA = (GATHER_RMA_EVIDENCE, FILE_RMA)
 JOBS = (
     REQUEST_CHECKPOINT,
     WAIT_FOR_CHECKPOINTS,

@@ -65,6 +65,7 @@ from gpuheal.core.models import (
     ValidateRequest,
     ValidationResult,
 )
+from gpuheal.core.rma import RmaEvidence, RmaRequest
 from gpuheal.core.settings import OwnerSettings
 
 
@@ -205,6 +206,17 @@ class FakeCluster:
             c.calls.append("validate")
             return c.validation
 
+        @implements(act.GATHER_RMA_EVIDENCE)
+        async def gather_rma(req: RmaRequest) -> RmaEvidence:
+            c.calls.append("gather_rma")
+            fields = req.model_dump(include={"cluster", "node", "incident_id", "run_id", "why", "boards"})
+            return RmaEvidence(**fields, kernel_log=req.kernel_log, history=(), actions=req.actions)
+
+        @implements(act.FILE_RMA)
+        async def file_rma(evidence: RmaEvidence) -> str:
+            c.calls.append("file_rma")
+            return "RMA-1"
+
         @implements(act.CHECK_NODE_HEALTH)
         async def health(ref: NodeRef) -> HealthCheckResult:
             c.calls.append("health")
@@ -244,6 +256,8 @@ class FakeCluster:
             replace,
             health,
             validate,
+            gather_rma,
+            file_rma,
             resume,
             decommission,
             record,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuheal.triggers.agent import Agent, AgentMetrics, Finding, findings_from
+from gpuheal.triggers.agent import Agent, AgentMetrics, Finding, WebhookReporter, findings_from
+from gpuheal.triggers.alertmanager import AlertmanagerPayload, firing_payload, to_reports
 from gpuheal.triggers.healthcheck import check
 from gpuheal.triggers.kmsg import normalise_pci, parse_xid_line
 from gpuheal.triggers.nvml import GpuReading, Nvml
@@ -75,6 +79,8 @@ class FakeNvmlLib:
                 "reasons": 0,
                 "links": 2,
                 "pci": f"00000000:{0x3B + i:02X}:00.0",
+                "uuid": f"GPU-{i:08d}-aaaa-bbbb-cccc-000000000000",
+                "serial": f"165232008{i:04d}",
             }
             for i in range(gpus)
         ]
@@ -94,6 +100,12 @@ class FakeNvmlLib:
         if self.state[h]["lost"]:
             raise NVMLError(15)
         return self.state[h]
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return str(self._gpu(h)["uuid"])
+
+    def nvmlDeviceGetSerial(self, h: int) -> str:
+        return str(self._gpu(h)["serial"])
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return type("Pci", (), {"busId": self._gpu(h)["pci"].encode()})
@@ -192,3 +204,43 @@ def test_findings_from_is_pure() -> None:
     prev = GpuReading(index=0, ecc_uncorrected_volatile=2)
     assert findings_from(GpuReading(index=0, ecc_uncorrected_volatile=2), prev) == []
     assert findings_from(GpuReading(index=0, ecc_uncorrected_volatile=5), prev)[0].signal == "ecc_dbe_volatile"
+
+
+def test_a_report_names_the_board_and_carries_the_kernels_line() -> None:
+    """Each report says which board failed (UUID, serial, PCI bus id, from NVML at start-up) and
+    the kernel's own line: the RMA evidence, from the agent to the incident."""
+    received: list[dict[str, Any]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None: ...
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/alertmanager"
+        reporter = WebhookReporter(url, "t0ken", "c1")
+        agent = Agent("gpu07", AgentMetrics(CollectorRegistry()), nvml=Nvml(FakeNvmlLib()), reporter=reporter)
+        agent.kmsg_path = None
+        agent.start(background=False)
+        line, _, _ = KERNEL_LINES[0]
+        hit = parse_xid_line(line)
+        assert hit is not None
+        agent.on_xid(agent.pci_to_gpu[hit.pci], hit.xid, "kmsg", hit.text, line)
+    finally:
+        server.shutdown()
+    (payload,) = received
+    (report,) = to_reports(AlertmanagerPayload.model_validate(payload), "c1").reports
+    assert report.gpu == 0 and report.gpu_serial == "1652320080000"
+    assert report.gpu_uuid == "GPU-00000000-aaaa-bbbb-cccc-000000000000" and report.pci_bus_id == "0000:3b:00"
+    assert report.kernel_log == line.strip()
+
+
+def test_a_malformed_board_label_is_dropped_never_the_report() -> None:
+    payload = firing_payload("gpu07", xid=79, board={"gpu_serial": "bad serial;", "pci_bus_id": "0000:3b:00"})
+    (report,) = to_reports(AlertmanagerPayload.model_validate(payload), "c1").reports
+    assert report.gpu_serial is None and report.pci_bus_id == "0000:3b:00" and report.xid == 79

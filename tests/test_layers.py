@@ -16,6 +16,7 @@ from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.kubernetes import KubernetesActivities
 from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.activities.rma import RmaActivities
 from gpuheal.activities.validation import ValidationActivities
 from tests.fakes import FakeCluster
 
@@ -37,6 +38,7 @@ def implementations(cls: type) -> dict[str, object]:
         (FleetActivities, act.FLEET),
         (KubernetesActivities, act.KUBERNETES),
         (ValidationActivities, act.VALIDATION),
+        (RmaActivities, act.RMA),
     ],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:
@@ -51,7 +53,7 @@ def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activit
 
 def test_the_fakes_implement_the_same_interface() -> None:
     names = {fn.__temporal_activity_definition.name for fn in FakeCluster().activities()}  # type: ignore[attr-defined]
-    assert names == {r.name for r in act.REMEDIATION + act.JOBS + act.FLEET_INCIDENT + act.VALIDATION}
+    assert names == {r.name for r in act.REMEDIATION + act.JOBS + act.FLEET_INCIDENT + act.VALIDATION + act.RMA}
 
 
 @pytest.mark.parametrize(

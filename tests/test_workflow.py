@@ -36,6 +36,8 @@ from tests.fakes import FakeCluster
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
 NODE_SIDE = {
     "look_up",
+    "gather_rma",
+    "file_rma",
     "notify:remediating",
     "list_jobs",
     "checkpoint",
@@ -106,6 +108,8 @@ async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment)
         "confirm_capacity",
         "replace",
         "decommission",
+        "gather_rma",  # a replaced board: its evidence goes to the vendor
+        "file_rma",
         "notify:closed_resolved",
         "release_capacity",
         "metrics",

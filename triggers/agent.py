@@ -80,6 +80,7 @@ class Finding:
     xid: int | None = None
     signal: str | None = None
     text: str = ""
+    kernel_log: str = ""  # the kernel's line, verbatim (RMA evidence)
 
 
 class WebhookReporter:
@@ -88,6 +89,7 @@ class WebhookReporter:
     def __init__(self, url: str, token: str, cluster: str | None, quiet_s: float = 300) -> None:
         self.url, self.token, self.cluster, self.quiet_s = url, token, cluster, quiet_s
         self._sent: dict[tuple[str, int | None, str | None], float] = {}
+        self.boards: dict[str, dict[str, str]] = {}  # GPU index -> its uuid, serial, PCI bus id
 
     def report(self, node: str, f: Finding) -> bool:
         key = (f.gpu, f.xid, f.signal)
@@ -102,6 +104,8 @@ class WebhookReporter:
             summary=f.text,
             alertname="GpuHealthAgent",
             receiver="gpuheal-agent",
+            board=self.boards.get(f.gpu),
+            kernel_log=f.kernel_log,
         )
         req = urllib.request.Request(
             self.url,
@@ -181,6 +185,12 @@ class Agent:
                 r = self.nvml.read(i)
                 if r.pci:
                     self.pci_to_gpu[normalise_pci(r.pci)] = str(i)
+                if self.reporter is not None:  # every report names the board, for its RMA record
+                    self.reporter.boards[str(i)] = {
+                        "gpu_uuid": r.uuid,
+                        "gpu_serial": r.serial,
+                        "pci_bus_id": normalise_pci(r.pci) if r.pci else "",
+                    }
         kmsg_ok = False
         if self.kmsg_path:
             try:
@@ -209,12 +219,12 @@ class Agent:
 
     # --- sources -------------------------------------------------------------------------
 
-    def on_xid(self, gpu: str, xid: int, source: str, text: str = "") -> None:
+    def on_xid(self, gpu: str, xid: int, source: str, text: str = "", line: str = "") -> None:
         self.m.xid.labels(self.node, gpu, str(xid), source).inc()
         self.m.xid_last_seen.labels(self.node, gpu, str(xid)).set_to_current_time()
         log.warning("XID %d on GPU %s (%s) %s", xid, gpu, source, text)
         if self.reporter is not None and actionable_xid(xid):
-            self.reporter.report(self.node, Finding(gpu, xid=xid, text=f"XID {xid}: {text}"))
+            self.reporter.report(self.node, Finding(gpu, xid=xid, text=f"XID {xid}: {text}", kernel_log=line))
 
     def _watch_kernel_log(self) -> None:
         assert self.kmsg_path is not None
@@ -223,7 +233,7 @@ class Agent:
                 return
             hit = parse_xid_line(line)
             if hit is not None:
-                self.on_xid(self.pci_to_gpu.get(hit.pci, hit.pci), hit.xid, "kmsg", hit.text)
+                self.on_xid(self.pci_to_gpu.get(hit.pci, hit.pci), hit.xid, "kmsg", hit.text, line.strip()[:1000])
 
     def _watch_nvml_events(self) -> None:
         assert self.nvml is not None

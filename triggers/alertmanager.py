@@ -2,7 +2,8 @@
 
 Label names differ between exporters, so several are accepted:
 node: node, Hostname, hostname, instance (port stripped); XID: xid, err_code, XID;
-GPU: gpu, GPU, gpu_index (a UUID label is kept in the summary, not as an index);
+GPU: gpu, GPU, gpu_index (a UUID label is kept in the summary, not as an index); the board:
+gpu_serial or serial, pci_bus_id or pci, and the kernel's line in the annotation kernel_log;
 non-XID signal: gpuheal_signal; cluster: cluster.
 """
 
@@ -15,12 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuheal.core.errors import describe_error
-from gpuheal.core.models import ClusterName, HealthReport, NodeName
+from gpuheal.core.models import GPU_SERIAL_PATTERN, PCI_BUS_ID_PATTERN, ClusterName, HealthReport, NodeName
 
 NODE_LABELS = ("node", "Hostname", "hostname", "instance")
 XID_LABELS = ("xid", "err_code", "XID")
 GPU_LABELS = ("gpu", "GPU", "gpu_index")
 UUID_LABELS = ("UUID", "gpu_uuid", "uuid")  # dcgm-exporter labels the GPU's UUID
+SERIAL_LABELS = ("gpu_serial", "serial")  # the board's serial: its RMA record follows it
+PCI_LABELS = ("pci_bus_id", "pci")
 
 
 class Alert(BaseModel):
@@ -121,6 +124,7 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
                 summary=(alert.annotations.get("summary") or alert.labels.get("alertname", ""))[:500],
                 alert_key=_alert_key(alert, None if xid_label else xid),
                 gpu_uuid=_first(alert.labels, UUID_LABELS),
+                **_board(alert),
             )
         except (ValidationError, ValueError) as err:
             rejected.append(Rejected(alert=name, reason=describe_error(err, "alert")))
@@ -130,6 +134,19 @@ def to_reports(payload: AlertmanagerPayload, default_cluster: str) -> Parsed:
         if key not in reports or report.observed_at < reports[key].observed_at:
             reports[key] = report
     return Parsed(reports=list(reports.values()), rejected=rejected, resolved=resolved, give_backs=give_backs)
+
+
+BOARD_PATTERNS = {"gpu_serial": re.compile(GPU_SERIAL_PATTERN), "pci_bus_id": re.compile(PCI_BUS_ID_PATTERN)}
+
+
+def _board(alert: Alert) -> dict[str, str]:
+    """The board's serial, PCI bus id and kernel line, where the alert has them. A malformed one is
+    left out, never the failure report with it."""
+    found = {"gpu_serial": _first(alert.labels, SERIAL_LABELS), "pci_bus_id": _first(alert.labels, PCI_LABELS)}
+    board = {k: v for k, v in found.items() if v and BOARD_PATTERNS[k].match(v)}
+    if alert.annotations.get("kernel_log"):
+        board["kernel_log"] = alert.annotations["kernel_log"][:1000]
+    return board
 
 
 def firing_payload(
@@ -143,6 +160,8 @@ def firing_payload(
     alertname: str = "GpuXidCritical",
     receiver: str = "gpuheal",
     starts_at: datetime | None = None,
+    board: dict[str, str] | None = None,
+    kernel_log: str = "",
 ) -> dict[str, Any]:
     """One firing alert as Alertmanager's webhook sends it (the agent's direct reports, the
     sandbox's injected failures): built from the models above, so it always parses."""
@@ -150,10 +169,14 @@ def firing_payload(
     for name, value in (("xid", xid), ("gpuheal_signal", signal), ("gpu", gpu), ("cluster", cluster)):
         if value is not None:
             labels[name] = str(value)
+    labels.update({k: v for k, v in (board or {}).items() if v})  # gpu_uuid, gpu_serial, pci_bus_id
+    annotations = {"summary": summary[:400]} if summary else {}
+    if kernel_log:
+        annotations["kernel_log"] = kernel_log[:1000]
     alert = Alert(
         status="firing",
         labels=labels,
-        annotations={"summary": summary[:400]} if summary else {},
+        annotations=annotations,
         startsAt=starts_at or datetime.now(UTC),
         fingerprint="-".join(str(v) for v in (node, xid, signal, gpu) if v is not None),
     )

@@ -33,6 +33,8 @@ class NvmlUnavailable(RuntimeError):
 class GpuReading:
     index: int
     pci: str = ""
+    uuid: str = ""
+    serial: str = ""  # the board's serial (what a vendor's RMA asks for)
     lost: bool = False
     ecc_uncorrected_volatile: int | None = None
     retired_pages_pending: bool | None = None
@@ -82,6 +84,8 @@ class Nvml:
         r = GpuReading(index=index)
         try:
             r.pci = str(self._opt(lambda: _text(lib.nvmlDeviceGetPciInfo(h).busId)) or "")
+            r.uuid = str(self._opt(lambda: _text(lib.nvmlDeviceGetUUID(h))) or "")
+            r.serial = str(self._opt(lambda: _text(lib.nvmlDeviceGetSerial(h))) or "")
             r.ecc_uncorrected_volatile = self._opt(
                 lambda: int(
                     lib.nvmlDeviceGetTotalEccErrors(h, lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC)

@@ -71,6 +71,8 @@ async def start_or_join(
         attrs.append(SearchAttributePair(sa.XID, report.xid))
     if report.alert_key:
         attrs.append(SearchAttributePair(sa.ALERT_KEYS, [report.alert_key]))
+    if report.gpu_serial:
+        attrs.append(SearchAttributePair(sa.GPU_SERIALS, [report.gpu_serial]))
     return await client.start_workflow(
         INCIDENT.name,
         RemediationInput(report=report),

@@ -30,6 +30,7 @@ from temporalio.worker import Worker
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.activities.rma import RmaActivities
 from gpuheal.activities.validation import ValidationActivities
 from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
 from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
@@ -77,6 +78,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     # topology`), whichever backend asks the rest.
     cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
     validation = ValidationActivities(slurm, BurnIn(cli))
+    rma = RmaActivities(settings.rma_hook)
     fleet = FleetActivities(
         slurm,
         kube_api,
@@ -121,6 +123,8 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         fleet.find_open_incidents,
         fleet.find_nodes_left_drained,
         validation.validate_node_gpus,
+        rma.gather_rma_evidence,
+        rma.file_rma,
     ]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -28,7 +28,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
-from gpuheal.workflows.incident import approval, borrowing, capacity, jobs, node
+from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, jobs, node
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
 from gpuheal.workflows.incident.state import IncidentState
@@ -319,6 +319,7 @@ class GpuRemediationWorkflow:
     async def _close(self, outcome: Outcome, reason: str) -> RemediationResult:
         s = self._s
         async with in_stage(s, Stage.CLOSE) as rec:
+            await evidence.for_the_vendor(s)
             result = result_for(s, outcome, reason)
             severity: Severity = "warning" if outcome != "resolved" or not_back(result.jobs) else "info"
             await notify(s, f"closed_{outcome}", severity, render.closed_notice(outcome, s.node_at.detail, result))
@@ -344,6 +345,9 @@ class GpuRemediationWorkflow:
         if report.alert_key:  # the same alert re-sent after this incident closed starts nothing
             keys = sorted({r.alert_key for r in s.reports if r.alert_key})
             workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
+        if report.gpu_serial:  # a board's history follows its serial (`gpuheal history --serial`)
+            serials = sorted({r.gpu_serial for r in s.reports if r.gpu_serial})
+            workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(serials)])
         # Before the node is repaired, a more severe report escalates the remediation.
         if s.action is not None and s.stage in ESCALATABLE:
             escalated = policy.triage_all(s.reports).action

@@ -8,6 +8,7 @@ the same updates work from the plain `temporal` CLI (README, "Fleet safety").
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -33,10 +34,11 @@ from gpuheal.core.messages import (
     INCIDENT,
     Update,
 )
-from gpuheal.core.models import check_node_name
+from gpuheal.core.models import GPU_SERIAL_PATTERN, check_node_name
 from gpuheal.core.settings import Settings
 
 VIEW_TIMEOUT = timedelta(seconds=5)  # a describe: the server alone answers it
+SERIAL = re.compile(GPU_SERIAL_PATTERN)
 I = TypeVar("I")  # noqa: E741  (an update's input, as in core.messages)
 
 
@@ -141,11 +143,19 @@ async def decide_domain(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def node_history(settings: Settings, args: argparse.Namespace) -> int:
-    """Every incident of a node, from Temporal's visibility: when, which XID, what it did, how it ended."""
-    client = await connect(settings.temporal)
+    """Every incident of a node, or of a GPU board by its serial (across nodes, renames and
+    re-images), from Temporal's visibility: when, which XID, what it did, how it ended."""
     cluster = settings.require_cluster()
-    node = check_node_name(args.node)  # before it reaches the query (as `gpuheal incidents --node`)
-    query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.eq(sa.NODE, node))
+    if (args.node is None) == (args.serial is None):
+        raise SystemExit("gpuheal history: name a node or --serial SERIAL (one of them)")
+    if args.serial is not None:  # validated before it reaches the query, as node names are
+        if not SERIAL.fullmatch(args.serial):
+            raise SystemExit(f"gpuheal history: invalid GPU serial {args.serial!r}")
+        which, term = f"GPU serial {args.serial}", queries.contains(sa.GPU_SERIALS, args.serial)
+    else:
+        which, term = args.node, queries.eq(sa.NODE, check_node_name(args.node))
+    client = await connect(settings.temporal)
+    query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), term)
     rows = 0
     async for wf in client.list_workflows(query):
         xid = wf.typed_search_attributes.get(sa.XID)
@@ -158,8 +168,12 @@ async def node_history(settings: Settings, args: argparse.Namespace) -> int:
                 outcome = str(result.get("outcome", "")) if isinstance(result, dict) else ""
             except Exception as err:  # a failed run: say so
                 outcome = f"failed: {err}"[:80]
-        print(f"{wf.start_time:%Y-%m-%d %H:%M}  XID {xid or '-':<4} {action:<12} {closed:<24} {outcome}  {wf.id}")
+        node = wf.typed_search_attributes.get(sa.NODE, "?")
+        print(
+            f"{wf.start_time:%Y-%m-%d %H:%M}  {node:<10} XID {xid or '-':<4} {action:<12} {closed:<24} "
+            f"{outcome}  {wf.id}"
+        )
         rows += 1
     if rows == 0:
-        print(f"no incident on {args.node} in cluster {cluster}")
+        print(f"no incident on {which} in cluster {cluster}")
     return 0

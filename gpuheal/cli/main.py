@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("file")
     ap.add_argument("--operator", required=True)
     ap.add_argument("--reason", required=True)
-    hi = sub.add_parser("history", help="a node's incidents: when, which XID, what was done, how it ended")
-    hi.add_argument("node")
+    hi = sub.add_parser("history", help="a node's (or a GPU's) incidents: when, which XID, what was done, how it ended")
+    hi.add_argument("node", nargs="?", help="the node (omit with --serial)")
+    hi.add_argument("--serial", help="a GPU board's serial instead: its incidents on whichever node it was in")
 
     li = sub.add_parser("incidents", help="open and recent incidents, one line each (or --json)")
     li.add_argument("--node", help="only this node's")

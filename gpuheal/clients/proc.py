@@ -39,6 +39,7 @@ async def run(
     check: bool = True,
     what: str | None = None,
     heartbeat_s: float = 10.0,
+    stdin: bytes | None = None,
 ) -> Completed:
     """Run argv to completion within timeout_s. `what` names it in errors (default: argv[0]).
     Inside an activity, a long run heartbeats every heartbeat_s, so Temporal knows it is alive."""
@@ -46,14 +47,14 @@ async def run(
     proc = await asyncio.create_subprocess_exec(
         *argv,
         env=dict(env) if env is not None else None,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    talking = asyncio.ensure_future(proc.communicate())
+    talking = asyncio.ensure_future(proc.communicate(stdin))
     try:
         while True:
             remaining = deadline - loop.time()

@@ -67,11 +67,14 @@ def admit(s: FleetState, req: AdmitRequest, now: datetime) -> tuple[Admission, E
                 node=req.placement.node,
                 domains=tuple(req.placement.domains),
                 gpu_uuids=req.gpu_uuids,
+                gpu_serials=req.gpu_serials,
             )
         )
         out += _check_breaker(s, req.placement, now)
         out += _check_domains(s, req.placement, now)
-    repeat = policy.repeat_offender(s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat)
+    repeat = policy.repeat_offender(
+        s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat, req.gpu_serials
+    )
     domain = policy.escalated_domain(s, req.placement)
     answer = Admission(
         policy=s.policy,

@@ -185,13 +185,29 @@ def escalation(state: FleetState, placement: Placement, now: datetime) -> tuple[
 
 
 def repeat_offender(
-    arrivals: Sequence[Arrival], node: str, gpu_uuids: Iterable[str], now: datetime, policy: RepeatPolicy
+    arrivals: Sequence[Arrival],
+    node: str,
+    gpu_uuids: Iterable[str],
+    now: datetime,
+    policy: RepeatPolicy,
+    gpu_serials: Iterable[str] = (),
 ) -> str | None:
     """Why this is the node's (or a GPU's) `incidents`-th incident within the window, or None.
-    Counts each incident once (one arrival per run of the node's workflow, however often it asks)."""
+    Counts each incident once (one arrival per run of the node's workflow, however often it asks).
+    Where the reports name the GPU's serial, the count follows the GPU, not the node's name: a
+    board moved to another node (or a node re-imaged and renamed) keeps its record, and a node
+    whose bad GPU was swapped starts afresh."""
     recent = within(arrivals, now, policy.window_s)
+    serials = tuple(gpu_serials)
+    for serial in serials:
+        on_board = {(a.incident_id, a.run_id) for a in recent if serial in a.gpu_serials}
+        if len(on_board) >= policy.incidents:
+            return (
+                f"repeat offender: {len(on_board)} incidents on GPU serial {serial}"
+                f" within {policy.window_s / 86400:g} days"
+            )
     on_node = {(a.incident_id, a.run_id) for a in recent if a.node == node}
-    if len(on_node) >= policy.incidents:
+    if not serials and len(on_node) >= policy.incidents:
         return f"repeat offender: {len(on_node)} incidents on {node} within {policy.window_s / 86400:g} days"
     for uuid in gpu_uuids:
         on_gpu = {(a.incident_id, a.run_id) for a in recent if uuid in a.gpu_uuids}

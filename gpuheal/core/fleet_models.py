@@ -32,6 +32,7 @@ class AdmitRequest(Frozen):
     action: ActionClass
     what: str  # the failure, for the breaker's and the escalation's notices
     gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
     seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
 
 
@@ -54,6 +55,7 @@ class AdmitAsk(Frozen):
     action: ActionClass
     what: str
     gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
 
 
 class AdmitAnswer(Frozen):
@@ -144,6 +146,7 @@ class Arrival(Frozen):
     node: str
     domains: tuple[str, ...]
     gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
 
 
 class Breaker(Frozen):

@@ -96,12 +96,13 @@ class EscalationPolicy(Frozen):
 
 
 class RepeatPolicy(Frozen):
-    """A node (or a GPU, by its UUID) with `incidents` incidents within `window_s` is replaced."""
+    """A node (or a GPU, by its serial or UUID) with `incidents` incidents within `window_s` is
+    replaced. Where the reports name the board's serial, the count follows the board."""
 
     incidents: int = setting(
         "GPUHEAL_REPEAT_INCIDENTS",
         3,
-        "the Nth incident of a node (or of a GPU, by NVML UUID) within the window replaces it, whatever the XID",
+        "the Nth incident of a node (of a GPU, by serial where known, else UUID) within the window replaces it",
         ge=2,
     )
     window_s: float = setting("GPUHEAL_REPEAT_WINDOW_S", 7 * 24 * 3600.0, "... the repeat window", gt=0)

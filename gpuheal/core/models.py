@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from gpuheal.core.envvars import section, setting
+from gpuheal.core.rma import RmaEvidence
 
 # Node and cluster names reach scontrol's command line (as a separate argv element, never through
 # a shell); the pattern still refuses anything a Slurm or Kubernetes node name cannot be.
@@ -24,6 +25,9 @@ NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_PATTERN)]
 CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
 ClusterName = Annotated[str, StringConstraints(pattern=CLUSTER_NAME_PATTERN)]
 OperatorName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")]
+# A GPU board's serial and PCI bus id (reports, visibility queries, `gpuheal history --serial`).
+GPU_SERIAL_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
+PCI_BUS_ID_PATTERN = r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?$"
 _NODE_RE = re.compile(NODE_NAME_PATTERN)
 _CLUSTER_RE = re.compile(CLUSTER_NAME_PATTERN)
 
@@ -154,6 +158,11 @@ class HealthReport(Frozen):
     # An Alertmanager alert's identity (fingerprint@startsAt): the same alert re-sent starts nothing.
     alert_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@:+._-]{1,100}$")
     gpu_uuid: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")  # a GPU's record follows it
+    # The board's serial (what a vendor's RMA asks for; it survives re-imaging and node renames)
+    # and its PCI bus id; the kernel's own line for the failure, verbatim.
+    gpu_serial: str | None = Field(default=None, pattern=GPU_SERIAL_PATTERN)
+    pci_bus_id: str | None = Field(default=None, pattern=PCI_BUS_ID_PATTERN)
+    kernel_log: str = Field(default="", max_length=1000)
 
     @model_validator(mode="after")
     def _xid_or_signal(self) -> HealthReport:
@@ -596,6 +605,7 @@ class RemediationResult(BaseModel):
     mode: str = ""  # the cluster's mode it ran under (observe, approve, auto)
     policy_version: int | None = None  # and the version of the cluster's policy
     replacement_node: str | None = None
+    rma: RmaEvidence | None = None  # a replaced, failed or repeat-offending board: for the vendor
     mttr_s: float | None = None
     steps_lost: int = 0
     gpu_seconds_lost: float = 0.0

@@ -74,8 +74,15 @@ def not_status(s: Status) -> Term:
     return Term(f"{EXECUTION_STATUS.name}!={literal(s)}")
 
 
+def any_of(*terms: Term) -> Term:
+    """Any of them (OR, parenthesised so it narrows as one term): a board's several serials."""
+    if not terms:
+        raise ValueError("any_of needs at least one term")
+    return Term("(" + " OR ".join(terms) + ")")
+
+
 def where(*terms: Term) -> str:
-    """All of them (AND): every query here narrows, none needs OR."""
+    """All of them (AND); an OR is one term (any_of)."""
     if not terms:
         raise ValueError("a query needs at least one term")
     return " AND ".join(terms)

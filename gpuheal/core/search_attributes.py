@@ -19,8 +19,10 @@ ACTION = SearchAttributeKey.for_keyword("Action")
 JOB_ID = SearchAttributeKey.for_int("JobId")  # on job recoveries: `JobId=12` finds a job's history
 BORROWED = SearchAttributeKey.for_keyword("BorrowedNode")  # an incident's node borrowed from inference
 ALERT_KEYS = SearchAttributeKey.for_keyword_list("AlertKeys")  # fingerprint@startsAt of its alerts
+# The serials of the GPUs its reports named: a board's history across nodes, renames, re-images.
+GPU_SERIALS = SearchAttributeKey.for_keyword_list("GpuSerials")
 
-ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS)
+ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS, GPU_SERIALS)
 
 
 def type_name(key: SearchAttributeKey[Any]) -> str:

@@ -185,6 +185,13 @@ class Settings(BaseModel):
         "GPUHEAL_WEBHOOK_TOKEN", None, "bearer token the webhook demands", unset="none: the webhook refuses to start"
     )
     notify_url: str | None = setting("GPUHEAL_NOTIFY_URL", None, "webhook that receives notifications")
+    rma_hook: str | None = setting(
+        "GPUHEAL_RMA_HOOK",
+        None,
+        "executable called as `HOOK rma NODE INCIDENT` with the RMA evidence (JSON) on stdin; prints"
+        ' `{"ticket": "..."}`',
+        unset="no ticket: the evidence is in the postmortem",
+    )
     owners: OwnerSettings = OwnerSettings()
     kubeconfig: str | None = setting("GPUHEAL_KUBECONFIG", None, "kubeconfig: turns on the Kubernetes half")
     k8s_in_cluster: bool = setting(

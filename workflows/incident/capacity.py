@@ -53,6 +53,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         action=action,
         what=what,
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
+        gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
     )
     answer = await act_run(
         act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator", timeout=COORDINATOR

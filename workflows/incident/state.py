@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         StageRecord,
     )
+    from gpuheal.core.rma import RmaEvidence
 
 # A repeat offender is replaced, whatever these would otherwise have done.
 REPLACED_WHEN_REPEATED = frozenset({ActionClass.RESTART_APP, ActionClass.RESET_GPU, ActionClass.REBOOT_NODE})
@@ -55,6 +56,7 @@ class IncidentState:
     policy: VersionedPolicy | None = None
     placement: Placement | None = None
     repeat: str | None = None
+    rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
     kube: KubeNodeRef | None = None  # set when the node is also a Kubernetes node
     earlier: EarlierReplacement | None = None  # a late report for a node gpuheal replaced
 

@@ -1,0 +1,84 @@
+"""Evidence for the vendor: the board's history from Temporal's visibility (by serial, across
+nodes, renames and re-images), and the bundle handed to the site's ticket hook.
+
+``GPUHEAL_RMA_HOOK`` is called as ``HOOK rma NODE INCIDENT`` with the bundle (JSON) on stdin and
+prints ``{"ticket": "..."}``. The bundle names the incident run, so a hook that files once per
+run (the retried activity calls it again) files one ticket.
+"""
+
+from __future__ import annotations
+
+import json
+
+from temporalio import activity
+
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients import proc
+from gpuheal.core import queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.messages import INCIDENT
+from gpuheal.core.rma import RmaEvidence, RmaRequest, XidRecord
+
+HISTORY_LIMIT = 50  # incidents of one board: more is a fleet problem, not one board's
+HOOK_TIMEOUT_S = 60.0
+
+
+class RmaActivities:
+    def __init__(self, hook: str | None) -> None:
+        self._hook = hook
+
+    @implements(act.GATHER_RMA_EVIDENCE)
+    async def gather_rma_evidence(self, req: RmaRequest) -> RmaEvidence:
+        """The board's incidents, newest first: by serial where the reports named one (it follows
+        the board), else the node's own."""
+        client = activity.client()
+        serials = [b.serial for b in req.boards if b.serial]
+        terms = [queries.contains(sa.GPU_SERIALS, s) for s in serials] or [queries.eq(sa.NODE, req.node)]
+        query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, req.cluster), queries.any_of(*terms))
+        history: list[XidRecord] = []
+        async for wf in client.list_workflows(query, limit=HISTORY_LIMIT):
+            attrs = wf.typed_search_attributes
+            outcome = ""
+            if wf.close_time is not None:
+                try:
+                    result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
+                    outcome = result.outcome
+                except Exception as err:  # a failed or terminated run: say so, keep the rest
+                    outcome = f"no result ({type(err).__name__})"
+            history.append(
+                XidRecord(
+                    at=wf.start_time,
+                    node=attrs.get(sa.NODE) or "?",
+                    incident_id=wf.id,
+                    run_id=wf.run_id,
+                    xid=attrs.get(sa.XID),
+                    action=attrs.get(sa.ACTION) or "",
+                    outcome=outcome if wf.run_id != req.run_id else "this incident",
+                )
+            )
+        return RmaEvidence(
+            cluster=req.cluster,
+            node=req.node,
+            incident_id=req.incident_id,
+            run_id=req.run_id,
+            why=req.why,
+            boards=req.boards,
+            kernel_log=req.kernel_log,
+            history=tuple(history),
+            actions=req.actions,
+        )
+
+    @implements(act.FILE_RMA)
+    async def file_rma(self, evidence: RmaEvidence) -> str:
+        """The ticket the hook filed, or why none was (no hook: the evidence is in the postmortem)."""
+        if not self._hook:
+            return "no GPUHEAL_RMA_HOOK: the evidence is in the postmortem"
+        done = await proc.run(
+            [self._hook, "rma", evidence.node, evidence.incident_id],
+            timeout_s=HOOK_TIMEOUT_S,
+            what="RMA hook",
+            stdin=json.dumps(evidence.model_dump(mode="json"), sort_keys=True).encode(),
+        )
+        out = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+        return str(out.get("ticket") or "filed (the hook named no ticket)")[:200]
