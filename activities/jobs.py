@@ -130,7 +130,7 @@ class JobActivities:
             if not left or time.time() >= req.deadline_at:
                 return JobList(jobs=tuple(left))
             activity.heartbeat({"still_on_node": [j.job_id for j in left]})
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(req.poll_s)
 
     # --- requeue, hold, verify -------------------------------------------------------------
 

@@ -182,10 +182,14 @@ class KubernetesActivities:
         failed = await call(self.core.read_node, req.failed.kube_node)
         training_pool = (failed.metadata.labels or {}).get(POOL_LABEL, "default")
         for _ in range(BORROW_TRIES):
-            choice, version, why = await self._borrowable(req.policy)
+            choice, _chosen_at, why = await self._borrowable(req.policy)
             if choice is None:
                 return BorrowResult(node=None, why=why)
-            if await self._take(choice, version, req):
+            # Read again just before taking it: the scan above is long, and a kubelet's status
+            # update meanwhile must not read as another incident's claim.
+            now = await call(self.core.read_node, choice)
+            free = not now.spec.unschedulable and BORROWED_BY not in (now.metadata.labels or {})
+            if free and await self._take(choice, now.metadata.resource_version, req):
                 break
             why = f"other incidents took each node chosen first ({BORROW_TRIES} tries)"
         else:

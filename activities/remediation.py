@@ -119,13 +119,15 @@ class RemediationActivities:
         hands each try the last one's pool and start."""
         earlier = None
         if req.pool is not None or req.since is not None:
-            earlier = ReplacementResult(failed_node=req.node, new_node=None, pool=req.pool, since=req.since)
+            earlier = ReplacementResult(
+                failed_node=req.node, new_node=None, pool=req.pool, since=req.since, failed_uid=req.failed_uid
+            )
         try:
             return await self._provider.replace(req.node, req.incident_id, earlier)
         except NoSpareCapacity as err:
             searched = err.searched or earlier
-            pool, since = (searched.pool, searched.since) if searched is not None else (None, None)
-            return ReplacementResult(failed_node=req.node, new_node=None, no_capacity=str(err), pool=pool, since=since)
+            memory = searched.model_dump(include={"pool", "since", "failed_uid"}) if searched is not None else {}
+            return ReplacementResult(failed_node=req.node, new_node=None, no_capacity=str(err), **memory)
 
     @implements(act.CHECK_NODE_HEALTH)
     async def check_node_health(self, ref: NodeRef) -> HealthCheckResult:

@@ -5,12 +5,15 @@ drained by its incident, is held in a maintenance reservation, resumed, and runs
 burn-in script (GPUHEAL_VALIDATE_JOB) there; nothing else can start on it meanwhile. A pass ends
 the reservation: the node is in service. A failure, or no verdict within the bound, drains it
 again with the reason, for the vendor: the incident ends `failed_validation`, never `resolved`.
-Every step reads before it acts (gpuheal.clients.slurm.burn_in), so a retry does nothing twice.
+Whatever goes wrong on the way (Slurm unreachable, sbatch refused), the node is drained again
+before the error is raised: it is never left in service unvalidated. Every step reads before it
+acts (gpuheal.clients.slurm.burn_in), so a retry does nothing twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from temporalio import activity
@@ -22,13 +25,21 @@ from gpuheal.clients.slurm.burn_in import BurnIn
 from gpuheal.core import policy
 from gpuheal.core.models import ValidateRequest, ValidationResult
 
+log = logging.getLogger("gpuheal.validation")
 POLL_S = 2.0
+CANCEL_WAIT_S = 60.0
 
 
 def reservation_name(node: str) -> str:
     """One per incident run (a node's next incident validates afresh)."""
     run = (activity.info().workflow_run_id or "")[:8] if activity.in_activity() else "local"
     return f"gpuheal-validate-{node}-{run}"
+
+
+def failed_reason(incident_id: str, detail: str) -> str:
+    """The drain reason of a failed validation. It does not start with the incident id, so the
+    node's next incident never takes this drain for its own and resumes a known-bad node."""
+    return f"gpuheal: GPU validation failed in {incident_id}: {detail}"[:200]
 
 
 class ValidationActivities:
@@ -40,12 +51,29 @@ class ValidationActivities:
     async def validate_node_gpus(self, req: ValidateRequest) -> ValidationResult:
         ref = req.node
         name = reservation_name(ref.node)
-        await self._burn_in.reserve(name, ref.node)
+        await self._burn_in.reserve(name, ref.node, req.timeout_s)
         node = await self._slurm.node(ref.node)
-        if node.drained:
-            if not policy.is_our_drain(node.reason, ref.incident_id):
-                await self._burn_in.unreserve(name)  # someone drained it meanwhile: theirs to decide
-                return ValidationResult(passed=False, detail=f"drained by someone else meanwhile: {node.reason!r}")
+        if node.drained and not policy.is_our_drain(node.reason, ref.incident_id):
+            await self._burn_in.unreserve(name)  # someone drained it meanwhile: theirs to decide
+            return ValidationResult(passed=False, by_others=True, detail=f"drained by someone else: {node.reason!r}")
+        try:
+            verdict = await self._burn(req, name, resume=node.drained)
+        except BaseException:
+            # Never leave it in service unvalidated: drained again (ours, so the retry resumes it).
+            why = policy.drain_reason(ref.incident_id, "GPU validation interrupted; retried")
+            try:
+                await asyncio.shield(self._slurm.update_node(ref.node, "drain", why))
+            except Exception as err:  # Slurm unreachable too: the workflow drains it when it gives up
+                log.error("could not drain %s again after a failed validation: %s", ref.node, err)
+            raise
+        if not verdict.passed:
+            await self._slurm.update_node(ref.node, "drain", failed_reason(ref.incident_id, verdict.detail))
+        await self._burn_in.unreserve(name)
+        return verdict
+
+    async def _burn(self, req: ValidateRequest, name: str, resume: bool) -> ValidationResult:
+        ref = req.node
+        if resume:
             await self._slurm.update_node(ref.node, "resume")  # inside the reservation: only the burn-in runs
         job_id = await self._burn_in.submit(req.job, name, ref.node)
         deadline = time.monotonic() + req.timeout_s
@@ -56,17 +84,14 @@ class ValidationActivities:
             ended = await self._burn_in.state(job_id)
         if ended is None:
             await self._burn_in.cancel(job_id)
-            verdict = ValidationResult(
-                passed=False, detail=f"burn-in job {job_id} gave no verdict within {req.timeout_s:.0f} s", job_id=job_id
-            )
-        else:
-            state, code = ended
-            passed = state == "COMPLETED" and code.startswith("0:")
-            verdict = ValidationResult(
-                passed=passed, detail=f"burn-in job {job_id} ended {state} (exit {code})", job_id=job_id
-            )
-        if not verdict.passed:
-            why = policy.drain_reason(ref.incident_id, f"GPU validation failed: {verdict.detail}")
-            await self._slurm.update_node(ref.node, "drain", why)
-        await self._burn_in.unreserve(name)
-        return verdict
+            for _ in range(int(CANCEL_WAIT_S / POLL_S)):  # gone before the reservation is
+                if await self._burn_in.state(job_id) is not None:
+                    break
+                await asyncio.sleep(POLL_S)
+            detail = f"burn-in job {job_id} gave no verdict within {req.timeout_s:.0f} s"
+            return ValidationResult(passed=False, detail=detail, job_id=job_id)
+        state, code = ended
+        passed = state == "COMPLETED" and code.startswith("0:")
+        return ValidationResult(
+            passed=passed, detail=f"burn-in job {job_id} ended {state} (exit {code})", job_id=job_id
+        )

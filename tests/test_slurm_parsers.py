@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpuheal.clients.slurm.base import UnknownSchema
+from gpuheal.clients.slurm.cli import wrapped
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, parse_topology, schema_of
 from gpuheal.core.models import NodeInfo
@@ -155,3 +156,22 @@ def test_topology_names_each_nodes_leaf_switch_and_block() -> None:
     block = "BlockName=b1 BlockIndex=0 Nodes=gpu[01-04] BlockSize=4\nAggregatedBlock=b1 BlockSize=4 Nodes=gpu[01-04]\n"
     assert parse_topology(block)["gpu04"] == {"block": "b1"}
     assert parse_topology("") == {} and parse_topology("SwitchName=s Level=0 Nodes=(null)") == {}
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        ["ssh", "login01"],
+        ["sudo", "ssh", "login01"],
+        ["timeout", "30", "ssh", "-p", "22", "l1"],
+        ["/usr/bin/autossh", "l"],
+    ],
+)
+def test_a_remote_shell_anywhere_in_the_wrapper_gets_one_quoted_word(wrapper: list[str]) -> None:
+    argv = ("scontrol", "update", "nodename=gpu01", "reason=x (y); $(rm -rf /)")
+    assert wrapped(wrapper, argv) == [*wrapper, "scontrol update nodename=gpu01 'reason=x (y); $(rm -rf /)'"]
+
+
+def test_a_local_wrapper_passes_the_arguments_as_they_are() -> None:
+    wrapper = ["chroot", "/srv/slurm-26.05", "/usr/bin/env", "-i", "SLURM_CONF=/etc/slurm.conf"]
+    assert wrapped(wrapper, ("sinfo", "--json")) == [*wrapper, "sinfo", "--json"]

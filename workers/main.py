@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import socket
 from collections.abc import Callable
@@ -77,7 +78,8 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     # The burn-in and the topology speak Slurm's commands (reservations, sbatch, `scontrol show
     # topology`), whichever backend asks the rest.
     cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
-    validation = ValidationActivities(slurm, BurnIn(cli))
+    sbatch_args = tuple(shlex.split(settings.slurm.validate_sbatch_args))
+    validation = ValidationActivities(slurm, BurnIn(cli, settings.slurm.validate_user, sbatch_args))
     rma = RmaActivities(settings.rma_hook)
     fleet = FleetActivities(
         slurm,

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ActivityError, FailureError
 
 from gpuheal.workflows.activity import run
 
@@ -176,7 +176,13 @@ class JobRecoveryWorkflow:
                 **fields,
             }
         )
-        await run(act.NOTIFY_JOB_OWNER, notice, summary=f"tell {first.job.user or 'the owner'}: {event}")
+        try:
+            await run(act.NOTIFY_JOB_OWNER, notice, summary=f"tell {first.job.user or 'the owner'}: {event}")
+        except ActivityError as err:
+            # A notice that cannot be delivered (a relay refusing the address, a dead webhook)
+            # never stops the recovery: the job goes on, the history says the notice was lost.
+            workflow.logger.warning("owner notice %s lost: %s", notice.key, err.cause or err)
+            return
         self._notices.append(event)
 
     async def _answer_incidents(self) -> None:

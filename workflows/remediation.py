@@ -58,9 +58,6 @@ with workflow.unsafe.imports_passed_through():
         Stage,
     )
 
-# A repair whose health check failed and whose replacement found no capacity closed `resolved`
-# before; those incidents keep doing so (workflow.patched) to replay.
-NO_SPARE_IS_NOT_RESOLVED = "no-spare-is-not-resolved"
 # Stages during which a more severe report still changes what the incident will do.
 ESCALATABLE = frozenset({Stage.HELD, Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
 
@@ -116,7 +113,7 @@ class GpuRemediationWorkflow:
         await self._return_to_service(plan.repair)
         if s.node_at.state == NodeState.FAILED_VALIDATION:
             return await self._close("failed_validation", f"{s.reason()}; {s.node_at.detail}")
-        if s.node_at.state == NodeState.AWAITING_REPLACEMENT and workflow.patched(NO_SPARE_IS_NOT_RESOLVED):
+        if s.node_at.state == NodeState.AWAITING_REPLACEMENT and workflow.patched(node.NO_SPARE_IS_NOT_RESOLVED):
             return await self._close("no_capacity", f"{s.reason()}; {s.node_at.detail}")
         return await self._close("resolved", s.reason())
 

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import smtplib
+import ssl
 from collections.abc import Sequence
 from email import policy
 from email.message import EmailMessage
@@ -30,6 +31,7 @@ from typing import Protocol
 
 import aiohttp
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from gpuheal.clients.proc import heartbeat
 from gpuheal.core.jobs import OwnerNotice
@@ -93,7 +95,8 @@ def mail(notice: OwnerNotice, sender: str, to: Sequence[str]) -> EmailMessage:
     msg = EmailMessage(policy=LONG_HEADERS)
     msg["From"] = sender
     msg["To"] = ", ".join(to)
-    msg["Subject"] = f"[gpuheal] job {notice.job_id} ({notice.job_name}): {notice.event.replace('_', ' ')}"
+    name = " ".join(notice.job_name.split())  # a job name is the user's: no header line breaks
+    msg["Subject"] = f"[gpuheal] job {notice.job_id} ({name}): {notice.event.replace('_', ' ')}"
     msg["Message-ID"] = f"<{hashlib.sha256(notice.key.encode()).hexdigest()[:32]}@gpuheal>"  # receivers dedupe
     msg["X-Gpuheal-Key"] = notice.key
     facts = [
@@ -150,12 +153,23 @@ class OwnerDelivery:
 
     def _mail(self, msg: EmailMessage) -> None:
         assert self._s.smtp_host is not None
-        with smtplib.SMTP(self._s.smtp_host, self._s.smtp_port, timeout=TIMEOUT_S) as smtp:
-            if self._s.smtp_starttls:
-                smtp.starttls()
-            if self._s.smtp_user and self._password:
-                smtp.login(self._s.smtp_user, self._password)
-            smtp.send_message(msg)
+        if self._s.smtp_user and not self._s.smtp_starttls:
+            raise ApplicationError(
+                "GPUHEAL_SMTP_USER needs GPUHEAL_SMTP_STARTTLS=1: no password in clear", non_retryable=True
+            )
+        try:
+            with smtplib.SMTP(self._s.smtp_host, self._s.smtp_port, timeout=TIMEOUT_S) as smtp:
+                if self._s.smtp_starttls:
+                    smtp.starttls(context=ssl.create_default_context())  # the relay's certificate is checked
+                if self._s.smtp_user and self._password:
+                    smtp.login(self._s.smtp_user, self._password)
+                smtp.send_message(msg)
+        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as err:
+            raise ApplicationError(f"the mail relay refused the notice: {err}", non_retryable=True) from err
+        except smtplib.SMTPResponseException as err:
+            if err.smtp_code >= 500:  # permanent: a retry would be refused the same way
+                raise ApplicationError(f"the mail relay refused the notice: {err}", non_retryable=True) from err
+            raise
 
 
 def _delivered_before() -> set[str]:

@@ -340,6 +340,7 @@ class ValidationResult(Frozen):
     passed: bool
     detail: str
     job_id: int | None = None
+    by_others: bool = False  # someone else drained it meanwhile: no verdict, theirs to decide
 
 
 class NodeInfo(Frozen):
@@ -485,13 +486,15 @@ class ReplacementResult(Frozen):
     # pool it comes from and when the search began (a node made meanwhile still counts).
     pool: str | None = None
     since: datetime | None = None
+    failed_uid: str | None = None  # the failed Node's UID: a new Node under its name is not it
 
 
 class ReplaceRequest(NodeRef):
-    """A NodeRef (what earlier releases sent), plus the last try's pool and start."""
+    """A NodeRef (what earlier releases sent), plus the last try's pool, start and failed UID."""
 
     pool: str | None = None
     since: datetime | None = None
+    failed_uid: str | None = None
 
 
 class EarlierReplacement(Frozen):
@@ -707,3 +710,4 @@ class BorrowedNode(Frozen):
 class NodeEmptyWait(Frozen):
     node: NodeName
     deadline_at: float  # unix time
+    poll_s: float = Field(default=0.5, gt=0)  # a wait of hours asks Slurm less often

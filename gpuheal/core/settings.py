@@ -98,6 +98,17 @@ class SlurmSettings(BaseModel):
         "GPUHEAL_SLURM_REST_TOKEN_FILE", None, "rest: file holding the JWT (re-read when refused; never logged)"
     )
     rest_token: SecretStr | None = setting("GPUHEAL_SLURM_REST_TOKEN", None, "rest: the JWT itself (prefer the file)")
+    validate_user: str | None = setting(
+        "GPUHEAL_VALIDATE_USER",
+        None,
+        "burn-in: the Slurm user its job runs as, the only one its reservation admits (through ssh: the remote one)",
+        unset="the worker's own user",
+    )
+    validate_sbatch_args: str = setting(
+        "GPUHEAL_VALIDATE_SBATCH_ARGS",
+        "",
+        "burn-in: more sbatch options, e.g. `--partition=gpu --gpus-per-node=8 --time=30`",
+    )
     rest_api: str | None = setting(
         "GPUHEAL_SLURM_REST_API", None, "rest: pin the API version, e.g. `v0.0.42`", unset="the newest served"
     )

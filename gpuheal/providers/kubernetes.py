@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client
@@ -60,6 +61,7 @@ class KubernetesProvider:
         wait goes on from there), not an error retried for hours."""
         memory = earlier or _heartbeat_memory(node)
         pool, since = (memory.pool, memory.since) if memory is not None else (None, None)
+        failed_uid = memory.failed_uid if memory is not None else None
         known: set[str] | None = None  # the pool's nodes at the first try: never "the new one"
         try:
             failed = await kube.call(self._core.read_node, node)
@@ -67,13 +69,19 @@ class KubernetesProvider:
             if err.status != 404:
                 raise
             failed = None  # deleted by an earlier try: only the wait is left
+        if failed is not None and failed_uid is not None and failed.metadata.uid != failed_uid:
+            failed = None  # a new Node under the failed one's name (fixed hostnames): the replacement
         if failed is not None:
-            pool = (failed.metadata.labels or {}).get(self._pool_label, "")
-            before = (await kube.call(self._core.list_node, label_selector=self._selector(pool))).items
-            known = {n.metadata.name for n in before}
-            since = max(n.metadata.creation_timestamp for n in before)  # the failed node is among them
+            if memory is None or since is None:  # the first try: what the pool has now is "before"
+                pool = (failed.metadata.labels or {}).get(self._pool_label, "")
+                before = (await kube.call(self._core.list_node, label_selector=self._selector(pool))).items
+                known = {n.metadata.name for n in before}
+                since = max(n.metadata.creation_timestamp for n in before)  # the failed node is among them
+                failed_uid = failed.metadata.uid
+            # Remembered before the delete: a crash right after it still knows where to look.
+            proc.heartbeat({"searched": _searched(node, pool, since, failed_uid).model_dump(mode="json")})
             await self._delete(failed)
-        searched = ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since)
+        searched = _searched(node, pool, since, failed_uid)
         if pool is None or since is None:
             # The Node went before any try of this run read its pool (a person deleted it): any
             # fresh node of any pool could be taken for it. Say so instead of guessing.
@@ -175,6 +183,10 @@ class KubernetesProvider:
         n = await kube.call(self._core.read_node, node)
         ready = kube.node_ready(n)
         return HealthCheckResult(node=node, healthy=ready, detail="Ready" if ready else "NotReady")
+
+
+def _searched(node: str, pool: str | None, since: datetime | None, uid: str | None) -> ReplacementResult:
+    return ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since, failed_uid=uid)
 
 
 def _heartbeat_memory(node: str) -> ReplacementResult | None:

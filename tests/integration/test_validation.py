@@ -54,7 +54,24 @@ async def test_a_repaired_node_whose_gpu_still_fails_is_not_returned(
     assert "GPUs failed validation" in result.node_detail
     node = slurm.slurm("scontrol", "show", "node", "gpu01")
     assert "State=IDLE+DRAIN" in node  # takes no job: drained and out, for the vendor
-    assert "GPU validation failed: burn-in job" in node and "ended FAILED" in node
+    assert "GPU validation failed in gpuheal-" in node and "burn-in job" in node and "ended FAILED" in node
     (job,) = burn_ins(slurm)
     assert job.endswith("FAILED gpu01")
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+
+
+async def test_a_burn_in_slurm_refuses_leaves_the_node_drained_not_in_service(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """sbatch refuses the site's script (here: it is missing) on every try: the node is drained
+    again, never left resumed inside its reservation, and the incident ends failed_validation."""
+    remediation = settings.remediation.model_copy(update={"validate_job": "/nonexistent/burn-in.sh"})
+    settings = settings.model_copy(update={"remediation": remediation})
+    slurm.inject_gpu_fault("gpu01")
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
+        result = await asyncio.wait_for(handle.result(), 180)
+    assert result.outcome == "failed_validation" and "the burn-in could not run" in result.node_detail
+    assert "State=IDLE+DRAIN" in slurm.slurm("scontrol", "show", "node", "gpu01")
+    reservations = slurm.slurm("scontrol", "show", "reservation")
+    assert "Duration=UNLIMITED" not in reservations and "gpuheal-validate-gpu01" in reservations  # it ends by itself

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
 
 # How long the borrowed node's jobs get to leave it before the operators hear it still waits.
 GIVE_BACK_EMPTY_S = 300
+LONG_POLL_S = 15.0  # past that, jobs leave by their own time limits: Slurm is asked less often
 # Incidents started before a borrowed node waited for its jobs released it with them after
 # GIVE_BACK_EMPTY_S; they keep doing so (workflow.patched) to replay.
 GIVE_BACK_NEVER_KILLS = "give-back-never-kills"
@@ -85,7 +86,7 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
         await notify(s, "give_back_waits", "warning", render.give_back_waits(borrowed.node, left, bound))
         started = workflow.now()
         while left.jobs and (waited := (workflow.now() - started).total_seconds()) < bound:
-            left = await _wait_empty(borrowed.node, min(GIVE_BACK_EMPTY_S, bound - waited))
+            left = await _wait_empty(borrowed.node, min(GIVE_BACK_EMPTY_S, bound - waited), poll_s=LONG_POLL_S)
         if left.jobs:
             kept = render.kept_borrowed(borrowed.node, borrowed.from_pool, left, bound)
             await notify(s, "borrowed_node_kept", "critical", kept)
@@ -95,8 +96,8 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
     return render.given_back(borrowed.node, len(jobs.jobs), left, released, back, s.give_back_by)
 
 
-async def _wait_empty(name: str, within_s: float) -> JobList:
-    empty = NodeEmptyWait(node=name, deadline_at=workflow.now().timestamp() + within_s)
+async def _wait_empty(name: str, within_s: float, poll_s: float = 0.5) -> JobList:
+    empty = NodeEmptyWait(node=name, deadline_at=workflow.now().timestamp() + within_s, poll_s=poll_s)
     return await act_run(
         act.WAIT_FOR_NODE_EMPTY,
         empty,

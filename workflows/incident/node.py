@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident.state import IncidentState
@@ -28,9 +29,14 @@ with workflow.unsafe.imports_passed_through():
         ReplacementResult,
         ReplaceRequest,
         ValidateRequest,
+        ValidationResult,
     )
 
 PROVIDER_HEARTBEAT = timedelta(seconds=60)
+# A repair whose health check failed and whose replacement found no capacity removed the node and
+# closed `resolved` before; those incidents keep doing so (workflow.patched) to replay.
+NO_SPARE_IS_NOT_RESOLVED = "no-spare-is-not-resolved"
+VALIDATE_ATTEMPTS = 5  # a burn-in Slurm keeps refusing is a failed validation, not thirty retries
 
 
 def provider_timeout(s: IncidentState) -> timedelta:
@@ -88,7 +94,8 @@ async def replace(s: IncidentState) -> ReplacementResult:
     """Each try after the first goes on from the last one's pool and start (the failed node may be
     gone by then). An activity's input is not part of replay: no patch needed."""
     last = s.replacement
-    req = ReplaceRequest(**s.ref.model_dump(), pool=last.pool if last else None, since=last.since if last else None)
+    memory = last.model_dump(include={"pool", "since", "failed_uid"}) if last else {}
+    req = ReplaceRequest(**s.ref.model_dump(), **memory)
     return await act_run(
         act.REPLACE_NODE,
         req,
@@ -96,6 +103,27 @@ async def replace(s: IncidentState) -> ReplacementResult:
         timeout=provider_timeout(s),
         heartbeat=PROVIDER_HEARTBEAT,
     )
+
+
+async def validate(s: IncidentState, job: str) -> ValidationResult:
+    """The burn-in's verdict. One that could not run at all (Slurm refusing the job, the worker
+    gone for good) is a failed validation too: the node is drained again, never left in service."""
+    ref = s.ref
+    req = ValidateRequest(node=ref, job=job, timeout_s=s.settings.validate_timeout_s)
+    try:
+        return await act_run(
+            act.VALIDATE_NODE_GPUS,
+            req,
+            summary=f"validate the GPUs of {ref.node}",
+            timeout=timedelta(seconds=req.timeout_s + 120),
+            heartbeat=timedelta(seconds=60),
+            attempts=VALIDATE_ATTEMPTS,
+        )
+    except ActivityError as err:
+        detail = f"the burn-in could not run: {err.cause or err}"[:300]
+        why = policy.drain_reason(ref.incident_id, "GPU validation could not run")
+        await act_run(act.DRAIN_SLURM_NODE, DrainRequest(node=ref, reason=why), summary=f"drain {ref.node} again")
+        return ValidationResult(passed=False, detail=detail)
 
 
 async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> NodeAt:
@@ -108,18 +136,17 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
         if not health.healthy:  # a repair that did not take: the node goes, a spare comes
             set_action(s, ActionClass.REPLACE_NODE)
             s.replacement = await replace(s)
+            if s.replacement.new_node is None and workflow.patched(NO_SPARE_IS_NOT_RESOLVED):
+                # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
+                kept = f"kept drained, not removed: {s.replacement.no_capacity}"
+                return render.replaced_after_failed_health_check(health.detail, None, kept)
             msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
             return render.replaced_after_failed_health_check(health.detail, s.replacement.new_node, msg)
         if drain is not None and drain.drained_by_us:
             if s.settings.validate_job:  # "Ready" says nothing about a GPU: burn it in first
-                req = ValidateRequest(node=ref, job=s.settings.validate_job, timeout_s=s.settings.validate_timeout_s)
-                verdict = await act_run(
-                    act.VALIDATE_NODE_GPUS,
-                    req,
-                    summary=f"validate the GPUs of {ref.node}",
-                    timeout=timedelta(seconds=req.timeout_s + 120),
-                    heartbeat=timedelta(seconds=60),
-                )
+                verdict = await validate(s, s.settings.validate_job)
+                if verdict.by_others:
+                    return render.left_drained(drain)
                 if not verdict.passed:
                     return render.failed_validation(health.detail, verdict)
             msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")

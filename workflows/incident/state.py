@@ -43,6 +43,7 @@ class IncidentState:
     ref: NodeRef
     reports: list[HealthReport]
     duplicates: int = 0  # reports received again (signal-with-start re-delivers the first)
+    notices: dict[str, int] = field(default_factory=dict)  # how often each event was told (its keys)
 
     # Where it is: the stage now, every stage so far, and a line per stage for the UI.
     stage: Stage = Stage.TRIAGE

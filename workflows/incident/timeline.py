@@ -71,8 +71,10 @@ async def notify(s: IncidentState, event: str, severity: Severity, message: str)
         message=message,
         node=ref.node,
         cluster=ref.cluster,
-        key=f"{ref.incident_id}/{workflow.info().first_execution_run_id}:{event}",
+        # The second approval request of a run is news too: each telling has its own key.
+        key=f"{ref.incident_id}/{workflow.info().first_execution_run_id}:{event}:{s.notices.get(event, 0)}",
     )
+    s.notices[event] = s.notices.get(event, 0) + 1
     try:
         await act_run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
     except ActivityError as err:

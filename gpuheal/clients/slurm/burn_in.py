@@ -1,21 +1,26 @@
 """A burn-in job on one node, through Slurm's own commands, before the node takes jobs again.
 
 The node is drained (by its incident), and a drained node runs nothing. So the node is held in a
-maintenance reservation that only gpuheal's user may use (`flags=maint,ignore_jobs`), resumed,
-and the site's batch script (`dcgmi diag -r 2`, a NCCL all-reduce, ...) runs there in that
-reservation; no other job can start on it meanwhile. Each step reads before it acts, so a retried
-activity finds its reservation and its job instead of making another: both are named after the
-incident run.
+maintenance reservation that only gpuheal's Slurm user may use (`flags=maint,ignore_jobs`, for a
+bounded time), resumed, and the site's batch script (`dcgmi diag -r 2`, a NCCL all-reduce, ...)
+runs there in that reservation; no other job can start on it meanwhile. Each step reads before
+it acts, so a retried activity finds its reservation and its job instead of making another: both
+are named after the incident run, and the job is looked up by name, user and reservation.
 """
 
 from __future__ import annotations
 
 import getpass
+import math
 
+from gpuheal.clients.slurm.base import SlurmError
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.core.models import check_node_name
 
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"})
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+)
+MARGIN_S = 600  # the reservation outlives the burn-in's bound by this, then ends by itself
 
 
 def _fields(line: str) -> dict[str, str]:
@@ -23,35 +28,49 @@ def _fields(line: str) -> dict[str, str]:
 
 
 class BurnIn:
-    def __init__(self, cli: SlurmCli, user: str | None = None) -> None:
+    def __init__(self, cli: SlurmCli, user: str | None = None, sbatch_args: tuple[str, ...] = ()) -> None:
         self._cli = cli
-        self._user = user or getpass.getuser()  # who submits: the only user the reservation admits
+        self._user = user  # who submits (the only user the reservation admits); else this process's
+        self._sbatch_args = sbatch_args  # the site's partition, account, GPUs, time limit
 
-    async def reserve(self, name: str, node: str) -> None:
-        rc, out, _ = await self._cli.run("scontrol", "show", "reservation", name, check=False)
-        if rc == 0 and f"ReservationName={name} " in out:
+    @property
+    def user(self) -> str:
+        return self._user or getpass.getuser()
+
+    async def reserve(self, name: str, node: str, timeout_s: float) -> None:
+        if await self._reserved(name):
             return
+        minutes = math.ceil((timeout_s + MARGIN_S) / 60)
         await self._cli.run(
             "scontrol",
             "create",
             "reservation",
             f"reservationname={name}",
             f"nodes={check_node_name(node)}",
-            f"users={self._user}",
+            f"users={self.user}",
             "starttime=now",
-            "duration=UNLIMITED",
+            f"duration={minutes}",
             "flags=maint,ignore_jobs",
         )
 
-    async def unreserve(self, name: str) -> None:
-        rc, out, _ = await self._cli.run("scontrol", "show", "reservation", name, check=False)
+    async def _reserved(self, name: str) -> bool:
+        rc, out, err = await self._cli.run("scontrol", "show", "reservation", name, check=False)
         if rc == 0 and f"ReservationName={name} " in out:
+            return True
+        if rc == 0 or "not found" in (out + err).lower():
+            return False
+        raise SlurmError(f"scontrol show reservation {name} failed (exit {rc}): {err}")
+
+    async def unreserve(self, name: str) -> None:
+        if await self._reserved(name):
             await self._cli.run("scontrol", "delete", f"reservationname={name}")
 
     async def submit(self, script: str, name: str, node: str) -> int:
         """The burn-in job in the reservation `name` (also its job name): the one already
-        submitted for it, or a new one."""
-        _, out, _ = await self._cli.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i", check=False)
+        submitted for it by this user, or a new one."""
+        _, out, _ = await self._cli.run(
+            "squeue", "-h", "-t", "all", "-n", name, "-u", self.user, f"--reservation={name}", "-o", "%i"
+        )
         ids = [int(i) for i in out.split() if i.isdigit()]
         if ids:
             return max(ids)
@@ -64,16 +83,20 @@ class BurnIn:
             "--nodes=1",
             "--exclusive",
             "--no-requeue",
-            "--output=/dev/null",
+            "--chdir=/tmp",  # its output (/tmp/slurm-JOB.out on the node) stays for the vendor
+            *self._sbatch_args,
             script,
         )
         return int(out.strip().split(";")[0])
 
     async def state(self, job_id: int) -> tuple[str, str] | None:
-        """(JobState, ExitCode) once it ended; None while it runs."""
-        rc, out, _ = await self._cli.run("scontrol", "show", "job", "-o", str(int(job_id)), check=False)
+        """(JobState, ExitCode) once it ended; None while it runs. Slurm unreachable is an error
+        (the activity retries), never a verdict."""
+        rc, out, err = await self._cli.run("scontrol", "show", "job", "-o", str(int(job_id)), check=False)
         if rc != 0:
-            return ("PURGED", "?")  # Slurm forgot it: it ended long ago, outcome unknown
+            if "invalid job id" in err.lower():
+                return ("PURGED", "?")  # Slurm forgot it: it ended long ago, outcome unknown
+            raise SlurmError(f"scontrol show job {job_id} failed (exit {rc}): {err}")
         f = _fields(out)
         state = f.get("JobState", "")
         return (state, f.get("ExitCode", "?")) if state in ENDED else None

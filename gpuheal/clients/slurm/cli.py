@@ -35,8 +35,10 @@ REMOTE_SHELLS = frozenset({"ssh", "autossh", "rsh"})
 
 
 def wrapped(wrapper: list[str], argv: tuple[str, ...]) -> list[str]:
-    """The command line that runs argv through the wrapper, quoted where a remote shell reads it."""
-    if wrapper and os.path.basename(wrapper[0]) in REMOTE_SHELLS:
+    """The command line that runs argv through the wrapper, quoted where a remote shell reads it:
+    wherever ssh appears in the wrapper (`ssh login01`, `sudo ssh ...`, `timeout 30 ssh ...`,
+    `gcloud compute ssh ...`), its command line is one shell-quoted word per argument."""
+    if any(os.path.basename(word) in REMOTE_SHELLS for word in wrapper):
         return [*wrapper, shlex.join(argv)]
     return [*wrapper, *argv]
 
@@ -142,7 +144,8 @@ class SlurmCli:
         rc, out, _ = await self.run("scontrol", "show", "job", "-o", str(int(job_id)), check=False)
         if rc != 0:
             return ""
-        return next((f.split("=", 1)[1] for f in out.split() if f.startswith("MailUser=")), "")
+        found = next((f.split("=", 1)[1] for f in out.split() if f.startswith("MailUser=")), "")
+        return "" if found == "(null)" else found
 
     async def jobs(self, job_ids: Iterable[int]) -> list[JobSnapshot]:
         wanted = sorted(set(job_ids))
