@@ -57,17 +57,7 @@ class RmaActivities:
                     outcome=outcome if wf.run_id != req.run_id else "this incident",
                 )
             )
-        return RmaEvidence(
-            cluster=req.cluster,
-            node=req.node,
-            incident_id=req.incident_id,
-            run_id=req.run_id,
-            why=req.why,
-            boards=req.boards,
-            kernel_log=req.kernel_log,
-            history=tuple(history),
-            actions=req.actions,
-        )
+        return RmaEvidence(**dict(req), history=tuple(history))
 
     @implements(act.FILE_RMA)
     async def file_rma(self, evidence: RmaEvidence) -> str:

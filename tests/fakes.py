@@ -209,8 +209,7 @@ class FakeCluster:
         @implements(act.GATHER_RMA_EVIDENCE)
         async def gather_rma(req: RmaRequest) -> RmaEvidence:
             c.calls.append("gather_rma")
-            fields = req.model_dump(include={"cluster", "node", "incident_id", "run_id", "why", "boards"})
-            return RmaEvidence(**fields, kernel_log=req.kernel_log, history=(), actions=req.actions)
+            return RmaEvidence(**dict(req), history=())
 
         @implements(act.FILE_RMA)
         async def file_rma(evidence: RmaEvidence) -> str:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuheal.core import rma
+from gpuheal.core import rma, rma_policy
 from gpuheal.core.fleet import repeat_offender
 from gpuheal.core.fleet_models import Arrival
 from gpuheal.core.fleet_policy import RepeatPolicy
@@ -51,7 +51,7 @@ def report(**kw: object) -> HealthReport:
 
 
 def test_each_board_once_with_what_every_report_knew() -> None:
-    boards = rma.boards_of(
+    boards = rma_policy.boards_of(
         [
             report(gpu=3, gpu_serial="S1"),
             report(gpu=3, gpu_serial="S1", gpu_uuid="GPU-1", pci_bus_id="0000:3b:00", kernel_log="NVRM: Xid 79"),
@@ -66,7 +66,7 @@ def test_each_board_once_with_what_every_report_knew() -> None:
 
 
 def test_what_goes_to_the_vendor() -> None:
-    assert rma.needed(NodeState.REPLACED, None) == "replaced"
-    assert rma.needed(NodeState.FAILED_VALIDATION, None) == "failed validation after repair"
-    assert rma.needed(NodeState.RETURNED, "repeat offender: 3 incidents on GPU serial S1") is not None
-    assert rma.needed(NodeState.RETURNED, None) is None and rma.needed(NodeState.DRAINED, None) is None
+    assert rma_policy.needed(NodeState.REPLACED, None) == "replaced"
+    assert rma_policy.needed(NodeState.FAILED_VALIDATION, None) == "failed validation after repair"
+    assert rma_policy.needed(NodeState.RETURNED, "repeat offender: 3 incidents on GPU serial S1") is not None
+    assert rma_policy.needed(NodeState.RETURNED, None) is None and rma_policy.needed(NodeState.DRAINED, None) is None

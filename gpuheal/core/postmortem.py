@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuheal.core import rma
+from gpuheal.core import rma_policy
 from gpuheal.core.models import RemediationResult, StageRecord
 
 STAGE_COLOURS = {
@@ -132,7 +132,7 @@ def _sections(rec: Record) -> list[tuple[str, list[str]]]:
         ("Actions", actions or ["none"]),
         ("Jobs on the node", jobs or ["no job was on the node"]),
         ("Kubernetes Events on the Node", rec.node_events or ["none (no Kubernetes side)"]),
-        ("RMA evidence", rma.items(r.rma) if r.rma else ["none: the board was not replaced or failed"]),
+        ("RMA evidence", rma_policy.items(r.rma) if r.rma else ["none: the board was not replaced or failed"]),
         ("Links", [f"Temporal UI: {rec.url}", f"{rec.history_events} history events"]),
     ]
 

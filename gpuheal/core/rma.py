@@ -1,6 +1,7 @@
 """Evidence for the vendor (RMA): which board, what it did across incidents, what the kernel said,
-what gpuheal did. Pure: the models and the decisions; the activity (activities/rma.py) reads
-Temporal's visibility for the board's history and hands the bundle to the site's ticket hook.
+what gpuheal did. The models only (an incident's result carries them; gpuheal.core.rma_policy
+decides and renders them; activities/rma.py reads Temporal's visibility for the board's history
+and hands the bundle to the site's ticket hook).
 
 A board is named by its serial (what a vendor's RMA form asks for), which survives re-imaging and
 node renames; its UUID and PCI bus id are kept beside it.
@@ -8,17 +9,12 @@ node renames; its UUID and PCI bus id are kept beside it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:  # models holds the result that carries this evidence: no import back at run time
-    from gpuheal.core.models import HealthReport, NodeState, StageRecord
 
-
-class Frozen(BaseModel):
+class Frozen(BaseModel):  # as gpuheal.core.models.Frozen, which imports these (no import back)
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -42,6 +38,8 @@ class XidRecord(Frozen):
 
 
 class RmaRequest(Frozen):
+    """What the incident knows: its node, its run, why, the boards, the kernel's lines, its actions."""
+
     cluster: str
     node: str
     incident_id: str
@@ -52,68 +50,8 @@ class RmaRequest(Frozen):
     actions: tuple[str, ...]  # "stage: outcome", in order
 
 
-class RmaEvidence(Frozen):
-    cluster: str
-    node: str
-    incident_id: str
-    run_id: str
-    why: str
-    boards: tuple[Board, ...]
-    kernel_log: tuple[str, ...]
+class RmaEvidence(RmaRequest):
+    """... and what visibility adds: the board's incidents; then the ticket."""
+
     history: tuple[XidRecord, ...]
-    actions: tuple[str, ...]
     ticket: str = ""  # what the ticket hook answered (its id), or why none was filed
-
-
-def needed(node_state: NodeState, repeat: str | None) -> str | None:
-    """Why this incident's board goes to the vendor, or None: it was replaced, it failed its
-    validation after a repair, or it is a repeat offender."""
-    from gpuheal.core.models import NodeState
-
-    if node_state == NodeState.FAILED_VALIDATION:
-        return "failed validation after repair"
-    if repeat:
-        return repeat
-    if node_state in (NodeState.REPLACED, NodeState.AWAITING_REPLACEMENT):
-        return "replaced"
-    return None
-
-
-def boards_of(reports: Iterable[HealthReport]) -> tuple[Board, ...]:
-    """Each board the reports named, once (by serial, else UUID, else GPU index)."""
-    found: dict[object, Board] = {}
-    for r in reports:
-        if r.gpu is None and not (r.gpu_uuid or r.gpu_serial or r.pci_bus_id):
-            continue
-        key = r.gpu_serial or r.gpu_uuid or r.gpu
-        b = found.get(key, Board())
-        found[key] = Board(
-            gpu=b.gpu if b.gpu is not None else r.gpu,
-            uuid=b.uuid or r.gpu_uuid,
-            serial=b.serial or r.gpu_serial,
-            pci_bus_id=b.pci_bus_id or r.pci_bus_id,
-        )
-    return tuple(found.values())
-
-
-def kernel_lines(reports: Iterable[HealthReport]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(r.kernel_log for r in reports if r.kernel_log))
-
-
-def actions_of(stages: Sequence[StageRecord]) -> tuple[str, ...]:
-    return tuple(f"{st.stage.value}: {st.outcome}" for st in stages if st.outcome)
-
-
-def items(e: RmaEvidence) -> list[str]:
-    """The postmortem's RMA section, one item per line."""
-    lines = [f"Why: {e.why}; ticket: {e.ticket or 'none filed'}"]
-    for b in e.boards:
-        gpu = b.gpu if b.gpu is not None else "?"
-        lines.append(f"GPU {gpu}: serial {b.serial or '?'}, UUID {b.uuid or '?'}, PCI {b.pci_bus_id or '?'}")
-    lines += [f"Kernel: {line}" for line in e.kernel_log]
-    lines += [
-        f"Earlier: {h.at:%Y-%m-%d %H:%M} on {h.node}: XID {h.xid if h.xid is not None else '-'}, "
-        f"{h.action or '-'}, {h.outcome or 'open'} ({h.incident_id})"
-        for h in e.history
-    ]
-    return lines

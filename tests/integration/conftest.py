@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from temporalio.client import Client
 
 from gpuheal.clients.temporal import connect
@@ -247,3 +248,21 @@ def k8s_settings(settings: Settings, kube: KubeSandbox, slurm: Sandbox) -> Setti
             ),
         }
     )
+
+
+Inbox = list[tuple[str, dict[str, Any]]]  # (Idempotency-Key, body) per POST
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[str, Inbox]]:
+    """A chat (or operators') webhook: (URL, [(Idempotency-Key, body)])."""
+    received: Inbox = []
+
+    async def handler(request: web.Request) -> web.Response:
+        received.append((request.headers.get("Idempotency-Key", ""), await request.json()))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", handler)
+    async with TestServer(app) as server:
+        yield str(server.make_url("/hook")), received

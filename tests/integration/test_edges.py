@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -90,25 +91,23 @@ async def test_a_drain_reason_with_spaces_and_parentheses_arrives_whole_through_
 async def test_a_give_back_alert_with_a_bad_name_is_refused_before_any_query(
     webhook: Sandbox, labels: dict[str, str], field: str
 ) -> None:
-    alert = {"status": "firing", "labels": {**labels, "gpuheal_action": "give_back"}, "startsAt": STARTS}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            webhook.webhook_url,
-            json={"version": "4", "status": "firing", "alerts": [alert]},
-            headers={"Authorization": f"Bearer {webhook.webhook_token}"},
-        ) as resp:
-            answer = await resp.json()
-    assert resp.status == 400, answer
+    status, answer = await give_back_alert(webhook, {**labels, "gpuheal_action": "give_back"})
+    assert status == 400, answer
     assert answer["error"] == "no alert could be used" and answer["rejected"][0]["reason"].startswith(f"{field}: ")
 
 
 async def test_a_give_back_alert_for_a_node_nobody_borrowed_says_so(webhook: Sandbox) -> None:
-    alert = {"status": "firing", "labels": {"node": "inf02", "gpuheal_action": "give_back"}, "startsAt": STARTS}
+    status, answer = await give_back_alert(webhook, {"node": "inf02", "gpuheal_action": "give_back"})
+    assert status == 200 and answer["give_back"] == ["no running incident has borrowed inf02"]
+
+
+async def give_back_alert(webhook: Sandbox, labels: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """One firing alert with these labels, to the real webhook, as Alertmanager posts it."""
+    alert = {"status": "firing", "labels": labels, "startsAt": STARTS}
     async with aiohttp.ClientSession() as http:
         async with http.post(
             webhook.webhook_url,
             json={"version": "4", "status": "firing", "alerts": [alert]},
             headers={"Authorization": f"Bearer {webhook.webhook_token}"},
         ) as resp:
-            answer = await resp.json()
-    assert resp.status == 200 and answer["give_back"] == ["no running incident has borrowed inf02"]
+            return resp.status, await resp.json()

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from temporalio.client import Client
 
 from gpuheal.clients.slurm.hostlist import expand
@@ -20,7 +17,7 @@ from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import max_activity_attempt, report, slurmctld_log, until, worker_env
+from tests.integration.conftest import Inbox, max_activity_attempt, report, slurmctld_log, until, worker_env
 from tests.integration.test_loop import wait_for_recovery_stage
 
 pytestmark = pytest.mark.integration
@@ -85,25 +82,10 @@ async def test_a_confirmed_checkpoint_ends_the_wait_at_once(slurm: Sandbox, sett
     assert result.steps_lost == 0  # it checkpointed where it stopped
 
 
-@pytest.fixture
-async def owner_inbox() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
-    """A test receiver for owner notices: (URL, [(Idempotency-Key, body)])."""
-    received: list[tuple[str, dict[str, Any]]] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        received.append((request.headers.get("Idempotency-Key", ""), await request.json()))
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/owners", handler)
-    async with TestServer(app) as server:
-        yield str(server.make_url("/owners")), received
-
-
 async def test_owners_hear_once_per_job_per_stage_across_a_worker_kill(
-    slurm: Sandbox, settings: Settings, client: Client, owner_inbox: tuple[str, list[tuple[str, dict[str, Any]]]]
+    slurm: Sandbox, settings: Settings, client: Client, receiver: tuple[str, Inbox]
 ) -> None:
-    url, received = owner_inbox
+    url, received = receiver
     with worker_env(slurm, settings, GPUHEAL_CHECKPOINT_GRACE_S="5", GPUHEAL_OWNER_ROUTES=json.dumps({"*": url})):
         job = slurm.submit_training("owned", step_s=1.5, env={"TRAIN_NOTIFY": "alice@example.com"})
         node = await asyncio.to_thread(slurm.wait_for_step, job, 2)

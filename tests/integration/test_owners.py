@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from email import message_from_bytes
 from email.message import Message
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from aiosmtpd.controller import Controller
 from temporalio.client import Client
 
@@ -22,10 +20,9 @@ from gpuheal.core.settings import OwnerSettings, Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import report
+from tests.integration.conftest import Inbox, report
 
 pytestmark = pytest.mark.integration
-Inbox = list[tuple[str, dict[str, Any]]]
 
 
 class Mailbox:
@@ -49,21 +46,6 @@ def smtp() -> Iterator[tuple[int, Mailbox]]:
     server.start()
     yield port, box
     server.stop()
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[tuple[str, Inbox]]:
-    """A chat (or operators') webhook: (URL, [(Idempotency-Key, body)])."""
-    received: Inbox = []
-
-    async def handler(request: web.Request) -> web.Response:
-        received.append((request.headers.get("Idempotency-Key", ""), await request.json()))
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/hook", handler)
-    async with TestServer(app) as server:
-        yield str(server.make_url("/hook")), received
 
 
 async def test_the_owner_is_mailed_and_the_team_channel_told_once_per_event(

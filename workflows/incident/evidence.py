@@ -12,7 +12,7 @@ from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import rma
+    from gpuheal.core import rma, rma_policy
 
 # Incidents started before the evidence was gathered closed without it; they keep doing so
 # (workflow.patched) to replay.
@@ -21,7 +21,7 @@ HOOK_ATTEMPTS = 3
 
 
 async def for_the_vendor(s: IncidentState) -> None:
-    why = rma.needed(s.node_at.state, s.repeat)
+    why = rma_policy.needed(s.node_at.state, s.repeat)
     if why is None or not workflow.patched(RMA_EVIDENCE):
         return
     ref = s.ref
@@ -31,9 +31,9 @@ async def for_the_vendor(s: IncidentState) -> None:
         incident_id=ref.incident_id,
         run_id=workflow.info().first_execution_run_id,
         why=why,
-        boards=rma.boards_of(s.reports),
-        kernel_log=rma.kernel_lines(s.reports),
-        actions=rma.actions_of(s.stages),
+        boards=rma_policy.boards_of(s.reports),
+        kernel_log=rma_policy.kernel_lines(s.reports),
+        actions=rma_policy.actions_of(s.stages),
     )
     evidence = await act_run(act.GATHER_RMA_EVIDENCE, req, summary="gather the RMA evidence")
     try:
