@@ -106,16 +106,20 @@ class KubeSandbox:
         core: Any = self.core()  # the typed client's Optionals do not help a test harness
         apps: Any = client.AppsV1Api(self.api())
         policy: Any = client.PolicyV1Api(self.api())
+        # The garbage collector deletes a Deployment's ReplicaSets and Pods meanwhile: one already
+        # gone between the list and the delete is what was wanted (404).
         for dep in apps.list_namespaced_deployment("default").items:
-            apps.delete_namespaced_deployment(dep.metadata.name, "default")
+            _delete(apps.delete_namespaced_deployment, dep.metadata.name, "default")
+        for rs in apps.list_namespaced_replica_set("default").items:  # no new Pod from it meanwhile
+            _delete(apps.delete_namespaced_replica_set, rs.metadata.name, "default")
         for ds in apps.list_namespaced_daemon_set("default").items:
-            apps.delete_namespaced_daemon_set(ds.metadata.name, "default")
+            _delete(apps.delete_namespaced_daemon_set, ds.metadata.name, "default")
         for pdb in policy.list_namespaced_pod_disruption_budget("default").items:
-            policy.delete_namespaced_pod_disruption_budget(pdb.metadata.name, "default")
+            _delete(policy.delete_namespaced_pod_disruption_budget, pdb.metadata.name, "default")
         for pod in core.list_pod_for_all_namespaces().items:
-            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            _delete(core.delete_namespaced_pod, pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
         for node in core.list_node().items:
-            core.delete_node(node.metadata.name)
+            _delete(core.delete_node, node.metadata.name)
         self.wait(lambda: not core.list_node().items, "old nodes gone")
         for name in names:
             self.add_node(name)
@@ -143,3 +147,12 @@ class KubeSandbox:
                 return
             time.sleep(0.2)
         raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _delete(call: Any, *args: Any, **kw: Any) -> None:
+    """Delete it, unless it is gone already."""
+    try:
+        call(*args, **kw)
+    except ApiException as err:
+        if err.status != 404:
+            raise
