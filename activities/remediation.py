@@ -117,16 +117,12 @@ class RemediationActivities:
         """A new node in place of the failed one; "no capacity" is an answer, not an error to
         retry thirty times: the workflow waits for capacity on its own, slower, cadence, and
         hands each try the last one's pool and start."""
-        earlier = None
-        if req.pool is not None or req.since is not None:
-            earlier = ReplacementResult(
-                failed_node=req.node, new_node=None, pool=req.pool, since=req.since, failed_uid=req.failed_uid
-            )
+        earlier = req.earlier()
         try:
             return await self._provider.replace(req.node, req.incident_id, earlier)
         except NoSpareCapacity as err:
             searched = err.searched or earlier
-            memory = searched.model_dump(include={"pool", "since", "failed_uid"}) if searched is not None else {}
+            memory = searched.search() if searched is not None else {}
             return ReplacementResult(failed_node=req.node, new_node=None, no_capacity=str(err), **memory)
 
     @implements(act.CHECK_NODE_HEALTH)

@@ -45,6 +45,8 @@ def _slurm_probe(settings: Settings) -> NodeProbe | None:
     s = settings.slurm
     if s.backend != "cli":
         return None
+    # The wrapper split here, not through gpuheal.clients.slurm.wrapper: that package names the
+    # slurmrestd client, which the short commands must not load.
     wrapper = shlex.split(s.cli_wrapper) if s.cli_wrapper else None
     return slurm_probe(SlurmCli(s.conf, wrapper, timeout_s=PROBE_TIMEOUT_S))
 

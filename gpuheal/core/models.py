@@ -488,6 +488,13 @@ class ReplacementResult(Frozen):
     since: datetime | None = None
     failed_uid: str | None = None  # the failed Node's UID: a new Node under its name is not it
 
+    def search(self) -> dict[str, Any]:
+        """What the next try goes on from."""
+        return self.model_dump(include=set(SEARCH_FIELDS))
+
+
+SEARCH_FIELDS = ("pool", "since", "failed_uid")  # a replacement's memory, from try to try
+
 
 class ReplaceRequest(NodeRef):
     """A NodeRef (what earlier releases sent), plus the last try's pool, start and failed UID."""
@@ -495,6 +502,13 @@ class ReplaceRequest(NodeRef):
     pool: str | None = None
     since: datetime | None = None
     failed_uid: str | None = None
+
+    def earlier(self) -> ReplacementResult | None:
+        """The last try's search, for the provider; None on the first try."""
+        memory = self.model_dump(include=set(SEARCH_FIELDS))
+        if all(v is None for v in memory.values()):
+            return None
+        return ReplacementResult(failed_node=self.node, new_node=None, **memory)
 
 
 class EarlierReplacement(Frozen):

@@ -94,8 +94,7 @@ async def replace(s: IncidentState) -> ReplacementResult:
     """Each try after the first goes on from the last one's pool and start (the failed node may be
     gone by then). An activity's input is not part of replay: no patch needed."""
     last = s.replacement
-    memory = last.model_dump(include={"pool", "since", "failed_uid"}) if last else {}
-    req = ReplaceRequest(**s.ref.model_dump(), **memory)
+    req = ReplaceRequest(**s.ref.model_dump(), **(last.search() if last else {}))
     return await act_run(
         act.REPLACE_NODE,
         req,
