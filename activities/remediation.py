@@ -8,7 +8,7 @@ activities (checkpoint, requeue, verify, owners) are in activities/jobs.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -42,6 +42,8 @@ from gpuheal.core.models import (
 from gpuheal.providers.base import NodeProvider, NoSpareCapacity
 
 IncidentObserver = Callable[[RemediationResult], None]
+# Holds a node out of service for a burn-in within a bound: ValidationActivities.hold.
+NodeHolder = Callable[[str, float], Awaitable[None]]
 
 
 class RemediationActivities:
@@ -49,12 +51,18 @@ class RemediationActivities:
     injected; `on_closed` is how a closed incident reaches the worker's metrics."""
 
     def __init__(
-        self, slurm: SlurmBackend, provider: NodeProvider, notifier: Notifier, on_closed: IncidentObserver
+        self,
+        slurm: SlurmBackend,
+        provider: NodeProvider,
+        notifier: Notifier,
+        on_closed: IncidentObserver,
+        holder: NodeHolder | None = None,
     ) -> None:
         self._slurm = slurm
         self._provider = provider
         self._notifier = notifier
         self._on_closed = on_closed
+        self._holder = holder
 
     @implements(act.LOOK_UP_SLURM_NODE)
     async def look_up_slurm_node(self, ref: NodeRef) -> NodeInfo:
@@ -116,10 +124,23 @@ class RemediationActivities:
     async def replace_node(self, req: ReplaceRequest) -> ReplacementResult:
         """A new node in place of the failed one; "no capacity" is an answer, not an error to
         retry thirty times: the workflow waits for capacity on its own, slower, cadence, and
-        hands each try the last one's pool and start."""
+        hands each try the last one's pool and start. With validation on, the new node is held
+        before it joins where the provider can, else as soon as it is known."""
         earlier = req.earlier()
+        held: set[str] = set()
+        bound, holder = req.hold_for_validation_s, self._holder
+
+        async def hold(new: str) -> None:
+            if bound is None or holder is None:
+                raise ApplicationError("this worker cannot hold a node for validation", non_retryable=True)
+            await holder(new, bound)
+            held.add(new)
+
         try:
-            return await self._provider.replace(req.node, req.incident_id, earlier)
+            result = await self._provider.replace(req.node, req.incident_id, earlier, hold if bound else None)
+            if bound and result.new_node and result.new_node not in held:
+                await hold(result.new_node)
+            return result
         except NoSpareCapacity as err:
             searched = err.searched or earlier
             memory = searched.search() if searched is not None else {}

@@ -47,6 +47,11 @@ class ValidationActivities:
         self._slurm = slurm
         self._burn_in = burn_in
 
+    async def hold(self, node: str, timeout_s: float) -> None:
+        """A replacement's new node, in its reservation before it joins: only the burn-in will
+        run there (validate_node_gpus finds the reservation by the same name)."""
+        await self._burn_in.reserve(reservation_name(node), node, timeout_s)
+
     @implements(act.VALIDATE_NODE_GPUS)
     async def validate_node_gpus(self, req: ValidateRequest) -> ValidationResult:
         ref = req.node

@@ -72,14 +72,14 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     notifier: Notifier = LogNotifier()
     if settings.notify_url:
         notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
-    acts = RemediationActivities(slurm, provider, notifier, on_closed=metrics.observe_incident)
-    owners: OwnerNotifier = OwnerDelivery(settings.owners)
-    jobs = JobActivities(slurm, owners, settings.remediation.jobs)
     # The burn-in and the topology speak Slurm's commands (reservations, sbatch, `scontrol show
     # topology`), whichever backend asks the rest.
     cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
     sbatch_args = tuple(shlex.split(settings.slurm.validate_sbatch_args))
     validation = ValidationActivities(slurm, BurnIn(cli, settings.slurm.validate_user, sbatch_args))
+    acts = RemediationActivities(slurm, provider, notifier, metrics.observe_incident, holder=validation.hold)
+    owners: OwnerNotifier = OwnerDelivery(settings.owners)
+    jobs = JobActivities(slurm, owners, settings.remediation.jobs)
     rma = RmaActivities(settings.rma_hook)
     fleet = FleetActivities(
         slurm,

@@ -256,13 +256,27 @@ class GpuRemediationWorkflow:
             if s.settings.borrow is not None and s.kube is not None:
                 await self._borrow()  # a bridge until the replacement comes
             got = await self._await_capacity()
+            if got:
+                await self._validate_new_node()  # before the borrowed node's jobs move over
             if s.borrowed is not None:
                 await self._give_back()
             if not got:
                 return False
-        if s.capacity_back_at is None:
+        await self._validate_new_node()
+        failed = s.new_node_verdict is not None and not s.new_node_verdict.passed
+        if s.capacity_back_at is None and not failed:
             s.capacity_back_at = workflow.now()
         return True
+
+    async def _validate_new_node(self) -> None:
+        """Where validation is on, a replacement takes jobs only once its GPUs passed."""
+        s = self._s
+        new = s.replacement.new_node if s.replacement is not None else None
+        if new is None or s.new_node_verdict is not None or not node.validating_new_nodes(s):
+            return
+        async with in_stage(s, Stage.VALIDATE) as rec:
+            await node.validate_new_node(s)
+            rec.outcome = s.new_node_verdict.detail if s.new_node_verdict else ""
 
     async def _borrow(self) -> None:
         """No spare: take a node from the inference pool (never below its minimum) into Slurm."""

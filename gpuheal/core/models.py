@@ -110,6 +110,7 @@ class Stage(StrEnum):
     REPAIR = "repair_or_replace"
     AWAITING_CAPACITY = "awaiting_capacity"
     BORROW = "borrow_node"
+    VALIDATE = "validate_new_node"
     VERIFY = "verify_resume"
     GIVE_BACK = "give_back_borrowed"
     RETURN = "return_to_service"
@@ -497,11 +498,14 @@ SEARCH_FIELDS = ("pool", "since", "failed_uid")  # a replacement's memory, from 
 
 
 class ReplaceRequest(NodeRef):
-    """A NodeRef (what earlier releases sent), plus the last try's pool, start and failed UID."""
+    """A NodeRef (what earlier releases sent), plus the last try's pool, start and failed UID,
+    and, where GPU validation is on, the burn-in's bound: the new node is held out of service
+    (a maintenance reservation) from before it joins until its burn-in passes."""
 
     pool: str | None = None
     since: datetime | None = None
     failed_uid: str | None = None
+    hold_for_validation_s: float | None = None
 
     def earlier(self) -> ReplacementResult | None:
         """The last try's search, for the provider; None on the first try."""

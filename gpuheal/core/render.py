@@ -291,10 +291,18 @@ def left_drained(drain: DrainResult | None) -> NodeAt:
     )
 
 
-def returned_replaced(new_node: str | None, detail: str) -> NodeAt:
-    """The node left the cluster; replaced, or still awaiting its replacement (no spare yet)."""
+def returned_replaced(new_node: str | None, detail: str, verdict: ValidationResult | None = None) -> NodeAt:
+    """The node left the cluster; replaced, or still awaiting its replacement (no spare yet).
+    A new node whose GPUs failed their burn-in is no replacement: it is drained, for the vendor."""
+    if new_node and verdict is not None and not verdict.passed and not verdict.by_others:
+        return NodeAt(
+            NodeState.FAILED_VALIDATION,
+            f"its replacement {new_node} failed GPU validation ({verdict.detail}): "
+            f"{new_node} drained and out, for the vendor; {detail}",
+        )
     state = NodeState.REPLACED if new_node else NodeState.AWAITING_REPLACEMENT
-    return NodeAt(state, f"replaced by {new_node or '(none yet)'}; {detail}")
+    validated = f" (GPUs validated: {verdict.detail})" if verdict is not None and verdict.passed else ""
+    return NodeAt(state, f"replaced by {new_node or '(none yet)'}{validated}; {detail}")
 
 
 def failed_validation(health: str, v: ValidationResult) -> NodeAt:
@@ -305,9 +313,11 @@ def failed_validation(health: str, v: ValidationResult) -> NodeAt:
     )
 
 
-def replaced_after_failed_health_check(health: str, new_node: str | None, detail: str) -> NodeAt:
+def replaced_after_failed_health_check(
+    health: str, new_node: str | None, detail: str, verdict: ValidationResult | None = None
+) -> NodeAt:
     """A repair that did not take: the node went, a spare came."""
-    replaced = returned_replaced(new_node, detail)
+    replaced = returned_replaced(new_node, detail, verdict)
     return NodeAt(replaced.state, f"health check failed after the repair ({health}): {replaced.detail}")
 
 

@@ -9,6 +9,7 @@ from ``RemediationSettings.provider_timeout_s``, the same bound a provider waits
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,16 +22,24 @@ from gpuheal.core.settings import ProviderSettings
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+# Keeps a new node from taking jobs until its GPUs are validated (a maintenance reservation on
+# it), called with its name. A provider that brings the node into Slurm itself calls it before
+# the node joins; the replacement activity calls it for any other, as soon as it is known.
+Hold = Callable[[str], Awaitable[None]]
+
 
 class NodeProvider(Protocol):
     async def repair(self, node: str, action: ActionClass) -> RepairResult:
         """Reset the GPU or reboot the node. ``repaired=False`` when the platform cannot."""
         ...
 
-    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+    async def replace(
+        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+    ) -> ReplacementResult:
         """Bring a healthy node into the cluster in place of `node`; returns it once it serves.
         Raises NoSpareCapacity when there is none to be had. `earlier` is this incident run's
-        last try (its pool and start), for a try after the failed node is gone."""
+        last try (its pool and start), for a try after the failed node is gone. `hold`, when
+        given, is called with the new node's name before it joins Slurm, where the provider can."""
         ...
 
     async def decommission(self, node: str, reason: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from gpuheal.clients import proc
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
-from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
 
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"
 
@@ -43,7 +43,9 @@ class ExecHookProvider:
         out = await self._run("repair", check_node_name(node), action.value)
         return RepairResult(action=action, repaired=True, detail=str(out.get("message", "repaired")))
 
-    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+    async def replace(
+        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+    ) -> ReplacementResult:
         incident, _, run = run_key(incident_id).partition("/")
         out = await self._run("replace", check_node_name(node), incident, run)
         return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])))

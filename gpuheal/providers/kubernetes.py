@@ -22,7 +22,7 @@ from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key, unsupported_repair
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key, unsupported_repair
 from gpuheal.providers.exec_hook import ExecHookProvider, repair_hook
 
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
@@ -49,7 +49,9 @@ class KubernetesProvider:
             return unsupported_repair(node, action, "the kubernetes")
         return await self._repairer.repair(node, action)
 
-    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+    async def replace(
+        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+    ) -> ReplacementResult:
         """Delete the failed Node (or its Machine), then reserve the first new Node of its pool.
 
         A replacement is a Node of the failed node's pool that was not there when this incident

@@ -24,7 +24,7 @@ from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend, SlurmError
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
-from gpuheal.providers.base import NoSpareCapacity, ProviderContext, run_key
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
 
 NOT_RESPONDING_GRACE_S = 10.0
 
@@ -101,8 +101,12 @@ class SandboxProvider:
             )
         return RepairResult(action=action, repaired=True, detail=f"reset the GPUs of {node} (GPU fault cleared)")
 
-    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+    async def replace(
+        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+    ) -> ReplacementResult:
         new, already = await self._choose_spare(node, run_key(incident_id))
+        if hold is not None:
+            await hold(new)  # before its slurmd registers: no job lands on it unvalidated
         await self._start_spare(new)
         return ReplacementResult(failed_node=node, new_node=new, already_done=already)
 
@@ -177,7 +181,9 @@ class KubeSandboxProvider(SandboxProvider):
         super().__init__(slurm, sandbox_dir, script, root)
         self._core = core
 
-    async def replace(self, node: str, incident_id: str, earlier: ReplacementResult | None = None) -> ReplacementResult:
+    async def replace(
+        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+    ) -> ReplacementResult:
         new, already = await self._choose_spare(node, run_key(incident_id))
         failed = await kube.call(self._core.read_node, node)
         pool = (failed.metadata.labels or {}).get(kube.POOL_LABEL, "default")
@@ -187,6 +193,8 @@ class KubeSandboxProvider(SandboxProvider):
             if err.status != 409:  # created by an earlier attempt
                 raise
         await kube.wait_node_ready(self._core, new)
+        if hold is not None:
+            await hold(new)
         await self._start_spare(new)  # the new node's slurmd joins Slurm
         return ReplacementResult(failed_node=node, new_node=new, already_done=already)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -276,11 +276,18 @@ async def test_kubernetes_native_replacement_waits_for_the_node_group(
     assert health.healthy
 
 
-async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
-    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
-) -> None:
-    """No spare left: an inference node is borrowed (its Deployment never under its PDB), the job
-    resumes on it, and when a replacement appears the node goes back to the inference pool."""
+class NoSpareButInference(NamedTuple):
+    job: int  # the training job, on `failed`, with nowhere else in Slurm to go
+    failed: str
+    ready: Callable[[], int]  # ready replicas of the inference Deployment (4, its PDB keeps 3)
+    settings: Settings  # borrowing from pool "inference", spares out of stock
+
+
+def no_spare_but_an_inference_pool(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, give_back_wait_s: float = 86400
+) -> NoSpareButInference:
+    """gpu01-03 busy (a training job and two fillers), no spare in stock, and four inference
+    nodes (kwok, in Slurm's config as FUTURE) serving a Deployment whose PDB allows one down."""
     slurm.extra_env["GPUHEAL_SLURM_INFERENCE"] = "4"
     try:
         slurm.start_slurm(clean=True)  # gpu01-03, spares gpu04-06, inference inf01-04 (FUTURE)
@@ -341,9 +348,29 @@ async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
         "the PDB allows one disruption",
     )
     job = slurm.submit_training("borrower")
-    failed = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    failed = slurm.wait_for_step(job, 3)
     for other in {"gpu01", "gpu02", "gpu03"} - {failed}:  # nowhere else for it to run
         slurm.submit_script(f"fill-{other}", "sleep 600", nodelist=other, exclusive=True)
+    settings = k8s_settings.model_copy(
+        update={
+            "remediation": k8s_settings.remediation.model_copy(
+                update={
+                    "borrow": BorrowPolicy(pool="inference", floor=3, give_back_wait_s=give_back_wait_s),
+                    "capacity_wait_s": 180,
+                    "capacity_retry_s": 3,
+                }
+            )
+        }
+    )
+    return NoSpareButInference(job, failed, ready, settings)
+
+
+async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
+) -> None:
+    """No spare left: an inference node is borrowed (its Deployment never under its PDB), the job
+    resumes on it, and when a replacement appears the node goes back to the inference pool."""
+    job, failed, ready, settings = no_spare_but_an_inference_pool(slurm, kube, k8s_settings)
     lowest = [4]
     sampling = True
 
@@ -353,17 +380,6 @@ async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
             await asyncio.sleep(0.3)
 
     sampler = asyncio.create_task(sample())
-    settings = k8s_settings.model_copy(
-        update={
-            "remediation": k8s_settings.remediation.model_copy(
-                update={
-                    "borrow": BorrowPolicy(pool="inference", floor=3),
-                    "capacity_wait_s": 180,
-                    "capacity_retry_s": 3,
-                }
-            )
-        }
-    )
     slurm.inject_gpu_fault(failed)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, failed, 79, gpu=None))
@@ -388,3 +404,35 @@ async def test_no_spare_borrows_an_inference_node_and_gives_it_back(
     kube.wait(lambda: ready() == 4, "4 inference replicas ready again")
     assert lowest[0] >= 3  # never below the PodDisruptionBudget's minimum
     assert borrowed_on not in nodes_in_service(slurm)
+
+
+async def test_a_borrowed_node_a_job_still_runs_on_is_kept_not_given_back(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
+) -> None:
+    """Give-back never takes a node from under a job: one Slurm may not requeue (--no-requeue)
+    keeps the borrowed node in Slurm, drained, past the bound; the operators are told, and the
+    node stays out of the inference pool until a person returns it."""
+    job, failed, _, settings = no_spare_but_an_inference_pool(slurm, kube, k8s_settings, give_back_wait_s=6)
+    slurm.inject_gpu_fault(failed)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, failed, 79, gpu=None))
+        await wait_stage(handle, Stage.AWAITING_CAPACITY, timeout=120)
+        borrowed_on = await asyncio.to_thread(slurm.wait_for_step, job, 20, 120)
+        pinned = slurm.submit_script("pinned", "sleep 600", nodelist=borrowed_on, requeue=False)
+        for _ in range(80):
+            if (j := slurm.job(pinned)) is not None and j.state == "RUNNING":
+                break
+            await asyncio.sleep(0.25)
+        slurm.spares_out_of_stock(False)
+        result = await asyncio.wait_for(handle.result(), 180)
+
+    give_back = next(s for s in result.stages if s.stage == Stage.GIVE_BACK)
+    assert f"{borrowed_on} kept in Slurm, drained: job(s) [{pinned}] still on it after 6 s" in give_back.outcome
+    assert "no job is killed" in give_back.outcome
+    still = slurm.job(pinned)
+    assert still is not None and still.state == "RUNNING"  # never killed
+    assert "DRAIN" in slurm.slurm("scontrol", "show", "node", borrowed_on)
+    labels = node(kube, borrowed_on).metadata.labels
+    assert labels["gpuheal.io/pool"] != "inference" and "gpuheal.io/borrowed-by" in labels  # not handed back
+    (account,) = [a for a in result.jobs if a.job_id == job]
+    assert account.resumed is not None and account.resumed.node == "gpu04"  # the training moved off all the same

@@ -75,3 +75,68 @@ async def test_a_burn_in_slurm_refuses_leaves_the_node_drained_not_in_service(
     assert "State=IDLE+DRAIN" in slurm.slurm("scontrol", "show", "node", "gpu01")
     reservations = slurm.slurm("scontrol", "show", "reservation")
     assert "Duration=UNLIMITED" not in reservations and "gpuheal-validate-gpu01" in reservations  # it ends by itself
+
+
+def job_only_a_spare_can_run(slurm: Sandbox) -> int:
+    """Pending until a spare takes jobs: it starts on the new node the moment that node may."""
+    out = slurm.slurm(
+        "sbatch", "--parsable", "--chdir=/tmp", "--exclude=gpu[01-03]", "--job-name=waiting", "--wrap", "sleep 300"
+    )
+    return int(out.strip().split(";")[0])
+
+
+def job_fields(slurm: Sandbox, job_id: int) -> dict[str, str]:
+    out = slurm.slurm("scontrol", "show", "job", "-o", str(job_id))
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+async def test_a_replacement_runs_its_burn_in_before_it_takes_any_job(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """The spare is held (a maintenance reservation) from before its slurmd registers: a job
+    waiting for exactly that node starts there only after the burn-in passed."""
+    settings = validating(settings, slurm)
+    waiting = job_only_a_spare_can_run(slurm)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 79))  # off the bus: replaced
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result.outcome == "resolved" and result.node_state == NodeState.REPLACED, result.node_detail
+    new = result.replacement_node
+    assert new == "gpu04" and "GPUs validated" in result.node_detail
+    (burn,) = burn_ins(slurm)
+    assert burn.endswith(f"COMPLETED {new}")
+    burn_id = slurm.slurm("squeue", "-h", "-t", "all", "-n", burn.split()[0], "-o", "%i").split()[0]
+    for _ in range(120):  # the scheduler's next pass starts it once the reservation is gone
+        job = job_fields(slurm, waiting)
+        if job["JobState"] != "PENDING":
+            break
+        await asyncio.sleep(0.25)
+    assert job["JobState"] == "RUNNING" and job["NodeList"] == new
+    assert job["StartTime"] >= job_fields(slurm, int(burn_id))["EndTime"]  # ISO times: text order is time order
+    assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+
+
+@across_slurm
+async def test_a_replacement_whose_gpu_fails_its_burn_in_never_takes_a_job(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """A spare with a bad GPU: no job ever starts on it, it is drained for the vendor, and the
+    incident ends failed_validation, not resolved. On every Slurm release: each must accept a
+    reservation on a node that has not registered yet (State=FUTURE)."""
+    settings = validating(settings, slurm)
+    slurm.inject_lasting_fault("gpu04")
+    waiting = job_only_a_spare_can_run(slurm)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 79))
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result.outcome == "failed_validation" and result.node_state == NodeState.FAILED_VALIDATION
+    assert result.replacement_node == "gpu04"
+    assert "its replacement gpu04 failed GPU validation" in result.node_detail and "ended FAILED" in result.node_detail
+    node = slurm.slurm("scontrol", "show", "node", "gpu04")
+    assert "DRAIN" in node and "GPU validation failed in gpuheal-" in node
+    (burn,) = burn_ins(slurm)
+    assert burn.endswith("FAILED gpu04")
+    await asyncio.sleep(2)  # a scheduler pass or more: the drained node still takes nothing
+    assert job_fields(slurm, waiting)["JobState"] == "PENDING"
+    assert "gpu01" not in nodes_in_service(slurm)  # the failed node left all the same
+    assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")

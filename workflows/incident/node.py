@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         EvictResult,
         KubernetesPolicy,
         NodeAt,
+        NodeRef,
         RepairRequest,
         ReplacementResult,
         ReplaceRequest,
@@ -36,6 +37,9 @@ PROVIDER_HEARTBEAT = timedelta(seconds=60)
 # A repair whose health check failed and whose replacement found no capacity removed the node and
 # closed `resolved` before; those incidents keep doing so (workflow.patched) to replay.
 NO_SPARE_IS_NOT_RESOLVED = "no-spare-is-not-resolved"
+# Incidents started before it let a replacement's new node take jobs on joining, unvalidated;
+# they keep doing so (workflow.patched) to replay.
+VALIDATE_NEW_NODES = "validate-a-replacement-before-it-takes-jobs"
 VALIDATE_ATTEMPTS = 5  # a burn-in Slurm keeps refusing is a failed validation, not thirty retries
 
 
@@ -94,7 +98,8 @@ async def replace(s: IncidentState) -> ReplacementResult:
     """Each try after the first goes on from the last one's pool and start (the failed node may be
     gone by then). An activity's input is not part of replay: no patch needed."""
     last = s.replacement
-    req = ReplaceRequest(**s.ref.model_dump(), **(last.search() if last else {}))
+    hold = s.settings.validate_timeout_s if validating_new_nodes(s) else None
+    req = ReplaceRequest(**s.ref.model_dump(), **(last.search() if last else {}), hold_for_validation_s=hold)
     return await act_run(
         act.REPLACE_NODE,
         req,
@@ -104,10 +109,25 @@ async def replace(s: IncidentState) -> ReplacementResult:
     )
 
 
-async def validate(s: IncidentState, job: str) -> ValidationResult:
-    """The burn-in's verdict. One that could not run at all (Slurm refusing the job, the worker
-    gone for good) is a failed validation too: the node is drained again, never left in service."""
-    ref = s.ref
+def validating_new_nodes(s: IncidentState) -> bool:
+    return bool(s.settings.validate_job) and workflow.patched(VALIDATE_NEW_NODES)
+
+
+async def validate_new_node(s: IncidentState) -> None:
+    """A replacement's new node, held out of service since before it joined, runs the burn-in
+    before it takes a job (the requeued ones among them). Its verdict is kept for the return."""
+    new = s.replacement.new_node if s.replacement is not None else None
+    job = s.settings.validate_job
+    if new is None or job is None or s.new_node_verdict is not None or not validating_new_nodes(s):
+        return
+    s.new_node_verdict = await validate(s, job, s.ref.model_copy(update={"node": new}))
+
+
+async def validate(s: IncidentState, job: str, ref: NodeRef | None = None) -> ValidationResult:
+    """The burn-in's verdict on `ref` (the incident's node by default). One that could not run at
+    all (Slurm refusing the job, the worker gone for good) is a failed validation too: the node is
+    drained again, never left in service."""
+    ref = ref or s.ref
     req = ValidateRequest(node=ref, job=job, timeout_s=s.settings.validate_timeout_s)
     try:
         return await act_run(
@@ -139,8 +159,11 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
                 # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
                 kept = f"kept drained, not removed: {s.replacement.no_capacity}"
                 return render.replaced_after_failed_health_check(health.detail, None, kept)
+            await validate_new_node(s)
             msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
-            return render.replaced_after_failed_health_check(health.detail, s.replacement.new_node, msg)
+            return render.replaced_after_failed_health_check(
+                health.detail, s.replacement.new_node, msg, s.new_node_verdict
+            )
         if drain is not None and drain.drained_by_us:
             if s.settings.validate_job:  # "Ready" says nothing about a GPU: burn it in first
                 verdict = await validate(s, s.settings.validate_job)
@@ -154,4 +177,4 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
             return render.returned_repaired(msg)
         return render.left_drained(drain)
     msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
-    return render.returned_replaced(s.replacement.new_node, msg)
+    return render.returned_replaced(s.replacement.new_node, msg, s.new_node_verdict)

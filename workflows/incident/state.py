@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ReplacementResult,
         Stage,
         StageRecord,
+        ValidationResult,
     )
     from gpuheal.core.rma import RmaEvidence
 
@@ -73,6 +74,7 @@ class IncidentState:
     cordon: CordonResult | None = None
     jobs: JobLedger = field(default_factory=JobLedger)
     replacement: ReplacementResult | None = None
+    new_node_verdict: ValidationResult | None = None  # the replacement's burn-in, where validation is on
     borrowed: BorrowedNode | None = None
     capacity_back_at: datetime | None = None
     node_at: NodeAt = render.UNTOUCHED
