@@ -169,9 +169,21 @@ def test_an_owner_without_an_account_matches_no_account_route() -> None:
         ({"mail_user": "a@x.io", "recipients": ("alice", "team@x.io", "a@x.io")}, None, ("a@x.io", "team@x.io")),
         ({"mail_user": "a@x.io", "recipients": ("https://evil.example/hook",)}, "x.io", ("a@x.io",)),
         ({"mail_user": "a@x.io\nBcc: all@x.io"}, None, ()),  # no header smuggled in
+        # With a mail domain, only its addresses (and its subdomains'): the relay mails no one outside for a job.
+        (
+            {"mail_user": "a@x.io", "recipients": ("spam@elsewhere.com", "b@lab.x.io", "c@evilx.io")},
+            "x.io",
+            ("a@x.io", "b@lab.x.io"),
+        ),
     ],
 )
 def test_owner_mail_goes_to_the_mail_user_and_named_addresses(
     fields: dict[str, Any], domain: str | None, mailed: tuple[str, ...]
 ) -> None:
     assert addresses(owner_notice(**fields), domain) == mailed
+
+
+def test_owner_mail_keeps_to_the_allowed_domains_when_listed() -> None:
+    notice = owner_notice(mail_user="a@x.io", recipients=("b@partner.org", "c@other.com"))
+    assert addresses(notice, "x.io", ("x.io", "Partner.org")) == ("a@x.io", "b@partner.org")
+    assert addresses(notice, None, ("partner.org",)) == ("b@partner.org",)

@@ -74,9 +74,12 @@ def route(routes: dict[str, str], default: str | None, notice: OwnerNotice) -> t
     return (default, "default route") if default else None
 
 
-def addresses(notice: OwnerNotice, domain: str | None) -> tuple[str, ...]:
+def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = ()) -> tuple[str, ...]:
     """Where the mail goes: the job's --mail-user (else its user; a bare name at the mail domain)
-    and any full address among its recipients (notify=), each once."""
+    and any full address among its recipients (notify=), each once. Only to the allowed domains
+    (and their subdomains), by default the mail domain's: a job names any address it likes, and
+    the relay must not mail outside the site for it."""
+    permitted = tuple(d.lower() for d in allowed) or ((domain.lower(),) if domain else ())
     found: list[str] = []
     first = [(one.strip(), True) for one in (notice.mail_user or notice.user).split(",")]
     for one, may_be_bare in [*first, *((r, False) for r in notice.recipients)]:
@@ -85,6 +88,9 @@ def addresses(notice: OwnerNotice, domain: str | None) -> tuple[str, ...]:
         elif may_be_bare and domain and BARE_USER.fullmatch(one):
             address = f"{one}@{domain}"
         else:
+            continue
+        at = address.rsplit("@", 1)[1].lower()
+        if permitted and not any(at == d or at.endswith("." + d) for d in permitted):
             continue
         if address not in found:
             found.append(address)
@@ -131,7 +137,7 @@ class OwnerDelivery:
                 done.add("chat")
                 heartbeat({"delivered": sorted(done)})
             went.append(f"webhook ({chat[1]})")
-        to = addresses(notice, self._s.mail_domain)
+        to = addresses(notice, self._s.mail_domain, self._s.mail_allowed_domains())
         if self._s.smtp_host and to:
             if "mail" not in done:
                 await asyncio.to_thread(self._mail, mail(notice, self._s.mail_from, to))

@@ -292,7 +292,7 @@ class RemediationSettings(Frozen):
     validate_job: str | None = setting(
         "GPUHEAL_VALIDATE_JOB",
         None,
-        "a batch script Slurm runs on a repaired node before it takes jobs (exit 0: its GPUs pass;"
+        "a batch script Slurm runs on a repaired or new node before it takes jobs (exit 0: its GPUs pass;"
         " e.g. `dcgmi diag -r 2`)",
         unset="no burn-in: the provider's health check only",
     )

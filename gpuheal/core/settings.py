@@ -178,6 +178,15 @@ class OwnerSettings(BaseModel):
         "owner e-mail: a job whose `--mail-user` is a bare user name (Slurm's default) is mailed USER@this",
         unset="bare names get no e-mail",
     )
+    mail_allowed: str | None = setting(
+        "GPUHEAL_MAIL_ALLOWED_DOMAINS",
+        None,
+        "owner e-mail: comma-separated domains (and their subdomains) a job's addresses may be in; others get none",
+        unset="GPUHEAL_MAIL_DOMAIN's alone where it is set, else any",
+    )
+
+    def mail_allowed_domains(self) -> tuple[str, ...]:
+        return tuple(d.strip() for d in (self.mail_allowed or "").split(",") if d.strip())
 
 
 class Settings(BaseModel):
