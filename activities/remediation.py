@@ -8,6 +8,7 @@ activities (checkpoint, requeue, verify, owners) are in activities/jobs.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from temporalio import activity
@@ -41,6 +42,7 @@ from gpuheal.core.models import (
 )
 from gpuheal.providers.base import NodeProvider, NoSpareCapacity
 
+log = logging.getLogger("gpuheal.remediation")
 IncidentObserver = Callable[[RemediationResult], None]
 # Holds a node out of service for a burn-in within a bound: ValidationActivities.hold.
 NodeHolder = Callable[[str, float], Awaitable[None]]
@@ -131,15 +133,18 @@ class RemediationActivities:
         bound, holder = req.hold_for_validation_s, self._holder
 
         async def hold(new: str) -> None:
-            if bound is None or holder is None:
-                raise ApplicationError("this worker cannot hold a node for validation", non_retryable=True)
+            assert bound is not None and holder is not None
             await holder(new, bound)
             held.add(new)
 
+        holding = bound is not None and holder is not None
         try:
-            result = await self._provider.replace(req.node, req.incident_id, earlier, hold if bound else None)
-            if bound and result.new_node and result.new_node not in held:
-                await hold(result.new_node)
+            result = await self._provider.replace(req.node, req.incident_id, earlier, hold if holding else None)
+            if holding and result.new_node and result.new_node not in held:
+                try:  # the replacement is done: a failed hold must not undo it (validation reserves again)
+                    await hold(result.new_node)
+                except Exception as err:
+                    log.warning("could not hold %s for its validation yet: %s", result.new_node, err)
             return result
         except NoSpareCapacity as err:
             searched = err.searched or earlier

@@ -102,6 +102,8 @@ class FakeCluster:
         self.can_repair = can_repair
         self.spares = spares
         self.validation = ValidationResult(passed=True, detail="burn-in job 90 ended COMPLETED (exit 0:0)", job_id=90)
+        self.bad_gpus: set[str] = set()  # nodes whose burn-in fails whatever `validation` says
+        self.replace_requests: list[ReplaceRequest] = []
         self.job = JobSnapshot(
             job_id=7,
             name="train",
@@ -197,13 +199,16 @@ class FakeCluster:
         @implements(act.REPLACE_NODE)
         async def replace(ref: ReplaceRequest) -> ReplacementResult:
             c.calls.append("replace")
+            c.replace_requests.append(ref)
             if c.spares <= 0:
                 return ReplacementResult(failed_node=ref.node, new_node=None, no_capacity="no spare node left")
-            return ReplacementResult(failed_node=ref.node, new_node="gpu09")
+            return ReplacementResult(failed_node=ref.node, new_node=f"gpu{9 + len(ref.rejected):02d}")
 
         @implements(act.VALIDATE_NODE_GPUS)
         async def validate(req: ValidateRequest) -> ValidationResult:
-            c.calls.append("validate")
+            c.calls.append(f"validate:{req.node.node}")
+            if req.node.node in c.bad_gpus:
+                return ValidationResult(passed=False, detail="burn-in job 91 ended FAILED (exit 1:0)", job_id=91)
             return c.validation
 
         @implements(act.GATHER_RMA_EVIDENCE)

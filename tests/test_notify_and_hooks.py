@@ -187,3 +187,11 @@ def test_owner_mail_keeps_to_the_allowed_domains_when_listed() -> None:
     notice = owner_notice(mail_user="a@x.io", recipients=("b@partner.org", "c@other.com"))
     assert addresses(notice, "x.io", ("x.io", "Partner.org")) == ("a@x.io", "b@partner.org")
     assert addresses(notice, None, ("partner.org",)) == ("b@partner.org",)
+    assert addresses(notice, None, ("*.partner.org", "@other.com.")) == ("b@partner.org", "c@other.com")
+    # The mail domain stays allowed beside a list (its bare user names are mailed there).
+    assert addresses(owner_notice(mail_user="alice"), "x.io", ("partner.org",)) == ("alice@x.io",)
+
+
+def test_owner_mail_refuses_addresses_a_relay_would_route_elsewhere() -> None:
+    notice = owner_notice(mail_user="victim%evil.com@x.io", recipients=("evil.com!victim@x.io", "ok@x.io"))
+    assert addresses(notice, "x.io") == ("ok@x.io",)

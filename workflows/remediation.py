@@ -107,7 +107,7 @@ class GpuRemediationWorkflow:
                 return await self._close_held()
             if not await self._repair_or_replace(plan.repair):
                 s.node_at = render.no_capacity_state(s.ref.node, s.jobs.accounts(s.ref.incident_id))
-                return await self._close("no_capacity", f"{s.reason()}; no replacement within the capacity bound")
+                return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
         if s.jobs.recoveries:
             await self._verify_resume()
         await self._return_to_service(plan.repair)
@@ -243,7 +243,7 @@ class GpuRemediationWorkflow:
         return decision
 
     async def _repair_or_replace(self, repair: ActionClass) -> bool:
-        """False: no replacement came within the capacity bound."""
+        """False: no replacement (that passed its validation) came within the capacity bound."""
         s = self._s
         async with in_stage(s, Stage.REPAIR) as rec:
             if repair != ActionClass.REPLACE_NODE:
@@ -252,31 +252,39 @@ class GpuRemediationWorkflow:
                 s.replacement = await node.replace(s)
                 new = s.replacement.new_node
                 rec.outcome = render.replaced(new, s.ref.node) if new else s.replacement.no_capacity
-        if s.replacement is not None and s.replacement.new_node is None:
-            if s.settings.borrow is not None and s.kube is not None:
-                await self._borrow()  # a bridge until the replacement comes
-            got = await self._await_capacity()
-            if got:
-                await self._validate_new_node()  # before the borrowed node's jobs move over
-            if s.borrowed is not None:
-                await self._give_back()
-            if not got:
-                return False
         await self._validate_new_node()
-        failed = s.new_node_verdict is not None and not s.new_node_verdict.passed
-        if s.capacity_back_at is None and not failed:
+        got, first = True, True
+        while s.replacement is not None and s.replacement.new_node is None:
+            # No spare, or the new node's GPUs failed (it is drained, rejected): wait for another.
+            if len(s.rejected) >= node.MAX_REJECTED:
+                got = False
+                break
+            if first and s.settings.borrow is not None and s.kube is not None:
+                await self._borrow()  # a bridge until the replacement comes
+            first = False
+            if not await self._await_capacity():
+                got = False
+                break
+            await self._validate_new_node()
+        if s.borrowed is not None:
+            await self._give_back()  # its jobs move to the new node (validated), or wait in line
+        if not got:
+            return False
+        if s.capacity_back_at is None:
             s.capacity_back_at = workflow.now()
         return True
 
     async def _validate_new_node(self) -> None:
-        """Where validation is on, a replacement takes jobs only once its GPUs passed."""
+        """Where validation is on, a replacement takes jobs only once its GPUs passed; one that
+        failed leaves the replacement "no capacity" again (its reason says why)."""
         s = self._s
         new = s.replacement.new_node if s.replacement is not None else None
         if new is None or s.new_node_verdict is not None or not node.validating_new_nodes(s):
             return
         async with in_stage(s, Stage.VALIDATE) as rec:
-            await node.validate_new_node(s)
-            rec.outcome = s.new_node_verdict.detail if s.new_node_verdict else ""
+            passed = await node.validate_new_node(s)
+            assert s.replacement is not None
+            rec.outcome = s.new_node_verdict.detail if passed and s.new_node_verdict else s.replacement.no_capacity
 
     async def _borrow(self) -> None:
         """No spare: take a node from the inference pool (never below its minimum) into Slurm."""

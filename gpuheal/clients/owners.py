@@ -38,7 +38,8 @@ from gpuheal.core.jobs import OwnerNotice
 from gpuheal.core.settings import OwnerSettings
 
 log = logging.getLogger("gpuheal.owners")
-ADDRESS = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}$")
+# No `%` or `!` in the local part: a relay's percent hack or bang path would route it elsewhere.
+ADDRESS = re.compile(r"^[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}$")
 BARE_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 TIMEOUT_S = 10.0
 LONG_HEADERS = policy.SMTP.clone(max_line_length=998)  # RFC 5322's limit: the key stays readable
@@ -79,7 +80,10 @@ def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = 
     and any full address among its recipients (notify=), each once. Only to the allowed domains
     (and their subdomains), by default the mail domain's: a job names any address it likes, and
     the relay must not mail outside the site for it."""
-    permitted = tuple(d.lower() for d in allowed) or ((domain.lower(),) if domain else ())
+    listed = [d.strip().lower().lstrip("*@.").rstrip(".") for d in allowed]
+    permitted = (
+        tuple(d for d in (*listed, (domain or "").lower()) if d) if listed else ((domain.lower(),) if domain else ())
+    )
     found: list[str] = []
     first = [(one.strip(), True) for one in (notice.mail_user or notice.user).split(",")]
     for one, may_be_bare in [*first, *((r, False) for r in notice.recipients)]:

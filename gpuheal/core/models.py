@@ -488,13 +488,14 @@ class ReplacementResult(Frozen):
     pool: str | None = None
     since: datetime | None = None
     failed_uid: str | None = None  # the failed Node's UID: a new Node under its name is not it
+    rejected: tuple[str, ...] = ()  # new nodes this run took that failed their GPU validation: never again
 
     def search(self) -> dict[str, Any]:
         """What the next try goes on from."""
         return self.model_dump(include=set(SEARCH_FIELDS))
 
 
-SEARCH_FIELDS = ("pool", "since", "failed_uid")  # a replacement's memory, from try to try
+SEARCH_FIELDS = ("pool", "since", "failed_uid", "rejected")  # a replacement's memory, from try to try
 
 
 class ReplaceRequest(NodeRef):
@@ -505,12 +506,13 @@ class ReplaceRequest(NodeRef):
     pool: str | None = None
     since: datetime | None = None
     failed_uid: str | None = None
+    rejected: tuple[str, ...] = ()
     hold_for_validation_s: float | None = None
 
     def earlier(self) -> ReplacementResult | None:
         """The last try's search, for the provider; None on the first try."""
         memory = self.model_dump(include=set(SEARCH_FIELDS))
-        if all(v is None for v in memory.values()):
+        if not any(memory.values()):
             return None
         return ReplacementResult(failed_node=self.node, new_node=None, **memory)
 

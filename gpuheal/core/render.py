@@ -291,17 +291,23 @@ def left_drained(drain: DrainResult | None) -> NodeAt:
     )
 
 
-def returned_replaced(new_node: str | None, detail: str, verdict: ValidationResult | None = None) -> NodeAt:
-    """The node left the cluster; replaced, or still awaiting its replacement (no spare yet).
-    A new node whose GPUs failed their burn-in is no replacement: it is drained, for the vendor."""
-    if new_node and verdict is not None and not verdict.passed and not verdict.by_others:
-        return NodeAt(
-            NodeState.FAILED_VALIDATION,
-            f"its replacement {new_node} failed GPU validation ({verdict.detail}): "
-            f"{new_node} drained and out, for the vendor; {detail}",
-        )
+def no_replacement(rejected: tuple[str, ...]) -> str:
+    bad = f" (new node(s) {', '.join(rejected)} failed GPU validation: drained for the vendor)" if rejected else ""
+    return f"no replacement within the capacity bound{bad}"
+
+
+def new_node_rejected(new_node: str, verdict: ValidationResult) -> str:
+    return f"new node {new_node} failed its GPU validation ({verdict.detail}): drained for the vendor"
+
+
+def returned_replaced(
+    new_node: str | None, detail: str, verdict: ValidationResult | None = None, rejected: tuple[str, ...] = ()
+) -> NodeAt:
+    """The node left the cluster; replaced, or still awaiting its replacement (no spare yet)."""
     state = NodeState.REPLACED if new_node else NodeState.AWAITING_REPLACEMENT
     validated = f" (GPUs validated: {verdict.detail})" if verdict is not None and verdict.passed else ""
+    if rejected:
+        validated += f" after {', '.join(rejected)} failed GPU validation (drained for the vendor)"
     return NodeAt(state, f"replaced by {new_node or '(none yet)'}{validated}; {detail}")
 
 
@@ -314,10 +320,14 @@ def failed_validation(health: str, v: ValidationResult) -> NodeAt:
 
 
 def replaced_after_failed_health_check(
-    health: str, new_node: str | None, detail: str, verdict: ValidationResult | None = None
+    health: str,
+    new_node: str | None,
+    detail: str,
+    verdict: ValidationResult | None = None,
+    rejected: tuple[str, ...] = (),
 ) -> NodeAt:
     """A repair that did not take: the node went, a spare came."""
-    replaced = returned_replaced(new_node, detail, verdict)
+    replaced = returned_replaced(new_node, detail, verdict, rejected)
     return NodeAt(replaced.state, f"health check failed after the repair ({health}): {replaced.detail}")
 
 

@@ -1,7 +1,8 @@
 """The exec hook: how a cloud API (or a site's own tooling) plugs in without a line of Python.
 
-``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT RUN`` (prints
-``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be had),
+``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT RUN [REJECTED...]``
+(prints ``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be
+had; REJECTED: nodes it gave this run whose GPUs failed validation, so it offers another),
 ``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON``, ``HOOK health NODE`` (prints
 ``{"healthy": true, "detail": "..."}``), and for nodes borrowed from inference ``HOOK adopt NODE``
 and ``HOOK release NODE REASON``. A replacement must be idempotent per incident run
@@ -47,8 +48,12 @@ class ExecHookProvider:
         self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
         incident, _, run = run_key(incident_id).partition("/")
-        out = await self._run("replace", check_node_name(node), incident, run)
-        return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])))
+        rejected = earlier.rejected if earlier is not None else ()
+        out = await self._run("replace", check_node_name(node), incident, run, *map(check_node_name, rejected))
+        new = check_node_name(str(out["new_node"]))
+        if new in rejected:
+            raise NoSpareCapacity(f"the provider hook offered {new} again, whose GPUs failed validation")
+        return ReplacementResult(failed_node=node, new_node=new, rejected=rejected)
 
     async def decommission(self, node: str, reason: str) -> str:
         return str((await self._run("decommission", check_node_name(node), reason)).get("message", "removed"))

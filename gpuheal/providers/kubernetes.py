@@ -64,6 +64,7 @@ class KubernetesProvider:
         memory = earlier or _heartbeat_memory(node)
         pool, since = (memory.pool, memory.since) if memory is not None else (None, None)
         failed_uid = memory.failed_uid if memory is not None else None
+        rejected = memory.rejected if memory is not None else ()
         known: set[str] | None = None  # the pool's nodes at the first try: never "the new one"
         try:
             failed = await kube.call(self._core.read_node, node)
@@ -81,9 +82,9 @@ class KubernetesProvider:
                 since = max(n.metadata.creation_timestamp for n in before)  # the failed node is among them
                 failed_uid = failed.metadata.uid
             # Remembered before the delete: a crash right after it still knows where to look.
-            proc.heartbeat({"searched": _searched(node, pool, since, failed_uid).model_dump(mode="json")})
+            proc.heartbeat({"searched": _searched(node, pool, since, failed_uid, rejected).model_dump(mode="json")})
             await self._delete(failed)
-        searched = _searched(node, pool, since, failed_uid)
+        searched = _searched(node, pool, since, failed_uid, rejected)
         if pool is None or since is None:
             # The Node went before any try of this run read its pool (a person deleted it): any
             # fresh node of any pool could be taken for it. Say so instead of guessing.
@@ -128,6 +129,8 @@ class KubernetesProvider:
             nodes = await kube.call(self._core.list_node, label_selector=self._selector(pool))
             for n in sorted(nodes.items, key=lambda n: str(n.metadata.name)):
                 name = str(n.metadata.name)
+                if name in searched.rejected:
+                    continue  # this run's, but its GPUs failed validation: it stays reserved, drained
                 holder = (n.metadata.annotations or {}).get(kube.REPLACES_ANNOTATION)
                 if holder == key:
                     return name  # this run reserved it on an earlier try
@@ -187,8 +190,10 @@ class KubernetesProvider:
         return HealthCheckResult(node=node, healthy=ready, detail="Ready" if ready else "NotReady")
 
 
-def _searched(node: str, pool: str | None, since: datetime | None, uid: str | None) -> ReplacementResult:
-    return ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since, failed_uid=uid)
+def _searched(
+    node: str, pool: str | None, since: datetime | None, uid: str | None, rejected: tuple[str, ...] = ()
+) -> ReplacementResult:
+    return ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since, failed_uid=uid, rejected=rejected)
 
 
 def _heartbeat_memory(node: str) -> ReplacementResult | None:

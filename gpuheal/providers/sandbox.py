@@ -104,16 +104,19 @@ class SandboxProvider:
     async def replace(
         self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
-        new, already = await self._choose_spare(node, run_key(incident_id))
+        new, already = await self._choose_spare(node, run_key(incident_id), earlier)
         if hold is not None:
             await hold(new)  # before its slurmd registers: no job lands on it unvalidated
         await self._start_spare(new)
         return ReplacementResult(failed_node=node, new_node=new, already_done=already)
 
-    async def _choose_spare(self, node: str, key: str) -> tuple[str, bool]:
-        """The spare recorded for this incident run, or the first free one, recorded first."""
+    async def _choose_spare(self, node: str, key: str, earlier: ReplacementResult | None) -> tuple[str, bool]:
+        """The spare recorded for this incident run (unless its GPUs failed validation), or the
+        first free one, recorded first."""
         record = self._load()
         new = record.get(key)
+        if earlier is not None and new in earlier.rejected:
+            new = None  # drained for the vendor: the run needs another
         already = new is not None
         if new is None:
             in_service = await self._slurm.nodes()
@@ -184,7 +187,7 @@ class KubeSandboxProvider(SandboxProvider):
     async def replace(
         self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
-        new, already = await self._choose_spare(node, run_key(incident_id))
+        new, already = await self._choose_spare(node, run_key(incident_id), earlier)
         failed = await kube.call(self._core.read_node, node)
         pool = (failed.metadata.labels or {}).get(kube.POOL_LABEL, "default")
         try:

@@ -116,27 +116,58 @@ async def test_a_replacement_runs_its_burn_in_before_it_takes_any_job(
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
 
 
+def retrying_fast(settings: Settings) -> Settings:
+    remediation = settings.remediation.model_copy(update={"capacity_retry_s": 2, "capacity_wait_s": 120})
+    return settings.model_copy(update={"remediation": remediation})
+
+
 @across_slurm
-async def test_a_replacement_whose_gpu_fails_its_burn_in_never_takes_a_job(
+async def test_a_new_node_whose_gpu_fails_its_burn_in_takes_no_job_and_another_comes(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
-    """A spare with a bad GPU: no job ever starts on it, it is drained for the vendor, and the
-    incident ends failed_validation, not resolved. On every Slurm release: each must accept a
-    reservation on a node that has not registered yet (State=FUTURE)."""
-    settings = validating(settings, slurm)
+    """A spare with a bad GPU: no job ever starts on it, it is drained for the vendor and never
+    taken again, and the incident looks on for another, which passes. On every Slurm release:
+    each must accept a reservation on a node that has not registered yet (State=FUTURE)."""
+    settings = retrying_fast(validating(settings, slurm))
     slurm.inject_lasting_fault("gpu04")
     waiting = job_only_a_spare_can_run(slurm)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, "gpu01", 79))
-        result = await asyncio.wait_for(handle.result(), 120)
-    assert result.outcome == "failed_validation" and result.node_state == NodeState.FAILED_VALIDATION
-    assert result.replacement_node == "gpu04"
-    assert "its replacement gpu04 failed GPU validation" in result.node_detail and "ended FAILED" in result.node_detail
+        result = await asyncio.wait_for(handle.result(), 180)
+    assert result.outcome == "resolved" and result.node_state == NodeState.REPLACED, result.node_detail
+    assert result.replacement_node == "gpu05"
+    assert "after gpu04 failed GPU validation (drained for the vendor)" in result.node_detail
     node = slurm.slurm("scontrol", "show", "node", "gpu04")
-    assert "DRAIN" in node and "GPU validation failed in gpuheal-" in node
-    (burn,) = burn_ins(slurm)
-    assert burn.endswith("FAILED gpu04")
-    await asyncio.sleep(2)  # a scheduler pass or more: the drained node still takes nothing
+    assert "DRAIN" in node and "GPU validation failed in gpuheal-" in node and "ended FAILED" in node
+    assert sorted(b.split()[-2:] for b in burn_ins(slurm)) == [["COMPLETED", "gpu05"], ["FAILED", "gpu04"]]
+    for _ in range(120):
+        job = job_fields(slurm, waiting)
+        if job["JobState"] != "PENDING":
+            break
+        await asyncio.sleep(0.25)
+    assert job["JobState"] == "RUNNING" and job["NodeList"] == "gpu05"  # never on gpu04
+    assert "gpu01" not in nodes_in_service(slurm)
+    assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+
+
+async def test_a_batch_of_bad_new_nodes_ends_no_capacity_with_the_failed_node_kept(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """Every spare's GPU fails: the run stops after MAX_REJECTED of them, within its bound. The
+    failed node stays drained (nothing took its place), each bad one is drained for the vendor,
+    and a job waiting for a spare never ran on any of them."""
+    settings = retrying_fast(validating(settings, slurm))
+    for spare in ("gpu04", "gpu05", "gpu06"):
+        slurm.inject_lasting_fault(spare)
+    waiting = job_only_a_spare_can_run(slurm)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 79))
+        result = await asyncio.wait_for(handle.result(), 240)
+    assert result.outcome == "no_capacity", result.reason
+    assert "new node(s) gpu04, gpu05, gpu06 failed GPU validation: drained for the vendor" in result.reason
+    assert "DRAIN" in slurm.slurm("scontrol", "show", "node", "gpu01")  # kept, counted as out
+    for spare in ("gpu04", "gpu05", "gpu06"):
+        assert "GPU validation failed in gpuheal-" in slurm.slurm("scontrol", "show", "node", spare)
+    assert len(burn_ins(slurm)) == 3
     assert job_fields(slurm, waiting)["JobState"] == "PENDING"
-    assert "gpu01" not in nodes_in_service(slurm)  # the failed node left all the same
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")

@@ -79,12 +79,12 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
         await hand_over(job, borrowed.node, f"{borrowed.node} goes back to pool {borrowed.from_pool}")
     bound = s.settings.borrow.give_back_wait_s if s.settings.borrow is not None else GIVE_BACK_EMPTY_S
     # A bound under the first wait is the whole wait (an activity's input: no patch needed).
+    started = workflow.now()  # the bound counts from here: "kept after N s" is so
     left = await _wait_empty(borrowed.node, min(GIVE_BACK_EMPTY_S, bound))
     if left.jobs and workflow.patched(GIVE_BACK_NEVER_KILLS):
         # Releasing it now would take its slurmd, and the jobs with it: it stays in Slurm,
         # drained, until they leave (they were handed to their recovery above).
         await notify(s, "give_back_waits", "warning", render.give_back_waits(borrowed.node, left, bound))
-        started = workflow.now()
         while left.jobs and (waited := (workflow.now() - started).total_seconds()) < bound:
             left = await _wait_empty(borrowed.node, min(GIVE_BACK_EMPTY_S, bound - waited), poll_s=LONG_POLL_S)
         if left.jobs:

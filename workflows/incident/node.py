@@ -41,6 +41,7 @@ NO_SPARE_IS_NOT_RESOLVED = "no-spare-is-not-resolved"
 # they keep doing so (workflow.patched) to replay.
 VALIDATE_NEW_NODES = "validate-a-replacement-before-it-takes-jobs"
 VALIDATE_ATTEMPTS = 5  # a burn-in Slurm keeps refusing is a failed validation, not thirty retries
+MAX_REJECTED = 3  # new nodes a run may find bad before it stops looking (no_capacity): a bad batch
 
 
 def provider_timeout(s: IncidentState) -> timedelta:
@@ -99,7 +100,8 @@ async def replace(s: IncidentState) -> ReplacementResult:
     gone by then). An activity's input is not part of replay: no patch needed."""
     last = s.replacement
     hold = s.settings.validate_timeout_s if validating_new_nodes(s) else None
-    req = ReplaceRequest(**s.ref.model_dump(), **(last.search() if last else {}), hold_for_validation_s=hold)
+    memory = {**(last.search() if last else {}), "rejected": s.rejected}
+    req = ReplaceRequest(**s.ref.model_dump(), **memory, hold_for_validation_s=hold)
     return await act_run(
         act.REPLACE_NODE,
         req,
@@ -113,14 +115,25 @@ def validating_new_nodes(s: IncidentState) -> bool:
     return bool(s.settings.validate_job) and workflow.patched(VALIDATE_NEW_NODES)
 
 
-async def validate_new_node(s: IncidentState) -> None:
+async def validate_new_node(s: IncidentState) -> bool:
     """A replacement's new node, held out of service since before it joined, runs the burn-in
-    before it takes a job (the requeued ones among them). Its verdict is kept for the return."""
+    before it takes a job (the requeued ones among them). True: it may take jobs (passed, or
+    nothing to validate). False: its GPUs failed; it is drained for the vendor, rejected (never
+    taken again by this run) and the replacement is "no capacity" again, so the capacity wait
+    looks for another."""
     new = s.replacement.new_node if s.replacement is not None else None
     job = s.settings.validate_job
     if new is None or job is None or s.new_node_verdict is not None or not validating_new_nodes(s):
-        return
-    s.new_node_verdict = await validate(s, job, s.ref.model_copy(update={"node": new}))
+        return True
+    assert s.replacement is not None
+    verdict = await validate(s, job, s.ref.model_copy(update={"node": new}))
+    if verdict.passed or verdict.by_others:
+        s.new_node_verdict = verdict
+        return True
+    s.rejected = (*s.rejected, new)
+    why = render.new_node_rejected(new, verdict)
+    s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why, "rejected": s.rejected})
+    return False
 
 
 async def validate(s: IncidentState, job: str, ref: NodeRef | None = None) -> ValidationResult:
@@ -159,10 +172,12 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
                 # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
                 kept = f"kept drained, not removed: {s.replacement.no_capacity}"
                 return render.replaced_after_failed_health_check(health.detail, None, kept)
-            await validate_new_node(s)
+            if not await validate_new_node(s):  # no good node in its place: kept, as with none (no_capacity)
+                kept = f"kept drained, not removed: {s.replacement.no_capacity}"
+                return render.replaced_after_failed_health_check(health.detail, None, kept)
             msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
             return render.replaced_after_failed_health_check(
-                health.detail, s.replacement.new_node, msg, s.new_node_verdict
+                health.detail, s.replacement.new_node, msg, s.new_node_verdict, s.rejected
             )
         if drain is not None and drain.drained_by_us:
             if s.settings.validate_job:  # "Ready" says nothing about a GPU: burn it in first
@@ -177,4 +192,4 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
             return render.returned_repaired(msg)
         return render.left_drained(drain)
     msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
-    return render.returned_replaced(s.replacement.new_node, msg, s.new_node_verdict)
+    return render.returned_replaced(s.replacement.new_node, msg, s.new_node_verdict, s.rejected)

@@ -75,6 +75,7 @@ class IncidentState:
     jobs: JobLedger = field(default_factory=JobLedger)
     replacement: ReplacementResult | None = None
     new_node_verdict: ValidationResult | None = None  # the replacement's burn-in, where validation is on
+    rejected: tuple[str, ...] = ()  # new nodes whose GPUs failed validation: drained, never taken again
     borrowed: BorrowedNode | None = None
     capacity_back_at: datetime | None = None
     node_at: NodeAt = render.UNTOUCHED

@@ -38,9 +38,13 @@ class BurnIn:
         return self._user or getpass.getuser()
 
     async def reserve(self, name: str, node: str, timeout_s: float) -> None:
-        if await self._reserved(name):
-            return
+        """Hold `node` for the burn-in from now until its bound and margin have passed. A
+        reservation already made (a retry; a new node held before it joined) is extended to that,
+        so a slow replacement never eats the burn-in's time."""
         minutes = math.ceil((timeout_s + MARGIN_S) / 60)
+        if await self._reserved(name):
+            await self._cli.run("scontrol", "update", f"reservationname={name}", f"endtime=now+{minutes}minutes")
+            return
         await self._cli.run(
             "scontrol",
             "create",
