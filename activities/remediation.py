@@ -140,6 +140,8 @@ class RemediationActivities:
         holding = bound is not None and holder is not None
         try:
             result = await self._provider.replace(req.node, req.incident_id, earlier, hold if holding else None)
+            if result.new_node in req.rejected:  # whatever a provider says: this run never takes it again
+                raise NoSpareCapacity(f"the provider offered {result.new_node} again, which this run rejected")
             if holding and result.new_node and result.new_node not in held:
                 try:  # the replacement is done: a failed hold must not undo it (validation reserves again)
                     await hold(result.new_node)

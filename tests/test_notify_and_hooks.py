@@ -190,6 +190,7 @@ def test_owner_mail_keeps_to_the_allowed_domains_when_listed() -> None:
     assert addresses(notice, None, ("*.partner.org", "@other.com.")) == ("b@partner.org", "c@other.com")
     # The mail domain stays allowed beside a list (its bare user names are mailed there).
     assert addresses(owner_notice(mail_user="alice"), "x.io", ("partner.org",)) == ("alice@x.io",)
+    assert addresses(notice, "x.io", ("*",)) == ("a@x.io", "b@partner.org", "c@other.com")  # any, said so
 
 
 def test_owner_mail_refuses_addresses_a_relay_would_route_elsewhere() -> None:

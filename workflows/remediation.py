@@ -301,7 +301,8 @@ class GpuRemediationWorkflow:
     async def _await_capacity(self) -> bool:
         """No spare now: say so once, retry on a slow cadence, give up at the bound."""
         s, bound = self._s, self._s.settings.capacity_wait_s
-        started = workflow.now()
+        # One bound for the whole search, however many new nodes failed their burn-in meanwhile.
+        started = s.awaiting_since = s.awaiting_since or workflow.now()
         async with in_stage(s, Stage.AWAITING_CAPACITY) as rec:
             assert s.replacement is not None
             await notify(

@@ -80,10 +80,7 @@ def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = 
     and any full address among its recipients (notify=), each once. Only to the allowed domains
     (and their subdomains), by default the mail domain's: a job names any address it likes, and
     the relay must not mail outside the site for it."""
-    listed = [d.strip().lower().lstrip("*@.").rstrip(".") for d in allowed]
-    permitted = (
-        tuple(d for d in (*listed, (domain or "").lower()) if d) if listed else ((domain.lower(),) if domain else ())
-    )
+    permitted = _permitted(domain, allowed)
     found: list[str] = []
     first = [(one.strip(), True) for one in (notice.mail_user or notice.user).split(",")]
     for one, may_be_bare in [*first, *((r, False) for r in notice.recipients)]:
@@ -99,6 +96,14 @@ def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = 
         if address not in found:
             found.append(address)
     return tuple(found)
+
+
+def _permitted(domain: str | None, allowed: Sequence[str]) -> tuple[str, ...]:
+    """The domains mail may go to; () is any (`*` listed, or neither a list nor a mail domain)."""
+    listed = [d.strip().lower().lstrip("*@.").rstrip(".") for d in allowed]
+    if "*" in (d.strip() for d in allowed):
+        return ()
+    return tuple(dict.fromkeys(d for d in (*listed, (domain or "").lower()) if d))
 
 
 def mail(notice: OwnerNotice, sender: str, to: Sequence[str]) -> EmailMessage:

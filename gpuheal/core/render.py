@@ -297,6 +297,8 @@ def no_replacement(rejected: tuple[str, ...]) -> str:
 
 
 def new_node_rejected(new_node: str, verdict: ValidationResult) -> str:
+    if verdict.by_others:
+        return f"new node {new_node} was not validated ({verdict.detail}): not taken"
     return f"new node {new_node} failed its GPU validation ({verdict.detail}): drained for the vendor"
 
 

@@ -1,8 +1,9 @@
 """The exec hook: how a cloud API (or a site's own tooling) plugs in without a line of Python.
 
-``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT RUN [REJECTED...]``
-(prints ``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be
-had; REJECTED: nodes it gave this run whose GPUs failed validation, so it offers another),
+``GPUHEAL_PROVIDER_HOOK`` is an executable called as ``HOOK replace NODE INCIDENT RUN`` (prints
+``{"new_node": "..."}``; exit 75 with ``{"no_capacity": "why"}`` when there is no node to be had;
+``GPUHEAL_REJECTED_NODES`` in its environment lists, comma-separated, nodes it gave this run whose
+GPUs failed validation: it offers another, or says no capacity),
 ``HOOK repair NODE ACTION``, ``HOOK decommission NODE REASON``, ``HOOK health NODE`` (prints
 ``{"healthy": true, "detail": "..."}``), and for nodes borrowed from inference ``HOOK adopt NODE``
 and ``HOOK release NODE REASON``. A replacement must be idempotent per incident run
@@ -14,6 +15,7 @@ is killed.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from gpuheal.clients import proc
@@ -22,6 +24,7 @@ from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, Re
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
 
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"
+REJECTED_ENV = "GPUHEAL_REJECTED_NODES"  # new nodes of this run whose GPUs failed validation: not again
 
 
 class ExecHookProvider:
@@ -29,9 +32,13 @@ class ExecHookProvider:
         self._hook = hook
         self._timeout = timeout_s
 
-    async def _run(self, *args: str) -> dict[str, Any]:
+    async def _run(self, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
         done = await proc.run(
-            [self._hook, *args], timeout_s=self._timeout, check=False, what=f"provider hook {args[0]}"
+            [self._hook, *args],
+            timeout_s=self._timeout,
+            env={**os.environ, **env} if env else None,
+            check=False,
+            what=f"provider hook {args[0]}",
         )
         out: dict[str, Any] = json.loads(done.stdout or "{}") if done.stdout.strip().startswith("{") else {}
         if done.returncode == EX_TEMPFAIL and "no_capacity" in out:
@@ -49,11 +56,9 @@ class ExecHookProvider:
     ) -> ReplacementResult:
         incident, _, run = run_key(incident_id).partition("/")
         rejected = earlier.rejected if earlier is not None else ()
-        out = await self._run("replace", check_node_name(node), incident, run, *map(check_node_name, rejected))
-        new = check_node_name(str(out["new_node"]))
-        if new in rejected:
-            raise NoSpareCapacity(f"the provider hook offered {new} again, whose GPUs failed validation")
-        return ReplacementResult(failed_node=node, new_node=new, rejected=rejected)
+        env = {REJECTED_ENV: ",".join(map(check_node_name, rejected))}
+        out = await self._run("replace", check_node_name(node), incident, run, env=env)
+        return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])), rejected=rejected)
 
     async def decommission(self, node: str, reason: str) -> str:
         return str((await self._run("decommission", check_node_name(node), reason)).get("message", "removed"))

@@ -127,9 +127,10 @@ async def validate_new_node(s: IncidentState) -> bool:
         return True
     assert s.replacement is not None
     verdict = await validate(s, job, s.ref.model_copy(update={"node": new}))
-    if verdict.passed or verdict.by_others:
+    if verdict.passed:
         s.new_node_verdict = verdict
         return True
+    # Drained by someone else (Slurm itself, a site check) is no replacement either: its drain is left as it is.
     s.rejected = (*s.rejected, new)
     why = render.new_node_rejected(new, verdict)
     s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why, "rejected": s.rejected})
