@@ -278,8 +278,7 @@ class GpuRemediationWorkflow:
         """Where validation is on, a replacement takes jobs only once its GPUs passed; one that
         failed leaves the replacement "no capacity" again (its reason says why)."""
         s = self._s
-        new = s.replacement.new_node if s.replacement is not None else None
-        if new is None or s.new_node_verdict is not None or not node.validating_new_nodes(s):
+        if node.new_node_to_validate(s) is None:
             return
         async with in_stage(s, Stage.VALIDATE) as rec:
             passed = await node.validate_new_node(s)
@@ -301,8 +300,10 @@ class GpuRemediationWorkflow:
     async def _await_capacity(self) -> bool:
         """No spare now: say so once, retry on a slow cadence, give up at the bound."""
         s, bound = self._s, self._s.settings.capacity_wait_s
-        # One bound for the whole search, however many new nodes failed their burn-in meanwhile.
-        started = s.awaiting_since = s.awaiting_since or workflow.now()
+        # One bound for the whole search (from its first wait), however many new nodes failed
+        # their burn-in meanwhile.
+        waits = (r.started_at for r in s.stages if r.stage == Stage.AWAITING_CAPACITY)
+        started = next(waits, None) or workflow.now()
         async with in_stage(s, Stage.AWAITING_CAPACITY) as rec:
             assert s.replacement is not None
             await notify(

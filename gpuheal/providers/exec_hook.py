@@ -58,7 +58,7 @@ class ExecHookProvider:
         rejected = earlier.rejected if earlier is not None else ()
         env = {REJECTED_ENV: ",".join(map(check_node_name, rejected))}
         out = await self._run("replace", check_node_name(node), incident, run, env=env)
-        return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])), rejected=rejected)
+        return ReplacementResult(failed_node=node, new_node=check_node_name(str(out["new_node"])))
 
     async def decommission(self, node: str, reason: str) -> str:
         return str((await self._run("decommission", check_node_name(node), reason)).get("message", "removed"))

@@ -90,6 +90,17 @@ def job_fields(slurm: Sandbox, job_id: int) -> dict[str, str]:
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
+async def once_scheduled(slurm: Sandbox, job_id: int) -> dict[str, str]:
+    """The job's fields once it left PENDING, or as they are after 30 s: the scheduler's next
+    pass starts it once the reservation is gone."""
+    for _ in range(120):
+        job = job_fields(slurm, job_id)
+        if job["JobState"] != "PENDING":
+            break
+        await asyncio.sleep(0.25)
+    return job
+
+
 async def test_a_replacement_runs_its_burn_in_before_it_takes_any_job(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
@@ -106,11 +117,7 @@ async def test_a_replacement_runs_its_burn_in_before_it_takes_any_job(
     (burn,) = burn_ins(slurm)
     assert burn.endswith(f"COMPLETED {new}")
     burn_id = slurm.slurm("squeue", "-h", "-t", "all", "-n", burn.split()[0], "-o", "%i").split()[0]
-    for _ in range(120):  # the scheduler's next pass starts it once the reservation is gone
-        job = job_fields(slurm, waiting)
-        if job["JobState"] != "PENDING":
-            break
-        await asyncio.sleep(0.25)
+    job = await once_scheduled(slurm, waiting)
     assert job["JobState"] == "RUNNING" and job["NodeList"] == new
     assert job["StartTime"] >= job_fields(slurm, int(burn_id))["EndTime"]  # ISO times: text order is time order
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
@@ -140,11 +147,7 @@ async def test_a_new_node_whose_gpu_fails_its_burn_in_takes_no_job_and_another_c
     node = slurm.slurm("scontrol", "show", "node", "gpu04")
     assert "DRAIN" in node and "GPU validation failed in gpuheal-" in node and "ended FAILED" in node
     assert sorted(b.split()[-2:] for b in burn_ins(slurm)) == [["COMPLETED", "gpu05"], ["FAILED", "gpu04"]]
-    for _ in range(120):
-        job = job_fields(slurm, waiting)
-        if job["JobState"] != "PENDING":
-            break
-        await asyncio.sleep(0.25)
+    job = await once_scheduled(slurm, waiting)
     assert job["JobState"] == "RUNNING" and job["NodeList"] == "gpu05"  # never on gpu04
     assert "gpu01" not in nodes_in_service(slurm)
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")

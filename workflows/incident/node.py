@@ -115,25 +115,32 @@ def validating_new_nodes(s: IncidentState) -> bool:
     return bool(s.settings.validate_job) and workflow.patched(VALIDATE_NEW_NODES)
 
 
+def new_node_to_validate(s: IncidentState) -> str | None:
+    """The replacement's new node while it still awaits its burn-in; None when there is none."""
+    new = s.replacement.new_node if s.replacement is not None else None
+    if new is None or s.new_node_verdict is not None or not validating_new_nodes(s):
+        return None
+    return new
+
+
 async def validate_new_node(s: IncidentState) -> bool:
     """A replacement's new node, held out of service since before it joined, runs the burn-in
     before it takes a job (the requeued ones among them). True: it may take jobs (passed, or
     nothing to validate). False: its GPUs failed; it is drained for the vendor, rejected (never
     taken again by this run) and the replacement is "no capacity" again, so the capacity wait
     looks for another."""
-    new = s.replacement.new_node if s.replacement is not None else None
-    job = s.settings.validate_job
-    if new is None or job is None or s.new_node_verdict is not None or not validating_new_nodes(s):
+    new = new_node_to_validate(s)
+    if new is None:
         return True
-    assert s.replacement is not None
-    verdict = await validate(s, job, s.ref.model_copy(update={"node": new}))
+    assert s.replacement is not None and s.settings.validate_job is not None
+    verdict = await validate(s, s.settings.validate_job, s.ref.model_copy(update={"node": new}))
     if verdict.passed:
         s.new_node_verdict = verdict
         return True
     # Drained by someone else (Slurm itself, a site check) is no replacement either: its drain is left as it is.
     s.rejected = (*s.rejected, new)
     why = render.new_node_rejected(new, verdict)
-    s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why, "rejected": s.rejected})
+    s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why})
     return False
 
 
@@ -169,11 +176,9 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
         if not health.healthy:  # a repair that did not take: the node goes, a spare comes
             set_action(s, ActionClass.REPLACE_NODE)
             s.replacement = await replace(s)
+            await validate_new_node(s)  # one whose GPUs fail is none
             if s.replacement.new_node is None and workflow.patched(NO_SPARE_IS_NOT_RESOLVED):
                 # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
-                kept = f"kept drained, not removed: {s.replacement.no_capacity}"
-                return render.replaced_after_failed_health_check(health.detail, None, kept)
-            if not await validate_new_node(s):  # no good node in its place: kept, as with none (no_capacity)
                 kept = f"kept drained, not removed: {s.replacement.no_capacity}"
                 return render.replaced_after_failed_health_check(health.detail, None, kept)
             msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")

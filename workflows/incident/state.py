@@ -76,7 +76,6 @@ class IncidentState:
     replacement: ReplacementResult | None = None
     new_node_verdict: ValidationResult | None = None  # the replacement's burn-in, where validation is on
     rejected: tuple[str, ...] = ()  # new nodes whose GPUs failed validation: drained, never taken again
-    awaiting_since: datetime | None = None  # the capacity wait's start: its bound is for the whole search
     borrowed: BorrowedNode | None = None
     capacity_back_at: datetime | None = None
     node_at: NodeAt = render.UNTOUCHED
