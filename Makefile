@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm histories k8s stop clean
+.PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm bench-simulate histories k8s stop clean
 
 $(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
@@ -44,6 +44,11 @@ bench-detection: $(STAMP)
 # 1,000 failure reports against the cluster's coordinator (budget 5%): bench/results/storm.md
 bench-storm: $(STAMP)
 	$(PY) -m bench.storm $(BENCH_ARGS)
+
+# gpuheal simulate's engine over traces from Llama 3's published failures, with `make bench`'s
+# timings (bench/results/mttr.json): bench/results/simulate.md and goodput.svg
+bench-simulate: $(STAMP)
+	$(PY) -m bench.simulate $(BENCH_ARGS)
 
 # Record tests/histories anew from real runs (after a change meant to be incompatible).
 histories: $(STAMP)

@@ -22,7 +22,7 @@ from gpuheal.activities.interface import implements
 from gpuheal.clients.owners import OwnerNotifier
 from gpuheal.clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core import ids, policy, queries
+from gpuheal.core import ids, policy, polling, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import NOT_RESUMED
 from gpuheal.core.jobs import (
@@ -57,6 +57,11 @@ from gpuheal.core.models import (
     ResumedJob,
 )
 
+# A requeued job passes through REQUEUED/COMPLETING in well under a second; the update that makes
+# it eligible at once waits for PENDING this often at most, this long in all.
+PENDING_POLL_S = 0.25
+PENDING_WAIT_S = 30.0
+
 
 class JobActivities:
     def __init__(self, slurm: SlurmBackend, owners: OwnerNotifier, recovery: JobRecoverySettings) -> None:
@@ -86,9 +91,12 @@ class JobActivities:
         beyond `unconfirmed_wait_s`."""
         done: dict[int, CheckpointOutcome] = {}
         asks = {a.job_id: a for a in req.asks}
+        pace = polling.delays(req.poll_interval_s)
         while True:
             now = time.time()
+            asked = time.monotonic()
             found = await self._slurm.jobs(set(asks) - set(done))
+            took = time.monotonic() - asked
             for job in found:
                 ask = asks[job.job_id]
                 p = job.progress
@@ -111,7 +119,7 @@ class JobActivities:
                     done[job_id] = _unconfirmed(job_id, asks[job_id].signal, now - asks[job_id].signalled_at)
                 break
             activity.heartbeat({"waiting_for_checkpoints": waiting})
-            await asyncio.sleep(req.poll_interval_s)
+            await asyncio.sleep(polling.after(next(pace), took))
         return CheckpointResult(outcomes=tuple(done[j] for j in sorted(done)))
 
     # --- the jobs' state -------------------------------------------------------------------
@@ -188,15 +196,19 @@ class JobActivities:
     async def _when_pending(self, job_id: int, update: JobUpdate) -> None:
         """A requeued job passes through REQUEUED/COMPLETING before it is PENDING, and only a
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
-        for _ in range(120):
+        pace, waited = polling.delays(PENDING_POLL_S), 0.0
+        while waited < PENDING_WAIT_S:
+            asked = time.monotonic()
             job = await self._slurm.job(job_id)
+            took = time.monotonic() - asked
             if job is None or job.state not in REQUEUE_STATES:
                 return  # running again already (or gone): nothing left to adjust
             if job.state == "PENDING" and "COMPLETING" not in job.state_flags:
                 await self._slurm.update_job(job_id, update)
                 return
             activity.heartbeat(f"job {job_id} is {job.state}")
-            await asyncio.sleep(0.25)
+            waited += (step := polling.after(next(pace), took))
+            await asyncio.sleep(step)
         raise RuntimeError(f"job {job_id} did not become PENDING after its requeue")
 
     @implements(act.HOLD_SLURM_JOB)
@@ -220,8 +232,14 @@ class JobActivities:
         checkpoint it had before the failure; a job that ends is seen at once, a silent one at
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
+        pace, running = polling.delays(req.poll_interval_s), -1
         while True:
+            asked = time.monotonic()
             job = await self._slurm.job(want.job_id)
+            took = time.monotonic() - asked
+            if job is not None and job.state == "RUNNING" and job.restart_count != running:
+                # RUNNING again: its first steps come within a second, watched closely again
+                pace, running = polling.delays(req.poll_interval_s), job.restart_count
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
             if job.state in ENDED_STATES:
@@ -235,7 +253,7 @@ class JobActivities:
                 )
                 return VerifyOutcome(job_id=job.job_id, outcome="silent", state=job.state, reason=why)
             activity.heartbeat({"job": job.job_id, "state": job.state, "reason": job.state_reason})
-            await asyncio.sleep(req.poll_interval_s)
+            await asyncio.sleep(polling.after(next(pace), took))
 
     @staticmethod
     def _resumed(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> ResumedJob | None:

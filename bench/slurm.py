@@ -8,7 +8,8 @@ then `list_jobs_on_node`, `look_up_slurm_node` and `drain_slurm_node` run --runs
 (a drain is undone between runs, untimed), timed, with the calls each made to Slurm. The same
 three questions are asked of the Slurm client as it was before the backends (git 4024990,
 22.05 only: it read no other schema) side by side. Writes bench/results/slurm.md. Figures, not
-assertions.
+assertions, but
+checked: each listing finds gpu02's two jobs, the queue holds the jobs claimed, a drain drains.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common import check, pct
 from gpuheal.activities.remediation import RemediationActivities
 from gpuheal.clients.notify import LogNotifier
 from gpuheal.clients.slurm import build_slurm
@@ -38,11 +40,6 @@ from infra.sandbox.stack import Sandbox
 RESULTS = REPO / "bench" / "results" / "slurm.md"
 BEFORE = "4024990"  # the last commit with the single 22.05 client (activities/slurm.py)
 MATRIX = [("cli", "22.05"), ("cli", "24.11"), ("cli", "26.05"), ("rest", "24.11"), ("rest", "26.05")]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def fill_queue(sb: Sandbox, jobs: int) -> None:
@@ -79,9 +76,16 @@ async def measure_after(sb: Sandbox, runs: int) -> dict[str, tuple[list[float], 
     ref = NodeRef(cluster="bench", node="gpu02", incident_id="gpuheal-bench-gpu02")
     drain = DrainRequest(node=ref, reason="gpuheal-bench-gpu02: benchmark")
 
+    async def listed() -> None:  # gpu02 runs exactly the two jobs that span it, whatever the queue holds
+        found = await acts.list_jobs_on_node(ref)
+        check(len(found.jobs) == 2, f"{sb.slurm_backend}-{sb.slurm_version}: gpu02 lists {len(found.jobs)} jobs, not 2")
+
+    async def looked_up() -> None:
+        check((await acts.look_up_slurm_node(ref)).name == "gpu02", "look_up_slurm_node answered another node")
+
     out = {
-        "list_jobs_on_node": await timed(runs, lambda: acts.list_jobs_on_node(ref), lambda: slurm.calls),
-        "look_up_slurm_node": await timed(runs, lambda: acts.look_up_slurm_node(ref), lambda: slurm.calls),
+        "list_jobs_on_node": await timed(runs, listed, lambda: slurm.calls),
+        "look_up_slurm_node": await timed(runs, looked_up, lambda: slurm.calls),
     }
     times, calls = [], []
     for _ in range(runs):
@@ -92,9 +96,15 @@ async def measure_after(sb: Sandbox, runs: int) -> dict[str, tuple[list[float], 
         await acts.drain_slurm_node(drain)
         times.append(time.perf_counter() - t0)
         calls.append(slurm.calls - before)
+        check((await slurm.node("gpu02")).drained, "drain_slurm_node left gpu02 undrained")
     out["drain_slurm_node"] = (times, statistics.mean(calls))
     await slurm.update_node("gpu02", "resume")
     return out
+
+
+def queued(sb: Sandbox) -> int:
+    """Jobs the controller holds now: the figures are for a queue this long."""
+    return len(sb.slurm("squeue", "-h", "-o", "%i").split())
 
 
 def old_client(sb: Sandbox) -> Any:
@@ -173,6 +183,8 @@ async def main() -> int:
             elif backend == "rest":
                 sb.start_slurm(clean=False)  # starts slurmrestd and writes a token
             versions[version] = sb.slurm("sinfo", "--version").split()[-1]
+            held = queued(sb)
+            check(held >= args.jobs + 4, f"Slurm {version} holds {held} jobs, not the {args.jobs} + 4 claimed")
             print(f"  {backend}-{version}: timing", flush=True)
             table += rows(f"{backend}-{versions[version]}", await measure_after(sb, args.runs))
             if (backend, version) == ("cli", "22.05"):

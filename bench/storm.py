@@ -16,13 +16,16 @@ each waiting for its decision: the same measures with no storm around them.
 The breaker and the rate are opened wide (a storm this size would trip the breaker at once by
 default, which is the point of the breaker but not of this benchmark). XID 79 (replace): granted
 incidents drain their node and wait for a spare, so grants stay put while the storm is admitted.
-Writes bench/results/storm.md. Figures, not assertions.
+Writes bench/results/storm.md. Figures, not assertions, but
+self-checked: every report started its own incident run in the run's fresh server, and every
+incident has its own grant latency.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +38,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from bench.common import check, distinct, pct
 from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
@@ -55,9 +59,10 @@ AFTER_S = 60  # samples (1 s apart) the drained count must hold still before the
 AFTER_MAX_S = 900  # ... at most this long after every incident is decided
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+def cpu_s(pid: int) -> float:
+    """CPU seconds of a process and the children it waited for (utime, stime, cutime, cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -82,6 +87,11 @@ class Run:
     history_events: int = 0
     history_kb: float = 0.0
     coordinator_runs: int = 0
+    workers: int = 1
+    skipped: int = 0  # reports answered "already handled": the run would not be what it claims
+    worker_cpu_s: float = 0.0  # all worker processes, with the Slurm commands they ran
+    temporal_cpu_s: float = 0.0
+    coordinator_tasks: int = 0  # the coordinator's workflow tasks over all its runs
     watch: Watch | None = None
 
 
@@ -180,6 +190,8 @@ async def send(client: Client, settings: Settings, node: str, run: Run) -> None:
     t0 = time.perf_counter()
     if await already_handled(client, settings, report) is None:
         await start_or_join(client, settings, report)
+    else:
+        run.skipped += 1
     run.starts_ms.append((time.perf_counter() - t0) * 1000)
 
 
@@ -197,15 +209,18 @@ async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
     return None
 
 
-async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_by_one: bool) -> Run:
-    print(f"{name}: {len(nodes)} reports on a {len(node_names(len(nodes)))}-node sandbox", flush=True)
+async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_by_one: bool, workers: int = 1) -> Run:
+    print(f"{name}: {len(nodes)} reports, {workers} worker(s)", flush=True)
+    # Temporal takes 10 updates in flight per workflow: the workers share 8 (README: GPUHEAL_COORDINATOR_UPDATES)
+    sb.extra_env["GPUHEAL_COORDINATOR_UPDATES"] = str(max(1, 8 // workers))
     sb.start_slurm(clean=True)
     sb.stop_temporal()
     sb.start_temporal(fresh=True)
     settings = Settings.from_env(sb.env())
     client = await connect(settings.temporal)
-    worker = sb.start_worker()
-    run = Run(name, len(nodes))
+    started_at = datetime.now(UTC)
+    procs = [sb.start_worker(i) for i in range(workers)]
+    run = Run(name, len(nodes), workers=workers)
     cluster = settings.require_cluster()
     watch = run.watch = Watch(sb, client, cluster, nodes)
     sampler = threading.Thread(target=watch.slurm, daemon=True)
@@ -253,13 +268,19 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         await reads
         await asyncio.to_thread(sampler.join)
         print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
-        run.worker_mb = peak_rss_mb(worker.pid)
-        run.temporal_mb = peak_rss_mb(int((sb.root / "temporal" / "server.pid").read_text()))
+        run.worker_mb = max(peak_rss_mb(p.pid) for p in procs)
+        server = int((sb.root / "temporal" / "server.pid").read_text())
+        run.temporal_mb = peak_rss_mb(server)
+        run.worker_cpu_s, run.temporal_cpu_s = sum(cpu_s(p.pid) for p in procs), cpu_s(server)
+        await self_check(client, cluster, nodes, run, started_at)
         coordinator = client.get_workflow_handle(ids.coordinator_id(cluster))
         info = (await coordinator.describe()).raw_description.workflow_execution_info
         run.history_events, run.history_kb = info.history_length, info.history_size_bytes / 1024
         runs = queries.where(queries.eq(queries.WORKFLOW_ID, coordinator.id))  # each continue-as-new is a run
         run.coordinator_runs = (await client.count_workflows(runs)).count
+        async for wf in client.list_workflows(runs):
+            async for e in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
+                run.coordinator_tasks += e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
         gate = asyncio.Semaphore(16)
 
         async def latency(node: str) -> None:
@@ -269,13 +290,29 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
                     run.grants_ms.append(ms)
 
         await asyncio.gather(*(latency(n) for n in nodes))
+        check(
+            len(run.grants_ms) == len(nodes), f"{name}: {len(run.grants_ms)} grant latencies for {len(nodes)} incidents"
+        )
     finally:
         watch.on = False
         reads.cancel()
-        Sandbox.stop_process(worker)
+        for p in procs:
+            Sandbox.stop_process(p)
         sb.stop_temporal()  # the incidents go with the server's database (fresh next run)
         sb.stop_slurm()
     return run
+
+
+async def self_check(client: Client, cluster: str, nodes: list[str], run: Run, since: datetime) -> None:
+    """Every report started its own incident in this run's fresh server: as many incident runs,
+    each on its own node, all started after this run began."""
+    check(run.skipped == 0, f"{run.name}: {run.skipped} reports answered 'already handled'")
+    query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster))
+    found = [wf async for wf in client.list_workflows(query)]
+    distinct(f"{run.name}: incident run", [wf.run_id for wf in found])
+    distinct(f"{run.name}: incident", [wf.id for wf in found])
+    check(len(found) == len(nodes), f"{run.name}: {len(found)} incidents for {len(nodes)} reports")
+    check(all(wf.start_time >= since for wf in found), f"{run.name}: an incident started before the run")
 
 
 def table(runs: list[Run]) -> list[str]:
@@ -298,6 +335,18 @@ def table(runs: list[Run]) -> list[str]:
         + " | ".join(f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)
         + " | |",
         "| coordinator runs (continue-as-new) | " + " | ".join(str(r.coordinator_runs) for r in runs) + " | |",
+        "| worker processes (coordinator updates each) | "
+        + " | ".join(f"{r.workers} ({max(1, 8 // r.workers)})" for r in runs)
+        + " | |",
+        "| workers' CPU per incident (with their Slurm commands) | "
+        + " | ".join(f"{r.worker_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)
+        + " | |",
+        "| Temporal server's CPU per incident | "
+        + " | ".join(f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)
+        + " | |",
+        "| coordinator workflow tasks (per second of the run) | "
+        + " | ".join(f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)" for r in runs)
+        + " | |",
         "| `gpuheal fleet`'s read (memo), p50 / max | "
         + " | ".join(peak(w.read_ms) for w in watches)
         + " | max < 1 s |",
@@ -310,6 +359,31 @@ def table(runs: list[Run]) -> list[str]:
         "| most reported nodes drained at once (Slurm, every 1 s) / bound | "
         + " | ".join(f"{max(w.drained, default=0)} / {w.bound} ({len(w.drained)} samples)" for w in watches)
         + " | at most the bound |",
+    ]
+    return lines
+
+
+def scaling(storms: list[Run]) -> list[str]:
+    """What the figures say for a bigger machine: the per-core cost of one incident and the
+    coordinator's task rate, the two ceilings (worker CPU, one workflow's task rate)."""
+    cores = os.cpu_count() or 1
+    lines = ["Scaling (this machine: " + f"{cores} cores):", ""]
+    for r in storms:
+        per = r.worker_cpu_s * 1000 / r.reports
+        rate = r.coordinator_tasks / max(r.all_decided_s, 0.1)
+        lines.append(
+            f"- {r.workers} worker(s): {per:.0f} CPU-ms of workers per incident and "
+            f"{r.temporal_cpu_s * 1000 / r.reports:.0f} of the server; {r.reports / max(r.all_decided_s, 0.1):.1f} "
+            f"incidents decided per second; the coordinator ran {rate:.1f} workflow tasks a second "
+            f"({r.reports / max(r.coordinator_tasks, 1):.2f} incidents per task)."
+        )
+    r = storms[-1]
+    per = (r.worker_cpu_s + r.temporal_cpu_s) / r.reports
+    lines += [
+        "",
+        f"On paper, for 32 cores at the last storm's cost ({per * 1000:.0f} CPU-ms per incident, workers and server): "
+        f"{32 / per:.0f} incidents a second if the CPU were the only limit; one coordinator's task rate "
+        "(above) is the other, and more workers do not raise it.",
     ]
     return lines
 
@@ -344,7 +418,9 @@ async def main() -> int:
     ap.add_argument("--budget", default="5%")
     ap.add_argument("--in-flight", type=int, default=50, help="reports sent at once")
     ap.add_argument("--quiet", type=int, default=20, help="baseline: reports sent one at a time")
+    ap.add_argument("--workers", default="1,2,4", help="storms with this many worker processes each")
     args = ap.parse_args()
+    counts = [int(w) for w in args.workers.split(",")]
     if args.reports < 4:
         ap.error("--reports: at least 4")
     env = {
@@ -360,27 +436,30 @@ async def main() -> int:
     }
     sb = Sandbox.named("bench", RUN / "bench-storm", extra_env=env)
     nodes = node_names(args.reports)
-    runs = [
-        await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True),
-        await one_run(sb, "storm", nodes, args.in_flight, one_by_one=False),
-    ]
-    base, storm = runs
+    runs = [await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True)]
+    for n in counts:
+        runs.append(await one_run(sb, f"storm, {n} worker(s)", nodes, args.in_flight, one_by_one=False, workers=n))
+    base = runs[0]
     lines = [
         f"# Failure storm: the coordinator under {args.reports:,} reports",
         "",
         f"Written by `make bench-storm` (bench/storm.py) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
         f"{len(nodes)}-node Slurm sandbox (host Slurm), budget {args.budget}, "
-        f"{args.in_flight} reports in flight, breaker and rate opened wide. Figures, not assertions.",
+        f"{args.in_flight} reports in flight, breaker and rate opened wide. Figures, self-checked (bench/storm.py).",
         "",
         *table(runs),
         "",
-        f"Storm / baseline: start p99 x{pct(storm.starts_ms, 0.99) / pct(base.starts_ms, 0.99):.1f}, "
-        f"grant p99 x{pct(storm.grants_ms, 0.99) / pct(base.grants_ms, 0.99):.1f}, "
-        f"worker RSS x{storm.worker_mb / base.worker_mb:.2f}, "
-        f"Temporal RSS x{storm.temporal_mb / base.temporal_mb:.2f}.",
+        *[
+            f"{r.name} / baseline: start p99 x{pct(r.starts_ms, 0.99) / pct(base.starts_ms, 0.99):.1f}, "
+            f"grant p99 x{pct(r.grants_ms, 0.99) / pct(base.grants_ms, 0.99):.1f}, "
+            f"worker RSS x{r.worker_mb / base.worker_mb:.2f}, Temporal RSS x{r.temporal_mb / base.temporal_mb:.2f}."
+            for r in runs[1:]
+        ],
         "",
-        "Goals:",
-        *goals(storm),
+        *scaling(runs[1:]),
+        "",
+        "Goals (each storm):",
+        *[line for r in runs[1:] for line in goals(r)],
         "",
     ]
     RESULTS.write_text("\n".join(lines))

@@ -175,3 +175,13 @@ def test_a_remote_shell_anywhere_in_the_wrapper_gets_one_quoted_word(wrapper: li
 def test_a_local_wrapper_passes_the_arguments_as_they_are() -> None:
     wrapper = ["chroot", "/srv/slurm-26.05", "/usr/bin/env", "-i", "SLURM_CONF=/etc/slurm.conf"]
     assert wrapped(wrapper, ("sinfo", "--json")) == [*wrapper, "sinfo", "--json"]
+
+
+def test_a_job_whose_count_is_left_out_counts_the_nodes_it_lists() -> None:
+    # A count missing (or 0) must never make a job on two nodes look like a one-node job.
+    meta = {"meta": {"plugin": {"data_parser": "data_parser/v0.0.38"}}}
+    jobs = [{"job_id": 7, "job_state": "RUNNING", "nodes": "gpu[01-02]", "node_count": 0}]
+    (job,) = parse_jobs({**meta, "jobs": jobs})
+    assert job.node_count == 2
+    (alone,) = parse_jobs({**meta, "jobs": [{"job_id": 8, "job_state": "PENDING", "nodes": ""}]})
+    assert alone.node_count == 1

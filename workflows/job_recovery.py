@@ -43,6 +43,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from gpuheal.core.models import JobFate, RequeueRequest, RequeueResult
 
+# Recoveries started before this release waited `gather_s` for every job, one node or many.
+GATHER_ONLY_MULTI_NODE = "recovery-gathers-only-for-jobs-on-several-nodes"
+
 RecoveryStage = Literal["gathering", "deciding", "requeueing", "verifying", "answering", "done"]
 
 
@@ -60,7 +63,7 @@ class JobRecoveryWorkflow:
     @workflow.run
     async def run(self, inp: JobRecoveryInput) -> JobRecoveryResult:
         await workflow.wait_condition(lambda: bool(self._joins))  # signal-with-start brings the first
-        if inp.settings.gather_s > 0:
+        if inp.settings.gather_s > 0 and self._has_other_nodes():
             await workflow.sleep(inp.settings.gather_s, summary="gather: incidents on the job's other nodes join")
         self._stage = "deciding"
         budget = await self._budget()
@@ -75,6 +78,11 @@ class JobRecoveryWorkflow:
         await workflow.wait_condition(lambda: self._unanswered() == [] and workflow.all_handlers_finished())
         self._stage = "done"
         return result
+
+    def _has_other_nodes(self) -> bool:
+        """Only a job on more than one node can have incidents on other nodes to wait for; a
+        one-node job is requeued at once (recoveries before this release waited for all)."""
+        return self._joins[0].job.node_count > 1 or not workflow.patched(GATHER_ONLY_MULTI_NODE)
 
     # --- steps ------------------------------------------------------------------------------
 

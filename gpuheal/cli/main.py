@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--poll-s", type=float, default=10.0, help="NVML health polling interval")
     a.add_argument("--report-to", help="gpuheal webhook URL for direct reports (token from env)")
 
+    sim = sub.add_parser("simulate", help="a failure trace through the policy: goodput for gpuheal and Slurm alone")
+    sim.add_argument(
+        "--nodes", type=int, default=2048, help="fleet size in nodes (default 2048: Llama 3's 16,384 GPUs)"
+    )
+    sim.add_argument("--days", type=float, default=54.0, help="how long (default 54: Llama 3's run)")
+    sim.add_argument("--job-nodes", type=int, default=0, help="nodes per job (default: one job over the fleet)")
+    sim.add_argument("--spares", default="1%", help="idle spare nodes, a count or a share (default 1%%)")
+    sim.add_argument("--rate-scale", type=float, default=1.0, help="the published failure rate times this")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--trace", type=Path, help="a recorded trace, CSV or JSON (at_s,node,cause,xid,signal,gpu,took_s)")
+    sim.add_argument("--write-trace", type=Path, help="write the trace used, as CSV")
+    sim.add_argument("--policy", type=Path, help="a candidate policy file (all or part of one)")
+    sim.add_argument("--timings", type=Path, help="measured timings, JSON (bench/results/mttr.json)")
+    sim.add_argument(
+        "--set", action="append", default=[], metavar="NAME=SECONDS", help="one timing, e.g. person_s=1800"
+    )
+    sim.add_argument("--recorded", action="store_true", help="this cluster's closed incidents under --policy")
+    sim.add_argument("--since", default="30d", help="with --recorded: incidents started within this long")
+    sim.add_argument("--json", action="store_true", help="the results as JSON")
+
     c = sub.add_parser("healthcheck", help="one-shot GPU check for Slurm's HealthCheckProgram")
     c.add_argument("--node", required=True)
     c.add_argument("--expect-gpus", type=int, default=0, help="GPUs this node must have")
@@ -129,6 +150,7 @@ COMMANDS = {
     "webhook": ("gpuheal.cli.serve", "webhook"),
     "agent": ("gpuheal.cli.serve", "agent"),
     "healthcheck": ("gpuheal.cli.serve", "healthcheck"),
+    "simulate": ("gpuheal.cli.simulate", "run_simulation"),
 }
 # The node's own processes: they report to the webhook and never talk to Temporal, so the
 # Temporal client configuration is not theirs to fail on.

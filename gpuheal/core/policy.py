@@ -98,6 +98,10 @@ PLANS: dict[ActionClass, Plan] = {
 }
 
 
+# A repeat offender is replaced, whatever these would otherwise have done.
+REPLACED_WHEN_REPEATED = frozenset({A.RESTART_APP, A.RESET_GPU, A.REBOOT_NODE})
+
+
 def triage(report: HealthReport) -> Triage:
     """Map one report to an action class, with the reason an operator will read."""
     if report.xid is not None:

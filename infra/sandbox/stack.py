@@ -254,15 +254,11 @@ class Sandbox:
         (self.root / f"{name}.pid").write_text(str(proc.pid))
         return proc
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        return self._spawn(
-            "worker",
-            "worker",
-            "--metrics-port",
-            str(self.metrics_port),
-            "--sdk-metrics-port",
-            str(self.metrics_port + 1),
-        )
+    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
+        """The worker (`index` > 0: one more on the same task queue, its own log and ports)."""
+        port = self.metrics_port + 10 * index
+        name = "worker" if index == 0 else f"worker-{index}"
+        return self._spawn(name, "worker", "--metrics-port", str(port), "--sdk-metrics-port", str(port + 1))
 
     def start_webhook(self) -> subprocess.Popen[bytes]:
         proc = self._spawn("webhook", "webhook", "--port", str(self.webhook_port))

@@ -32,6 +32,13 @@ INFERENCE=${GPUHEAL_SLURM_INFERENCE:-0}  # inf01..: nodes of an inference pool (
 # topology.conf's lines, ';'-separated (e.g. "SwitchName=leaf1 Nodes=gpu[01-02];..."): topology/tree
 TOPOLOGY=${GPUHEAL_SLURM_TOPOLOGY:-}
 FLEET=${GPUHEAL_SLURM_FLEET:-0}  # fleet0001..: defined in slurm.conf, no slurmd (a fleet's size for benchmarks)
+# A HealthCheckProgram run every GPUHEAL_SLURM_HEALTHCHECK_INTERVAL s (default none: benchmarks'
+# plain-Slurm baseline sets one that drains, as a site's NHC does)
+HEALTHCHECK=${GPUHEAL_SLURM_HEALTHCHECK:-}
+HEALTHCHECK_INTERVAL=${GPUHEAL_SLURM_HEALTHCHECK_INTERVAL:-60}
+# The first job id after a --clean start (a real controller never reuses one; a benchmark that
+# restarts its sandbox gives each run its own range)
+FIRST_JOB_ID=${GPUHEAL_SLURM_FIRST_JOB_ID:-1}
 ROOT=${GPUHEAL_SLURM_ROOT:+$(realpath -m "$GPUHEAL_SLURM_ROOT")}
 REPO=$(realpath -m "$(dirname "$0")/../..")
 CONF="$DIR/slurm.conf"
@@ -166,6 +173,7 @@ JobRequeue=1
 MpiDefault=none
 MailProg=/bin/true
 MaxJobCount=${GPUHEAL_SLURM_MAX_JOBS:-10000}
+FirstJobId=$FIRST_JOB_ID
 # Every slurmd of the sandbox shares this machine: nodes are what slurm.conf says (4 CPUs each).
 SlurmdParameters=config_overrides
 StateSaveLocation=$DIR/state
@@ -209,6 +217,9 @@ CONF
   done
   [ "$FLEET" -gt 0 ] && members+=",fleet[0001-$(printf '%04d' "$FLEET")]"
   echo "PartitionName=gpu Nodes=$members Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+  if [ -n "$HEALTHCHECK" ]; then
+    printf 'HealthCheckProgram=%s\nHealthCheckInterval=%s\n' "$HEALTHCHECK" "$HEALTHCHECK_INTERVAL" >>"$CONF"
+  fi
   rm -f "$DIR/topology.conf"
   if [ -n "$TOPOLOGY" ]; then
     echo "TopologyPlugin=topology/tree" >>"$CONF"

@@ -35,9 +35,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from gpuheal.core.rma import RmaEvidence
 
-# A repeat offender is replaced, whatever these would otherwise have done.
-REPLACED_WHEN_REPEATED = frozenset({ActionClass.RESTART_APP, ActionClass.RESET_GPU, ActionClass.REBOOT_NODE})
-
 
 @dataclass
 class IncidentState:
@@ -98,7 +95,7 @@ class IncidentState:
         if self.action is not None:
             return self.action
         action = policy.triage_all(self.reports).action
-        if self.repeat and action in REPLACED_WHEN_REPEATED:
+        if self.repeat and action in policy.REPLACED_WHEN_REPEATED:
             return ActionClass.REPLACE_NODE
         return action
 

@@ -141,14 +141,18 @@ def parse_jobs(data: dict[str, Any]) -> list[JobSnapshot]:
 
 def _job(j: dict[str, Any]) -> JobSnapshot:
     states = _states(j.get("job_state"))
+    nodes = str(j.get("nodes") or "")
+    # The larger of Slurm's count and its node list: a count left out (or 0) must never make a
+    # job on several nodes look like a one-node job (its recovery would not wait for the others).
+    node_count = max(_number(j.get("node_count"), 1) or 1, len(expand(nodes)) if nodes else 1)
     return JobSnapshot(
         job_id=int(j["job_id"]),
         name=str(j.get("name", "")),
         state=states[0] if states else "",
         state_flags=tuple(states[1:]),
         state_reason=str(j.get("state_reason") or ""),
-        nodes=str(j.get("nodes") or ""),
-        node_count=_number(j.get("node_count"), 1) or 1,
+        nodes=nodes,
+        node_count=node_count,
         requeueable=bool(j.get("requeue", False)),
         restart_count=_number(j.get("restart_cnt")),
         excluded_nodes=str(j.get("excluded_nodes") or ""),

@@ -6,13 +6,14 @@ slurmrestd. The token comes from GPUHEAL_SLURM_REST_TOKEN or, better, a file
 sent as X-SLURM-USER-TOKEN and never logged or put in an error message. The API version is the
 newest this module knows that the server serves (or GPUHEAL_SLURM_REST_API).
 
-How each operation maps (checked against 24.11.5 and 26.05.5):
+How each operation maps (checked against 24.11.5 and 26.05.5). The API has no node filter for
+jobs: the backend filters by each job's hostlist, and lists only live jobs in full.
 
 | operation | REST |
 |---|---|
 | nodes, node | GET /slurm/V/nodes/, GET /slurm/V/node/NAME (a FUTURE or unknown node: nodes null) |
 | update node | POST /slurm/V/node/NAME {"state": ["DRAIN"], "reason": ...} (RESUME, DOWN, FUTURE) |
-| jobs on node | GET /slurm/V/jobs/, filtered here by the job's hostlist (the API has no node filter) |
+| jobs on node | GET /slurm/V/jobs/state/ (id and state), then GET /slurm/V/job/ID of each live job (see LIVE_LOOKUPS) |
 | job, jobs | GET /slurm/V/job/ID (404 once Slurm forgot it) |
 | update job | POST /slurm/V/job/ID {"begin_time": ..., "excluded_nodes": [...]} (pending jobs only) |
 | signal a job | DELETE /slurm/V/job/ID?signal=USR1&flags=BATCH_JOB (its batch script; without the flag: all of it) |
@@ -29,6 +30,7 @@ running on the drained node for an operator.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterable
@@ -51,6 +53,11 @@ from gpuheal.clients.slurm.parsers import V004X, parse_jobs, parse_nodes
 from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
 
 FIRST_WITH_REQUEUE = "v0.0.45"
+# Live jobs looked up one by one (LOOKUPS_AT_ONCE at a time) after the light state listing; with
+# more, the full listing is cheaper. The full listing of 10,000 jobs takes seconds (every field
+# of every job, pending ones included); the state listing is a fraction of it.
+LIVE_LOOKUPS = 256
+LOOKUPS_AT_ONCE = 16
 
 
 class SlurmRest:
@@ -162,7 +169,34 @@ class SlurmRest:
 
     async def jobs_on_node(self, node: str) -> list[JobSnapshot]:
         check_node_name(node)
-        return [j for j in await self._all_jobs() if j.state in LIVE_JOB_STATES and node in expand(j.nodes)]
+        live = await self._live_job_ids()
+        if live is None or len(live) > LIVE_LOOKUPS:
+            jobs = await self._all_jobs()
+        else:
+            gate = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+
+            async def one(job_id: int) -> JobSnapshot | None:
+                async with gate:
+                    return await self.job(job_id)
+
+            jobs = [j for j in await asyncio.gather(*(one(i) for i in live)) if j is not None]
+        return [j for j in jobs if j.state in LIVE_JOB_STATES and node in expand(j.nodes)]
+
+    async def _live_job_ids(self) -> list[int] | None:
+        """The ids of jobs in a live state, from the state listing (id and state of each job), or
+        None where the server does not answer it (then the full listing is asked)."""
+        status, data = await self._request("GET", f"{await self._api_path()}/jobs/state/")
+        if status >= 300 or not isinstance(data.get("jobs"), list):
+            return None
+        found = []
+        for entry in data["jobs"]:
+            state = entry.get("state", entry.get("job_state"))
+            if isinstance(state, dict):  # {"current": [...], "reason": ...}
+                state = state.get("current")
+            states = {str(s) for s in state} if isinstance(state, list) else {str(state)}
+            if states & LIVE_JOB_STATES:
+                found.append(int(entry["job_id"]))
+        return found
 
     async def job(self, job_id: int) -> JobSnapshot | None:
         status, data = await self._request("GET", f"{await self._api_path()}/job/{job_id}")

@@ -1,0 +1,45 @@
+"""What every benchmark shares: percentiles, and the self-check that makes a figure belong to the
+run it claims (a benchmark whose runs are not what it says fails, it does not print)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+
+class BenchCheckFailed(RuntimeError):
+    """A run is not what the benchmark claims it measured: no figure is written."""
+
+
+def check(ok: bool, why: str) -> None:
+    """Fail the benchmark loudly when a claim about its own runs does not hold."""
+    if not ok:
+        raise BenchCheckFailed(why)
+
+
+def distinct(what: str, values: Iterable[object]) -> None:
+    """Every run measured something of its own (a run id, a job, an incident)."""
+    seen = list(values)
+    dup = sorted({str(v) for v in seen if seen.count(v) > 1})
+    check(not dup, f"{what} measured twice: {', '.join(dup)} (runs are not distinct)")
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1); NaN for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float], unit: str = "s", digits: int = 2) -> str:
+    """`median / p95 / min / max` of a column, for the aggregate rows."""
+    if not values:
+        return "- | - | - | -"
+    f = f"{{:.{digits}f}} {unit}"
+    return " | ".join(f.format(v) for v in (statistics.median(values), pct(values, 0.95), min(values), max(values)))
+
+
+def goal(name: str, met: bool, figure: str, target: str) -> str:
+    """A goal beside its figure, a miss said plainly."""
+    return f"- {name}: {figure} against {target}: **{'met' if met else 'MISSED'}**"

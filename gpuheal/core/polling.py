@@ -1,0 +1,27 @@
+"""How activities wait on Slurm: fast at first, where the recovery's seconds are (a checkpoint
+lands in tens of milliseconds, a requeued job's first steps within a second of it running), then
+backing off to the request's interval, so a long wait (a slow job, a held one) costs the
+controller no more queries than a fixed interval: three or four more in a wait's first second.
+A wait never asks more often than its last question took to answer (`after`): on a controller
+slow to list its queue (22.05 lists all of it for one job) a waiter keeps it busy half the time
+at most, however fast it would like to go."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+FIRST_POLL_S = 0.05
+GROWTH = 1.5
+
+
+def after(delay: float, last_took: float) -> float:
+    """The pause before the next question: the pace's, or as long as the last one took."""
+    return max(delay, last_took)
+
+
+def delays(most: float, first: float = FIRST_POLL_S) -> Iterator[float]:
+    """first, first x 1.5, ... up to `most`, then `most` for ever."""
+    d = min(first, most)
+    while True:
+        yield d
+        d = min(most, d * GROWTH)

@@ -1,0 +1,288 @@
+"""`gpuheal simulate`: a failure trace through the real policy and coordinator decisions, and
+what each model of recovery costs a fleet in training time.
+
+The fleet runs jobs of `job_nodes` nodes; the nodes beyond are idle spares. Every interruption
+stops its job until the job has healthy nodes again and has restarted, and the work since its
+last checkpoint is redone. The three models (gpuheal.core.simulate_models.MODEL_WORDS) differ in
+what happens between the failure and the job's requeue, and in who repairs the node:
+
+- gpuheal (gpuheal.core.simulate_gpuheal): the real triage, admission, capacity and confirmation
+  decisions of the coordinator (gpuheal.core.coordination) on the simulated clock.
+- slurmd_lost (a): the job starts again `slurm_down_s` after the failure; a person repairs.
+- healthcheck_drain (b): the node is drained, the job hangs; a person (`person_s`) requeues or
+  resubmits it (a job that reached its time limit meanwhile ended TIMEOUT, which Slurm never
+  requeues by itself: the benchmark measured it) and repairs the node.
+
+Interruptions no health check sees (software, network) cost the same in every model: the job
+restarts at once. A report whose action is `ignore` interrupts nothing. Nothing here reads a
+clock or does I/O: the same trace gives the same figures.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+from gpuheal.core import policy
+from gpuheal.core.failure_trace import Failure, node_name
+from gpuheal.core.fleet_policy import FleetPolicy
+from gpuheal.core.models import ActionClass, HealthReport
+from gpuheal.core.simulate_models import Fleet, Model, ModelResult, Timings
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # the trace's second 0 (any fixed moment: nothing reads the clock)
+REPAIR_TIME: dict[ActionClass, str] = {
+    ActionClass.RESET_GPU: "reset_s",
+    ActionClass.REBOOT_NODE: "reboot_s",
+    ActionClass.REPLACE_NODE: "replace_s",
+}
+
+
+@dataclass
+class Job:
+    down_since: float | None = None
+    missing: int = 0  # failed nodes still to be given back to it
+    epoch: int = 0  # a later interruption makes an earlier restart event stale
+    recompute_s: float = 0.0
+
+
+@dataclass
+class Engine:
+    """The fleet on a simulated clock: who owns which node, which are out, which jobs are down."""
+
+    model: Model
+    fleet: Fleet
+    t: Timings
+    policy: FleetPolicy
+    recompute: list[float]  # per failure: work since the last checkpoint (the same in every model)
+    names: list[str]
+    now: float = 0.0
+    seq: int = 0
+    events: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
+    owner: dict[str, int | None] = field(default_factory=dict)
+    out: set[str] = field(default_factory=set)
+    idle: deque[str] = field(default_factory=deque)
+    wanting: deque[int] = field(default_factory=deque)
+    jobs: list[Job] = field(default_factory=list)
+    lost_node_s: float = 0.0
+    downtimes: list[float] = field(default_factory=list)
+    max_out: int = 0
+    replaced: int = 0
+    respond: Callable[[Failure, int, ActionClass], None] | None = None  # the model's answer to a report
+    checking: bool = False  # check the node invariant after every event (tests)
+
+    def __post_init__(self) -> None:
+        f = self.fleet
+        for i, name in enumerate(self.names):
+            job = i // f.job_nodes if i < f.jobs * f.job_nodes else None
+            self.owner[name] = job
+            if job is None:
+                self.idle.append(name)
+        self.jobs = [Job() for _ in range(f.jobs)]
+
+    # --- the clock ------------------------------------------------------------------------
+
+    def at(self, when: float, do: Callable[[], None]) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (max(when, self.now), self.seq, do))
+
+    def clock(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.now)
+
+    def run(self, trace: list[Failure], days: float, after_each: Callable[[], None] | None = None) -> float:
+        """Every failure and what follows, up to the end; returns the node-seconds of training lost."""
+        for i, failure in enumerate(trace):
+            self.at(failure.at_s, partial(self.fail, failure, i))
+        end = days * 86400
+        while self.events and self.events[0][0] <= end:
+            self.now, _, do = heapq.heappop(self.events)
+            do()
+            if self.checking:
+                self.check()
+            if after_each is not None:
+                after_each()
+        self.now = end
+        for job in self.jobs:  # still down at the end: lost until the end
+            if job.down_since is not None:
+                self.lost_node_s += self.fleet.job_nodes * (end - job.down_since + job.recompute_s)
+        return self.lost_node_s
+
+    # --- nodes and jobs ---------------------------------------------------------------------
+
+    def report_of(self, f: Failure) -> HealthReport:
+        return HealthReport(
+            node=f.node, cluster=self.fleet.cluster, xid=f.xid, signal=f.signal, gpu=f.gpu, observed_at=self.clock()
+        )
+
+    def fail(self, f: Failure, index: int) -> None:
+        if f.node not in self.owner or f.node in self.out:
+            return  # a node out already (or no longer in the fleet): nothing more to lose
+        action = policy.triage(self.report_of(f)).action if f.seen else None
+        if action == ActionClass.IGNORE:  # informational (a row remap recorded): nothing stops
+            if self.respond is not None:
+                self.respond(f, index, action)
+            return
+        self.out.add(f.node)
+        if f.node in self.idle:
+            self.idle.remove(f.node)  # a failed spare is no spare
+        self.max_out = max(self.max_out, len(self.out))
+        job = self.owner[f.node]
+        if job is not None:
+            self.interrupt(job, index)
+        if action is None:  # software, network: the job restarts at once, the node is fine
+            self.requeue(f.node)
+            self.node_back(f.node)
+        elif self.respond is not None:
+            self.respond(f, index, action)
+        else:
+            self.by_slurm(f, action)
+
+    def interrupt(self, job: int, index: int) -> None:
+        j = self.jobs[job]
+        if j.down_since is None:
+            j.down_since, j.recompute_s = self.now, self.recompute[index]
+        j.missing += 1
+        j.epoch += 1
+
+    def requeue(self, node: str) -> None:
+        """The job on `node` gives it up and asks for a healthy node (a spare, or the next back)."""
+        job = self.owner.get(node)
+        if job is None:
+            return
+        self.owner[node] = None
+        if node not in self.out and node not in self.idle:  # repaired before the job let go of it
+            self.idle.append(node)
+        self.wanting.append(job)
+        self.place()
+
+    def place(self) -> None:
+        while self.wanting and self.idle:
+            job, node = self.wanting.popleft(), self.idle.popleft()
+            j = self.jobs[job]
+            assert node not in self.out and self.owner.get(node) is None and j.missing > 0, (node, job, j)
+            self.owner[node] = job
+            j.missing -= 1
+            if j.missing == 0:
+                epoch = j.epoch
+                self.at(self.now + self.t.job_restart_s, partial(self.resumed, job, epoch))
+
+    def resumed(self, job: int, epoch: int) -> None:
+        j = self.jobs[job]
+        if j.epoch != epoch or j.down_since is None:
+            return
+        down = self.now - j.down_since
+        self.downtimes.append(down)
+        self.lost_node_s += self.fleet.job_nodes * (down + j.recompute_s)
+        j.down_since = None
+
+    def node_back(self, node: str, new_name: str | None = None) -> None:
+        """A repaired node is back (or a new one joins in a replaced one's place) as a spare."""
+        self.out.discard(node)
+        back = new_name or node
+        if new_name is not None:
+            self.owner.pop(node, None)
+            self.owner[back] = None
+        if self.owner.get(back) is None and back not in self.idle:
+            self.idle.append(back)
+        self.place()
+
+    def repair(self, f: Failure, action: ActionClass, after: float, done: Callable[[], None] | None = None) -> None:
+        """The node out for `after` then its repair; a recorded incident kept it as long as it did."""
+        if f.took_s is not None:
+            when = f.at_s + f.took_s
+        else:
+            when = self.now + after + getattr(self.t, REPAIR_TIME.get(action, "reset_s"))
+
+        def repaired() -> None:
+            if action == ActionClass.REPLACE_NODE and f.took_s is None:
+                self.replaced += 1
+                self.node_back(f.node, f"{f.node}-r{self.replaced}")
+            else:
+                self.node_back(f.node)
+            if done is not None:
+                done()
+
+        self.at(when, repaired)
+
+    def by_slurm(self, f: Failure, action: ActionClass) -> None:
+        """Slurm alone: the job back after its timers or a person; a person repairs the node."""
+        back = self.t.slurm_down_s if self.model == "slurmd_lost" else self.t.person_s
+        self.at(self.now + back, lambda: self.requeue(f.node))
+        self.repair(f, action, after=self.t.person_s)
+
+    def check(self) -> None:
+        """Every node is owned, idle, out or let go by its job and not yet back (the failed node
+        between a requeue and its repair), once; and each job owns its nodes but the missing."""
+        owned = [n for n, j in self.owner.items() if j is not None]
+        idle = set(self.idle)
+        assert len(idle) == len(self.idle), "a node idle twice"
+        assert not set(owned) & idle and not idle & self.out, "an idle node owned or out"
+        assert set(self.owner) - set(owned) - idle <= self.out, "a node neither owned, idle nor out"
+        for i, j in enumerate(self.jobs):
+            mine = [n for n in owned if self.owner[n] == i]
+            failed = sum(1 for n in mine if n in self.out)  # failed, not yet let go (counted in missing)
+            assert j.missing >= 0 and len(mine) + j.missing - failed == self.fleet.job_nodes, (i, j, mine)
+
+    def result(self, days: float, **gpuheal: object) -> ModelResult:
+        f = self.fleet
+        total = f.jobs * f.job_nodes * days * 86400
+        lost = min(self.lost_node_s, total)
+        return ModelResult.model_validate(
+            {
+                "model": self.model,
+                "days": days,
+                "effective_training": 1 - lost / total if total else 0.0,
+                "gpu_hours_lost": round(lost * f.gpus_per_node / 3600, 1),
+                "interruptions": len(self.downtimes) + sum(1 for j in self.jobs if j.down_since is not None),
+                "max_nodes_out": self.max_out,
+                "mean_downtime_s": sum(self.downtimes) / len(self.downtimes) if self.downtimes else 0.0,
+                "replaced": self.replaced,
+                **gpuheal,
+            }
+        )
+
+
+def simulate(
+    trace: list[Failure],
+    fleet: Fleet,
+    days: float,
+    timings: Timings,
+    candidate: FleetPolicy,
+    models: tuple[Model, ...],
+    seed: int = 0,
+    checking: bool = False,
+) -> list[ModelResult]:
+    """Each model over the same trace, with the same draws of work to redo."""
+    from gpuheal.core.simulate_gpuheal import Gpuheal
+
+    trace = sorted(trace, key=lambda f: f.at_s)
+    rng = random.Random(seed)
+    recompute = [rng.uniform(0, timings.checkpoint_interval_s) for _ in trace]
+    names = fleet_names(trace, fleet)
+    out = []
+    for m in models:
+        engine = Engine(m, fleet, timings, candidate, recompute, names, checking=checking)
+        if m == "gpuheal":
+            out.append(Gpuheal(engine).run(trace, days))
+        else:
+            engine.run(trace, days)
+            out.append(engine.result(days))
+    return out
+
+
+def fleet_names(trace: list[Failure], fleet: Fleet) -> list[str]:
+    """The trace's nodes, then generated ones (node00000...) up to the fleet's size."""
+    names = sorted({f.node for f in trace})
+    if len(names) > fleet.nodes:
+        raise ValueError(f"the trace names {len(names)} nodes, more than the fleet's {fleet.nodes} (--nodes)")
+    known = set(names)
+    i = 0
+    while len(names) < fleet.nodes:
+        if (name := node_name(i)) not in known:
+            names.append(name)
+        i += 1
+    return sorted(names)

@@ -1,0 +1,30 @@
+"""Activities poll Slurm fast at first, then back off to the request's interval: a recovery's
+first second is watched closely, a long wait costs the controller no more than before."""
+
+from __future__ import annotations
+
+from itertools import islice, pairwise
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuheal.core.polling import FIRST_POLL_S, after, delays
+
+
+@given(most=st.floats(0.001, 30))
+def test_waits_grow_from_the_first_to_the_interval_and_stay_there(most: float) -> None:
+    seen = list(islice(delays(most), 60))
+    assert seen[0] == min(FIRST_POLL_S, most)
+    assert all(a <= b <= most for a, b in pairwise(seen))
+    assert seen[-1] == most  # within 60 polls it reaches the interval (1.5^60 > 30 / 0.05)
+
+
+def test_a_half_second_interval_polls_five_times_in_its_first_second_then_twice_a_second() -> None:
+    first = list(islice(delays(0.5), 12))
+    assert sum(1 for t in (sum(first[: i + 1]) for i in range(12)) if t <= 1.0) == 5  # was 2
+    assert first[-3:] == [0.5, 0.5, 0.5]
+
+
+@given(delay=st.floats(0, 30), took=st.floats(0, 30))
+def test_a_wait_never_asks_more_often_than_the_last_answer_took(delay: float, took: float) -> None:
+    assert after(delay, took) >= took and after(delay, took) >= delay
