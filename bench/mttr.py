@@ -31,7 +31,6 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from temporalio.client import Client
@@ -39,12 +38,12 @@ from temporalio.client import Client
 from bench import baselines
 from bench.baselines import BaselineRun
 from bench.common import BenchCheckFailed, check, distinct, summary
-from bench.mttr_parts import AFTER, BEFORE, FLOOR_JOB, FLOOR_SLURM, SLURM
+from bench.mttr_parts import AFTER, BEFORE, FLOOR_JOB, FLOOR_SLURM, SLURM, Floor, GpuhealRun
 from bench.mttr_report import report
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.models import RemediationResult, Stage
+from gpuheal.core.models import Stage
 from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import REPO, RUN
@@ -84,52 +83,6 @@ class JobWatch:
             if state == "RUNNING" and self.running_at is None and (self.pending_at is not None or self.fresh):
                 self.running_at = now
             time.sleep(0.05)
-
-
-@dataclass
-class Floor:
-    total_s: float
-    to_running_s: float
-
-
-@dataclass
-class GpuhealRun:
-    index: int
-    run_id: str
-    node: str
-    job: int
-    injected_at: datetime
-    started_at: datetime
-    result: RemediationResult
-    floor: Floor
-    pending_at: float | None = None
-    running_at: float | None = None
-    profile: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def mttr(self) -> float:
-        assert self.result.mttr_s is not None
-        return self.result.mttr_s
-
-    @property
-    def checkpoint_s(self) -> float:
-        confirmed = (a.checkpoint.after_s for a in self.result.jobs if a.checkpoint and a.checkpoint.confirmed)
-        return max(confirmed, default=0.0)
-
-    @property
-    def overhead(self) -> float:
-        """As the issue defines it: MTTR - the floor (a fresh submit on an idle node, Slurm's
-        scheduling wait included) - the checkpoint."""
-        return self.mttr - self.floor.total_s - self.checkpoint_s
-
-    @property
-    def own(self) -> float:
-        """gpuheal's own part: MTTR - Slurm's wait for this run's requeued job - the job's own
-        restart (the paired floor's RUNNING -> past its checkpoint) - the checkpoint. Slurm's
-        scheduler passes every few seconds (batch_sched_delay, 3 s): a floor run and an
-        incident land at different phases of it, which the first definition pairs as noise."""
-        p = self.profile
-        return self.mttr - p[SLURM] - p[FLOOR_JOB] - self.checkpoint_s
 
 
 def floor_run(sb: Sandbox) -> Floor:

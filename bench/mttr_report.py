@@ -10,11 +10,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from bench.common import goal, summary
-from bench.mttr_parts import SLURM
+from bench.mttr_parts import SLURM, GpuhealRun
 
 if TYPE_CHECKING:
     from bench.baselines import BaselineRun
-    from bench.mttr import GpuhealRun
 
 GOAL_OVERHEAD_S = 1.0
 

@@ -113,7 +113,12 @@ def old_client(sb: Sandbox) -> Any:
         ["git", "show", f"{BEFORE}:activities/slurm.py"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     path = Path(tempfile.mkdtemp()) / "slurm_before.py"
-    path.write_text(source)
+    # Its modules have moved since (gpuheal.X -> gpuheal.core.X); nothing else of it changes.
+    path.write_text(
+        source.replace("from gpuheal.models import", "from gpuheal.core.models import").replace(
+            "from gpuheal.progress import", "from gpuheal.core.progress import"
+        )
+    )
     spec = importlib.util.spec_from_file_location("slurm_before", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

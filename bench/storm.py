@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -321,44 +322,47 @@ def table(runs: list[Run]) -> list[str]:
     def ms(v: list[float]) -> str:
         return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} ms" if v else "n/a"
 
+    def line(measure: str, cells: Iterable[str], target: str = "") -> str:
+        return f"| {measure} | " + " | ".join(cells) + f" | {target} |"
+
+    def rate(r: Run) -> str:
+        return f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)"
+
     lines = [
-        "| measure | " + " | ".join(f"{r.name} ({r.reports} reports)" for r in runs) + " | target |",
+        line("measure", (f"{r.name} ({r.reports} reports)" for r in runs), "target"),
         "|---|" + "---|" * len(runs) + "---|",
-        "| report -> workflow started, p50 / p99 | " + " | ".join(ms(r.starts_ms) for r in runs) + " | p99 < 200 ms |",
-        "| coordinator grant latency, p50 / p99 | " + " | ".join(ms(r.grants_ms) for r in runs) + " | p99 < 1 s |",
-        "| all reports sent | " + " | ".join(f"{r.send_s:.1f} s" for r in runs) + " | |",
-        "| every incident granted or held | " + " | ".join(f"{r.all_decided_s:.1f} s" for r in runs) + " | |",
-        "| granted / held | " + " | ".join(f"{r.granted} / {r.held}" for r in runs) + " | |",
-        "| worker peak RSS | " + " | ".join(f"{r.worker_mb:.0f} MB" for r in runs) + " | < 300 MB |",
-        "| Temporal server peak RSS | " + " | ".join(f"{r.temporal_mb:.0f} MB" for r in runs) + " | |",
-        "| coordinator history (this run) | "
-        + " | ".join(f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)
-        + " | |",
-        "| coordinator runs (continue-as-new) | " + " | ".join(str(r.coordinator_runs) for r in runs) + " | |",
-        "| worker processes (coordinator updates each) | "
-        + " | ".join(f"{r.workers} ({max(1, 8 // r.workers)})" for r in runs)
-        + " | |",
-        "| workers' CPU per incident (with their Slurm commands) | "
-        + " | ".join(f"{r.worker_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)
-        + " | |",
-        "| Temporal server's CPU per incident | "
-        + " | ".join(f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)
-        + " | |",
-        "| coordinator workflow tasks (per second of the run) | "
-        + " | ".join(f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)" for r in runs)
-        + " | |",
-        "| `gpuheal fleet`'s read (memo), p50 / max | "
-        + " | ".join(peak(w.read_ms) for w in watches)
-        + " | max < 1 s |",
-        "| `gpuheal fleet` command (with Python's start), p50 / max | "
-        + " | ".join(peak(w.command_ms) for w in watches)
-        + " | max < 1 s |",
-        "| fleet reads unanswered / commands failed | "
-        + " | ".join(f"{len(w.unanswered)} / {len(w.command_failed)}" for w in watches)
-        + " | 0 / 0 |",
-        "| most reported nodes drained at once (Slurm, every 1 s) / bound | "
-        + " | ".join(f"{max(w.drained, default=0)} / {w.bound} ({len(w.drained)} samples)" for w in watches)
-        + " | at most the bound |",
+        line("report -> workflow started, p50 / p99", (ms(r.starts_ms) for r in runs), "p99 < 200 ms"),
+        line("coordinator grant latency, p50 / p99", (ms(r.grants_ms) for r in runs), "p99 < 1 s"),
+        line("all reports sent", (f"{r.send_s:.1f} s" for r in runs)),
+        line("every incident granted or held", (f"{r.all_decided_s:.1f} s" for r in runs)),
+        line("granted / held", (f"{r.granted} / {r.held}" for r in runs)),
+        line("worker peak RSS", (f"{r.worker_mb:.0f} MB" for r in runs), "< 300 MB"),
+        line("Temporal server peak RSS", (f"{r.temporal_mb:.0f} MB" for r in runs)),
+        line("coordinator history (this run)", (f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)),
+        line("coordinator runs (continue-as-new)", (str(r.coordinator_runs) for r in runs)),
+        line("worker processes (coordinator updates each)", (f"{r.workers} ({max(1, 8 // r.workers)})" for r in runs)),
+        line(
+            "workers' CPU per incident (with their Slurm commands)",
+            (f"{r.worker_cpu_s * 1000 / r.reports:.0f} ms" for r in runs),
+        ),
+        line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
+        line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
+        line("`gpuheal fleet`'s read (memo), p50 / max", (peak(w.read_ms) for w in watches), "max < 1 s"),
+        line(
+            "`gpuheal fleet` command (with Python's start), p50 / max",
+            (peak(w.command_ms) for w in watches),
+            "max < 1 s",
+        ),
+        line(
+            "fleet reads unanswered / commands failed",
+            (f"{len(w.unanswered)} / {len(w.command_failed)}" for w in watches),
+            "0 / 0",
+        ),
+        line(
+            "most reported nodes drained at once (Slurm, every 1 s) / bound",
+            (f"{max(w.drained, default=0)} / {w.bound} ({len(w.drained)} samples)" for w in watches),
+            "at most the bound",
+        ),
     ]
     return lines
 

@@ -160,3 +160,24 @@ def test_the_command_prints_the_three_models_and_refuses_bad_input(
     bad.write_text("budget:\n  cluster: lots\n")
     with pytest.raises(SystemExit, match="lots"):
         run(["simulate", "--policy", str(bad)])
+
+
+def test_a_node_repaired_before_its_job_lets_go_is_not_handed_to_another_job() -> None:
+    # (a) with a quick person: the GPU is reset (60 + 300 s) before Slurm's own requeue (527 s).
+    trace = [
+        Failure(at_s=0, node=ft.node_name(0), cause="t", xid=48),
+        Failure(at_s=400, node=ft.node_name(0), cause="t"),  # still held by its job: nothing more
+        Failure(at_s=450, node=ft.node_name(1), cause="t"),
+    ]
+    fleet = Fleet(nodes=3, job_nodes=1, spares=1, rack_size=0)
+    timings = Timings(person_s=60)
+    (r,) = simulate(trace, fleet, 1, timings, FleetPolicy(), ("slurmd_lost",), checking=True)
+    assert r.interruptions == 2 and 0.95 < r.effective_training < 1.0  # both jobs back, neither lost
+
+
+def test_a_node_replaced_before_its_job_lets_go_still_frees_the_job() -> None:
+    trace = [Failure(at_s=10, node=ft.node_name(0), cause="t", xid=79)]
+    fleet = Fleet(nodes=2, job_nodes=1, spares=1, rack_size=0)
+    timings = Timings(person_s=0, replace_s=300)  # the new node joins before Slurm's requeue
+    (r,) = simulate(trace, fleet, 1, timings, FleetPolicy(), ("slurmd_lost",), checking=True)
+    assert r.interruptions == 1 and r.mean_downtime_s == 300 + 600  # let go at the replacement, restarted

@@ -142,7 +142,7 @@ async def recorded(settings: Settings, since: datetime) -> list[tuple[Failure, R
         worst = policy.triage_all(r.reports).action  # the report the incident acted on
         first = next((x for x in r.reports if policy.triage(x).action == worst), r.reports[0])
         at = (r.failure_observed_at - t0).total_seconds()
-        took = (r.closed_at - r.failure_observed_at).total_seconds()  # how long it really kept the node
+        took = max(0.0, (r.closed_at - r.failure_observed_at).total_seconds())  # how long it kept the node
         f = Failure(
             at_s=at, node=r.node, cause="recorded", xid=first.xid, signal=first.signal, gpu=first.gpu or 0, took_s=took
         )
@@ -160,8 +160,12 @@ async def what_if(settings: Settings, args: argparse.Namespace, timings: Timings
         return 0
     current, base = await current_policy(settings)
     chosen = candidate(args, current)
+    # A recorded incident starts at its report (its detection is in the record already).
+    timings = timings.model_copy(update={"detect_s": 0.0})
     changes = policy_file.differences(current, chosen)
-    span_days = max(incidents[-1][0].at_s / 86400, 1 / 24) + chosen.max_hold_s / 86400
+    # Long enough for the last one to be decided, held to its bound and handed on, and closed.
+    longest = max((f.took_s or 0.0) for f, _ in incidents)
+    span_days = (incidents[-1][0].at_s + chosen.max_hold_s + timings.person_s + longest + 3600) / 86400
     fleet = fleet_from(args, args.nodes, rack_size=0)  # the incidents' racks are not recorded
     try:
         (result,) = simulate([f for f, _ in incidents], fleet, span_days, timings, chosen, ("gpuheal",), args.seed)
@@ -192,8 +196,9 @@ async def what_if(settings: Settings, args: argparse.Namespace, timings: Timings
             f"{d.action} | {d.decision}: {d.reason[:60]} | {d.waited_s:.0f} s | {d.budget_used} |"
         )
     print(
-        f"would have: held {result.held}, replaced {result.replaced}, opened {result.domain_incidents} domain "
-        f"incidents, tripped the breaker {result.breaker_trips} times; budget used at most {result.max_budget_used}"
+        f"would have: held {result.held}, replaced {result.replaced}, tripped the breaker {result.breaker_trips} "
+        f"times; budget used at most {result.max_budget_used} (domain escalation is not simulated: the incidents' "
+        "racks are not recorded)"
     )
     return 0
 

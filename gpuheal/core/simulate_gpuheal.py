@@ -5,7 +5,11 @@ but `ignore`; observe mode touches nothing; capacity asked before anything is ta
 or granted); approval after the grant; the job requeued; the grant confirmed before the repair (a
 breaker tripped or a domain escalated since takes it back: held again, the node stays out); the
 node repaired or replaced, then released. A hold ends at the policy's `max_hold_s`; a person
-takes over then, as for a tripped breaker (`gpuheal resume`) or a domain incident (released).
+takes over then, as for a tripped breaker (`gpuheal resume`) or a domain incident (released); a
+node that stays drained (taken back after its requeue) stays counted until it is back.
+
+Not modelled: containment while held (the workflow may drain a held node within its own bound;
+here a held node is left as it is, so the budget shown is the grants', not the containments').
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from gpuheal.core.fleet_models import (
 )
 from gpuheal.core.fleet_policy import VersionedPolicy
 from gpuheal.core.models import ActionClass
-from gpuheal.core.simulate import EPOCH, Engine
+from gpuheal.core.simulate_engine import EPOCH, Engine
 from gpuheal.core.simulate_models import Decision, DecisionKind, ModelResult
 
 PERSON = "simulated-operator"
@@ -41,6 +45,8 @@ class Incident:
     reported_at: float
     action: ActionClass
     held_at: float | None = None
+    waited: float = 0.0  # held in all, so far
+    was_held: bool = False
     requeued: bool = False
     done: bool = False
 
@@ -60,6 +66,7 @@ class Gpuheal:
         self.max_budget = 0
         self.wake_at: float | None = None
         engine.respond = self.failed
+        engine.on_back = self.back_in_service
 
     def run(self, trace: list[Failure], days: float) -> ModelResult:
         self.e.run(trace, days, after_each=self.after_each)
@@ -82,10 +89,12 @@ class Gpuheal:
     def failed(self, f: Failure, index: int, action: ActionClass) -> None:
         self.e.at(self.e.now + self.e.t.detect_s, partial(self.report, f, index, action))
 
+    def back_in_service(self, node: str) -> None:
+        """The coordinator's look for closed runs finds a node left drained back: no longer counted."""
+        self.s.left.pop(node, None)
+
     def placement(self, node: str) -> Placement:
-        n, rack = self.e.fleet, None
-        if n.rack_size and node in self.e.names:
-            rack = self.e.names.index(node) // n.rack_size
+        n, rack = self.e.fleet, self.e.rack.get(node)
         domains = {f"rack=r{rack}": n.rack_size} if rack is not None else {}
         return Placement(node=node, cluster_size=n.nodes, pool="gpu", pool_size=n.nodes, domains=domains)
 
@@ -162,7 +171,7 @@ class Gpuheal:
             self.e.requeue(inc.failure.node)
         answer, out = coordination.confirm(self.s, self.capacity_request(inc), self.e.clock())
         if answer.granted:
-            self.e.repair(inc.failure, inc.action, after=0, done=lambda: self.repaired(inc))
+            self.e.repair(inc.failure, inc.action, after=0, done=lambda: self.repaired(inc), extra=inc.waited)
         else:  # taken back (breaker, domain): held again, the node stays out and counted
             self.hold(inc, f"granted, then taken back before the repair: {answer.reason}")
         self.apply(out)
@@ -174,7 +183,8 @@ class Gpuheal:
 
     def hold(self, inc: Incident, why: str) -> None:
         inc.held_at = self.e.now
-        self.counts["held"] += 1
+        self.counts["held"] += not inc.was_held  # incidents held, each once
+        inc.was_held = True
         if not self.amend(inc, "held", why):
             self.decide(inc, "held", why)
         self.e.at(self.e.now + self.s.policy.policy.max_hold_s, partial(self.hold_ended, inc, self.e.now))
@@ -185,7 +195,10 @@ class Gpuheal:
             return
         self.note_wait(inc)
         inc.held_at = None
-        self.approved(inc, lambda: self.remediate(inc))
+        if inc.requeued:  # taken back after its approval and requeue: straight on to the repair
+            self.remediate(inc)
+        else:
+            self.approved(inc, lambda: self.remediate(inc))
 
     def hold_ended(self, inc: Incident, since: float) -> None:
         """Held to the policy's bound: the incident ends `not_granted`, a person takes over."""
@@ -193,7 +206,7 @@ class Gpuheal:
             return
         self.note_wait(inc)
         inc.held_at = None
-        self.release(inc)
+        self.release(inc, left_drained=inc.requeued)  # drained (taken back): it stays counted
         self.by_person(inc)
 
     def by_person(self, inc: Incident) -> None:
@@ -204,10 +217,11 @@ class Gpuheal:
         self.e.repair(f, policy.triage(self.e.report_of(f)).action, after=self.e.t.person_s)
         inc.done = True
 
-    def release(self, inc: Incident) -> None:
+    def release(self, inc: Incident, left_drained: bool = False) -> None:
         inc.done = True
         incident_id = ids.incident_id(self.e.fleet.cluster, inc.failure.node)
-        self.apply(coordination.release(self.s, incident_id, self.e.clock(), inc.run_id)[1])
+        out = coordination.release(self.s, incident_id, self.e.clock(), inc.run_id, left_drained=left_drained)[1]
+        self.apply(out)
 
     # --- the coordinator's effects ---------------------------------------------------------------
 
@@ -266,6 +280,7 @@ class Gpuheal:
 
     def note_wait(self, inc: Incident) -> None:
         assert inc.held_at is not None
+        inc.waited += self.e.now - inc.held_at
         for k in range(len(self.decisions) - 1, -1, -1):
             d = self.decisions[k]
             if d.failure == inc.index and d.decision == "held":

@@ -179,23 +179,31 @@ class SlurmRest:
                 async with gate:
                     return await self.job(job_id)
 
-            jobs = [j for j in await asyncio.gather(*(one(i) for i in live)) if j is not None]
+            try:
+                jobs = [j for j in await asyncio.gather(*(one(i) for i in live)) if j is not None]
+            except SlurmError:  # one lookup refused: the one listing answers instead
+                jobs = await self._all_jobs()
         return [j for j in jobs if j.state in LIVE_JOB_STATES and node in expand(j.nodes)]
 
     async def _live_job_ids(self) -> list[int] | None:
         """The ids of jobs in a live state, from the state listing (id and state of each job), or
-        None where the server does not answer it (then the full listing is asked)."""
+        None where it cannot be read whole: the server does not answer it, an id is an array task
+        or a het component ("1240_5", "1235+1", which one job lookup does not return whole), or a
+        state is in a shape not known here. Then the full listing is asked."""
         status, data = await self._request("GET", f"{await self._api_path()}/jobs/state/")
         if status >= 300 or not isinstance(data.get("jobs"), list):
             return None
         found = []
         for entry in data["jobs"]:
-            state = entry.get("state", entry.get("job_state"))
+            job_id, state = str(entry.get("job_id", "")), entry.get("state", entry.get("job_state"))
             if isinstance(state, dict):  # {"current": [...], "reason": ...}
                 state = state.get("current")
-            states = {str(s) for s in state} if isinstance(state, list) else {str(state)}
-            if states & LIVE_JOB_STATES:
-                found.append(int(entry["job_id"]))
+            if isinstance(state, str):
+                state = [state]
+            if not job_id.isdigit() or not isinstance(state, list) or not state:
+                return None
+            if {str(s) for s in state} & LIVE_JOB_STATES:
+                found.append(int(job_id))
         return found
 
     async def job(self, job_id: int) -> JobSnapshot | None:
