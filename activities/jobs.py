@@ -91,12 +91,11 @@ class JobActivities:
         beyond `unconfirmed_wait_s`."""
         done: dict[int, CheckpointOutcome] = {}
         asks = {a.job_id: a for a in req.asks}
-        pace = polling.delays(req.poll_interval_s)
+        pace = polling.Pace(req.poll_interval_s)
         while True:
             now = time.time()
-            asked = time.monotonic()
+            pace.asking()
             found = await self._slurm.jobs(set(asks) - set(done))
-            took = time.monotonic() - asked
             for job in found:
                 ask = asks[job.job_id]
                 p = job.progress
@@ -119,7 +118,7 @@ class JobActivities:
                     done[job_id] = _unconfirmed(job_id, asks[job_id].signal, now - asks[job_id].signalled_at)
                 break
             activity.heartbeat({"waiting_for_checkpoints": waiting})
-            await asyncio.sleep(polling.after(next(pace), took))
+            await pace.sleep()
         return CheckpointResult(outcomes=tuple(done[j] for j in sorted(done)))
 
     # --- the jobs' state -------------------------------------------------------------------
@@ -196,19 +195,17 @@ class JobActivities:
     async def _when_pending(self, job_id: int, update: JobUpdate) -> None:
         """A requeued job passes through REQUEUED/COMPLETING before it is PENDING, and only a
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
-        pace, waited = polling.delays(PENDING_POLL_S), 0.0
-        while waited < PENDING_WAIT_S:
-            asked = time.monotonic()
+        pace = polling.Pace(PENDING_POLL_S)
+        while pace.slept < PENDING_WAIT_S:
+            pace.asking()
             job = await self._slurm.job(job_id)
-            took = time.monotonic() - asked
             if job is None or job.state not in REQUEUE_STATES:
                 return  # running again already (or gone): nothing left to adjust
             if job.state == "PENDING" and "COMPLETING" not in job.state_flags:
                 await self._slurm.update_job(job_id, update)
                 return
             activity.heartbeat(f"job {job_id} is {job.state}")
-            waited += (step := polling.after(next(pace), took))
-            await asyncio.sleep(step)
+            await pace.sleep()
         raise RuntimeError(f"job {job_id} did not become PENDING after its requeue")
 
     @implements(act.HOLD_SLURM_JOB)
@@ -232,14 +229,14 @@ class JobActivities:
         checkpoint it had before the failure; a job that ends is seen at once, a silent one at
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
-        pace, running = polling.delays(req.poll_interval_s), -1
+        pace, running = polling.Pace(req.poll_interval_s), -1
         while True:
-            asked = time.monotonic()
+            pace.asking()
             job = await self._slurm.job(want.job_id)
-            took = time.monotonic() - asked
             if job is not None and job.state == "RUNNING" and job.restart_count != running:
                 # RUNNING again: its first steps come within a second, watched closely again
-                pace, running = polling.delays(req.poll_interval_s), job.restart_count
+                pace.restart()
+                running = job.restart_count
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
             if job.state in ENDED_STATES:
@@ -253,7 +250,7 @@ class JobActivities:
                 )
                 return VerifyOutcome(job_id=job.job_id, outcome="silent", state=job.state, reason=why)
             activity.heartbeat({"job": job.job_id, "state": job.state, "reason": job.state_reason})
-            await asyncio.sleep(polling.after(next(pace), took))
+            await pace.sleep()
 
     @staticmethod
     def _resumed(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> ResumedJob | None:

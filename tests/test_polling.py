@@ -28,3 +28,18 @@ def test_a_half_second_interval_polls_five_times_in_its_first_second_then_twice_
 @given(delay=st.floats(0, 30), took=st.floats(0, 30))
 def test_a_wait_never_asks_more_often_than_the_last_answer_took(delay: float, took: float) -> None:
     assert after(delay, took) >= took and after(delay, took) >= delay
+
+
+async def test_a_pace_adds_up_its_pauses_and_restarts_fast() -> None:
+    from gpuheal.core.polling import Pace
+
+    pace = Pace(0.2)
+    for _ in range(3):
+        pace.asking()
+        await pace.sleep()
+    assert pace.slept >= FIRST_POLL_S * (1 + 1.5 + 2.25) - 1e-9
+    pace.restart()
+    pace.asking()
+    before = pace.slept
+    await pace.sleep()
+    assert FIRST_POLL_S <= pace.slept - before < 0.2  # back to the fast start, not the interval

@@ -8,6 +8,8 @@ at most, however fast it would like to go."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 
 FIRST_POLL_S = 0.05
@@ -25,3 +27,25 @@ def delays(most: float, first: float = FIRST_POLL_S) -> Iterator[float]:
     while True:
         yield d
         d = min(most, d * GROWTH)
+
+
+class Pace:
+    """One wait's questions: `asking()` before each, `await sleep()` after; the pause is the
+    next of `delays`, never shorter than the question took (`after`). `restart()` goes back to
+    the fast start; `slept` is the pause so far."""
+
+    def __init__(self, most: float) -> None:
+        self.most, self.slept = most, 0.0
+        self._delays = delays(most)
+        self._asked = time.monotonic()
+
+    def restart(self) -> None:
+        self._delays = delays(self.most)
+
+    def asking(self) -> None:
+        self._asked = time.monotonic()
+
+    async def sleep(self) -> None:
+        pause = after(next(self._delays), time.monotonic() - self._asked)
+        self.slept += pause
+        await asyncio.sleep(pause)
