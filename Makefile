@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm bench-simulate histories k8s stop clean
+.PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm bench-kube bench-simulate histories k8s stop clean
 
 $(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
@@ -44,6 +44,11 @@ bench-detection: $(STAMP)
 # 1,000 failure reports against the cluster's coordinator (budget 5%): bench/results/storm.md
 bench-storm: $(STAMP)
 	$(PY) -m bench.storm $(BENCH_ARGS)
+
+# cordon + taint for 1,000 incidents on a kwok cluster of 10,000 Nodes: bench/results/kube.md
+bench-kube: $(STAMP)
+	bash infra/k8s/build.sh
+	$(PY) -m bench.kube $(BENCH_ARGS)
 
 # gpuheal simulate's engine over traces from Llama 3's published failures, with `make bench`'s
 # timings (bench/results/mttr.json): bench/results/simulate.md and goodput.svg

@@ -3,8 +3,10 @@ run it claims (a benchmark whose runs are not what it says fails, it does not pr
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class BenchCheckFailed(RuntimeError):
@@ -43,3 +45,16 @@ def summary(values: list[float], unit: str = "s", digits: int = 2) -> str:
 def goal(name: str, met: bool, figure: str, target: str) -> str:
     """A goal beside its figure, a miss said plainly."""
     return f"- {name}: {figure} against {target}: **{'met' if met else 'MISSED'}**"
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds of a process and the children it waited for (utime, stime, cutime, cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")

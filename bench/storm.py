@@ -39,13 +39,13 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.common import check, distinct, pct
+from bench.common import check, cpu_s, distinct, pct, peak_rss_mb
 from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet_view import FleetView
-from gpuheal.core.messages import FLEET_VIEW, INCIDENT
+from gpuheal.core.messages import FLEET_ADMIT, FLEET_REQUEST_CAPACITY, FLEET_VIEW, INCIDENT
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -58,19 +58,6 @@ VIEW_TIMEOUT = timedelta(seconds=5)
 GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
 AFTER_S = 60  # samples (1 s apart) the drained count must hold still before the watch ends
 AFTER_MAX_S = 900  # ... at most this long after every incident is decided
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds of a process and the children it waited for (utime, stime, cutime, cstime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 @dataclass
@@ -93,6 +80,7 @@ class Run:
     worker_cpu_s: float = 0.0  # all worker processes, with the Slurm commands they ran
     temporal_cpu_s: float = 0.0
     coordinator_tasks: int = 0  # the coordinator's workflow tasks over all its runs
+    updates: dict[str, int] = field(default_factory=dict)  # updates the coordinator accepted, by name
     watch: Watch | None = None
 
 
@@ -282,6 +270,9 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         async for wf in client.list_workflows(runs):
             async for e in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
                 run.coordinator_tasks += e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+                    update = e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+                    run.updates[update] = run.updates.get(update, 0) + 1
         gate = asyncio.Semaphore(16)
 
         async def latency(node: str) -> None:
@@ -325,6 +316,9 @@ def table(runs: list[Run]) -> list[str]:
     def line(measure: str, cells: Iterable[str], target: str = "") -> str:
         return f"| {measure} | " + " | ".join(cells) + f" | {target} |"
 
+    def updates(r: Run) -> str:
+        return f"{r.updates.get(FLEET_ADMIT.name, 0)} / {r.updates.get(FLEET_REQUEST_CAPACITY.name, 0)}"
+
     def rate(r: Run) -> str:
         return f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)"
 
@@ -347,6 +341,7 @@ def table(runs: list[Run]) -> list[str]:
         ),
         line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
         line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
+        line("coordinator updates accepted: admit / request_capacity", (updates(r) for r in runs)),
         line("`gpuheal fleet`'s read (memo), p50 / max", (peak(w.read_ms) for w in watches), "max < 1 s"),
         line(
             "`gpuheal fleet` command (with Python's start), p50 / max",

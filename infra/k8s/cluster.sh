@@ -8,6 +8,7 @@
 #
 # GPUHEAL_K8S_DIR (default ./.run/k8s) holds certificates, etcd data, logs and the kubeconfig.
 # GPUHEAL_K8S_PORT (default 16443) is the apiserver's port; etcd uses PORT+1 and PORT+2.
+# GPUHEAL_KWOK_LOG_LEVEL (default INFO; bench/kube.py: WARN, else kwok logs every lease renewal).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -141,7 +142,7 @@ start() {
   if ! pid_alive kwok; then
     spawn kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" --manage-all-nodes=false \
       --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-      --node-lease-duration-seconds=40 --cidr=10.0.0.1/24 --node-ip=10.0.0.1
+      --node-lease-duration-seconds=40 --cidr=10.0.0.1/24 --node-ip=10.0.0.1 --v="${GPUHEAL_KWOK_LOG_LEVEL:-INFO}"
   fi
   log "ready: kube-apiserver https://127.0.0.1:$PORT, KUBECONFIG=$DIR/kubeconfig"
 }
