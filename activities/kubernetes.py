@@ -90,7 +90,7 @@ class KubernetesActivities:
         by_others = bool(node.spec.unschedulable)
         effects = ["NoSchedule", *(["NoExecute"] if req.no_execute else [])]
         taints = [t for t in (node.spec.taints or []) if t.key != TAINT_KEY]
-        taints += [client.V1Taint(key=TAINT_KEY, value=_label_safe(incident), effect=e) for e in effects]
+        taints += [client.V1Taint(key=TAINT_KEY, value=label_safe(incident), effect=e) for e in effects]
         await call(
             self.core.patch_node,
             name,
@@ -176,7 +176,7 @@ class KubernetesActivities:
         node this incident already borrowed is returned as is."""
         mine = await call(self.core.list_node, label_selector=f"{BORROWED_BY}")
         for n in mine.items:
-            if (n.metadata.labels or {}).get(BORROWED_BY) == _label_safe(req.incident_id):
+            if (n.metadata.labels or {}).get(BORROWED_BY) == label_safe(req.incident_id):
                 pool = (n.metadata.annotations or {}).get(BORROWED_FROM, req.policy.pool)
                 return BorrowResult(node=n.metadata.name, from_pool=pool, already_done=True)
         failed = await call(self.core.read_node, req.failed.kube_node)
@@ -211,7 +211,7 @@ class KubernetesActivities:
         patch = {
             "metadata": {
                 "resourceVersion": version,
-                "labels": {BORROWED_BY: _label_safe(req.incident_id)},
+                "labels": {BORROWED_BY: label_safe(req.incident_id)},
                 "annotations": {BORROWED_FROM: req.policy.pool, INCIDENT_ANNOTATION: req.incident_id},
             },
             "spec": {"unschedulable": True},
@@ -288,7 +288,7 @@ class KubernetesActivities:
         """Back to its inference pool (relabelled, uncordoned): its Deployments schedule there
         again. Only a node this incident borrowed."""
         n = await call(self.core.read_node, node.node)
-        if (n.metadata.labels or {}).get(BORROWED_BY) != _label_safe(node.incident_id):
+        if (n.metadata.labels or {}).get(BORROWED_BY) != label_safe(node.incident_id):
             return f"{node.node} is not borrowed by this incident (already given back?)"
         await self._return_node(node.node, node.from_pool)
         return f"{node.node} back in inference pool {node.from_pool}"
@@ -354,5 +354,6 @@ def _stays(pod: Any) -> bool:
     return any(o.kind == "DaemonSet" for o in (pod.metadata.owner_references or []))
 
 
-def _label_safe(value: str) -> str:
+def label_safe(value: str) -> str:
+    """A label or taint value of an incident id: at most 63 characters, alphanumeric at both ends."""
     return value[-63:].strip("-.") or "incident"
