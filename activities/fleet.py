@@ -10,6 +10,9 @@ Temporal accepts at most 10 updates in flight per workflow (`history.maxInFlight
 refuses the rest, so a storm of incidents asking at once would mostly be refused and retried
 with backoff. A worker therefore sends at most GPUHEAL_COORDINATOR_UPDATES at a time and queues
 the rest here (with several workers, keep workers x this <= 8: room for operators' own updates).
+Admissions and capacity requests that queued meanwhile go together in the next update (up to
+BATCH_MOST), decided in one coordinator workflow task: a storm costs tasks per batch, not per
+incident.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 from temporalio.client import WithStartWorkflowOperation, WorkflowExecutionStatus, WorkflowUpdateFailedError
@@ -32,11 +35,15 @@ from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import ids, policy, policy_file, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet_models import (
+    BATCH_MOST,
+    Admission,
     AdmitAnswer,
     AdmitAsk,
     AdmitRequest,
+    AdmitRequests,
     CapacityDecision,
     CapacityRequest,
+    CapacityRequests,
     CoordinatorInput,
     DomainDecisionFor,
     DomainIncident,
@@ -53,12 +60,14 @@ from gpuheal.core.messages import (
     COORDINATOR,
     DOMAIN_INCIDENT,
     FLEET_ADMIT,
+    FLEET_ADMIT_MANY,
     FLEET_CONFIRM,
     FLEET_CONTAIN,
     FLEET_DOMAIN_DECISION,
     FLEET_RELEASE,
     FLEET_RELEASE_RUN,
     FLEET_REQUEST_CAPACITY,
+    FLEET_REQUEST_CAPACITY_MANY,
     INCIDENT,
     INCIDENT_STATUS,
     Update,
@@ -71,8 +80,123 @@ PLACEMENT_TTL_S = 10.0
 SLURM_DOMAINS = ("switch", "block")
 SlurmTopology = Callable[[], Awaitable[dict[str, dict[str, str]]]]
 CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
+REPROBE_S = 60.0  # a coordinator found without the batched update is asked again after this
 I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
 O = TypeVar("O")  # noqa: E741
+
+
+def unknown_update(err: WorkflowUpdateFailedError, name: str) -> bool:
+    """The coordinator runs on a worker of an earlier release, which lacks this update."""
+    why = str(err.cause or err)
+    return "not found" in why and name in why
+
+
+class Batcher(Generic[I, O]):
+    """One worker's requests to its coordinator, sent together: each caller waits for one of the
+    worker's update slots, and whoever gets one sends the front of the line (at most `most`
+    requests) as one batched update; each caller gets its own answer, first come first decided.
+
+    A request goes alone, in its own update and slot: when it is all there is; when the
+    coordinator lacks the batched update (a worker of the release before runs it; asked again
+    after REPROBE_S); when it was in a batch the coordinator refused as a whole (each of that
+    batch then goes alone, so a refusal is only its own request's). A sender cancelled mid-send
+    puts its batch back at the front of the line; a caller cancelled while its request is in
+    another's batch is dropped from it (every decision is idempotent per incident run, so a
+    request sent again is answered as before)."""
+
+    def __init__(
+        self,
+        gate: asyncio.Semaphore,
+        many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
+        one: Callable[[I], Awaitable[O]],
+        most: int = BATCH_MOST,
+    ) -> None:
+        self._gate, (self._name, self._many), self._one, self._most = gate, many, one, most
+        self._line: list[tuple[I, asyncio.Future[O]]] = []
+        self._alone: set[asyncio.Future[O]] = set()  # requests of a refused batch
+        self._back = asyncio.Event()  # set when requests go back in line
+        self._singly_until = 0.0  # monotonic: the coordinator lacked the batched update
+
+    async def ask(self, item: I) -> O:
+        mine: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        self._line.append((item, mine))
+        try:
+            while not mine.done():
+                if self._queued(mine):
+                    async with self._gate:
+                        if self._queued(mine):  # not taken by another sender meanwhile
+                            await self._send()
+                    continue
+                # On its way in another caller's update: its answer, or back in line.
+                back: asyncio.Future[Any] = asyncio.ensure_future(self._back.wait())
+                try:
+                    await asyncio.wait([mine, back], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    back.cancel()
+            return await mine
+        finally:
+            self._line = [(i, f) for i, f in self._line if f is not mine]
+            self._alone.discard(mine)
+            if not mine.done():  # cancelled: a sender drops it, nobody waits for its answer
+                mine.cancel()
+
+    @property
+    def batched(self) -> bool:
+        return time.monotonic() >= self._singly_until
+
+    def _queued(self, mine: asyncio.Future[O]) -> bool:
+        return not mine.done() and any(f is mine for _, f in self._line)
+
+    def _take(self) -> list[tuple[I, asyncio.Future[O]]]:
+        """The front of the line: a batch of requests that may go together, or one alone."""
+        live = [(i, f) for i, f in self._line if not f.done()]
+        n = 1
+        if self.batched:
+            while n < min(len(live), self._most) and not {live[0][1], live[n][1]} & self._alone:
+                n += 1
+        batch, self._line = live[:n], live[n:]
+        return batch
+
+    def _requeue(self, batch: list[tuple[I, asyncio.Future[O]]]) -> None:
+        self._line = [(i, f) for i, f in batch if not f.done()] + self._line
+        self._back.set()  # wakes the callers whose requests were in it
+        self._back = asyncio.Event()
+
+    async def _send(self) -> None:
+        batch = self._take()
+        try:
+            if len(batch) > 1:
+                try:
+                    answers = await self._many([i for i, _ in batch])
+                except WorkflowUpdateFailedError as err:
+                    if unknown_update(err, self._name):
+                        self._singly_until = time.monotonic() + REPROBE_S
+                    else:
+                        self._alone.update(f for _, f in batch)
+                    self._requeue(batch)
+                    return
+                for (_, f), a in zip(batch, answers, strict=True):
+                    if not f.done():
+                        f.set_result(a)
+                return
+            for i, f in batch:
+                try:
+                    answer = await self._one(i)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # its caller's activity fails with it
+                    if not f.done():
+                        f.set_exception(err)
+                else:
+                    if not f.done():
+                        f.set_result(answer)
+        except asyncio.CancelledError:
+            self._requeue(batch)
+            raise
+        except Exception as err:  # the batch failed on its way: each caller's activity retries
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(err)
 
 
 @implements(act.FIND_CLOSED_RUNS)
@@ -122,6 +246,8 @@ class FleetActivities:
             self._core = client.CoreV1Api(kube)
         self._seed = seed
         self._in_flight = asyncio.Semaphore(updates)
+        self._admits: dict[str, Batcher[AdmitRequest, Admission]] = {}
+        self._requests: dict[str, Batcher[CapacityRequest, CapacityDecision]] = {}
         self._listing_lock = asyncio.Lock()
         self._listing: tuple[float, dict[str, NodeInfo], dict[str, dict[str, str]]] | None = None
         self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
@@ -141,17 +267,50 @@ class FleetActivities:
             gpu_serials=ask.gpu_serials,
             seed=self._seed,
         )
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        admission = await self._batcher(
+            self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one
+        ).ask(req)
+        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
+
+    def _start(self, cluster: str) -> WithStartWorkflowOperation[Any, Any]:
+        """The cluster's coordinator, started by the first incident's admission (one use each)."""
+        return WithStartWorkflowOperation(
             COORDINATOR.name,
-            CoordinatorInput(cluster=ask.cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
-            id=ids.coordinator_id(ask.cluster),
+            CoordinatorInput(cluster=cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
+            id=ids.coordinator_id(cluster),
             task_queue=activity.info().task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"Fleet coordinator of cluster {ask.cluster}: policy, disruption budget, circuit breaker",
+            static_summary=f"Fleet coordinator of cluster {cluster}: policy, disruption budget, circuit breaker",
         )
-        async with self._in_flight:
-            admission = await FLEET_ADMIT.execute_with_start(activity.client(), req, start)
-        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
+
+    async def _admit_one(self, req: AdmitRequest) -> Admission:
+        return await FLEET_ADMIT.execute_with_start(activity.client(), req, self._start(req.cluster))
+
+    async def _admit_many(self, reqs: list[AdmitRequest]) -> list[Admission]:
+        batch = AdmitRequests(requests=tuple(reqs))
+        out = await FLEET_ADMIT_MANY.execute_with_start(activity.client(), batch, self._start(reqs[0].cluster))
+        return list(out.answers)
+
+    async def _request_one(self, req: CapacityRequest) -> CapacityDecision:
+        return await FLEET_REQUEST_CAPACITY.execute(
+            activity.client().get_workflow_handle(ids.coordinator_id(req.cluster)), req
+        )
+
+    async def _request_many(self, reqs: list[CapacityRequest]) -> list[CapacityDecision]:
+        handle = activity.client().get_workflow_handle(ids.coordinator_id(reqs[0].cluster))
+        return list((await FLEET_REQUEST_CAPACITY_MANY.execute(handle, CapacityRequests(requests=tuple(reqs)))).answers)
+
+    def _batcher(
+        self,
+        batchers: dict[str, Batcher[I, O]],
+        cluster: str,
+        many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
+        one: Callable[[I], Awaitable[O]],
+    ) -> Batcher[I, O]:
+        """The cluster's line for one kind of request (one coordinator per cluster)."""
+        if cluster not in batchers:
+            batchers[cluster] = Batcher(self._in_flight, many, one)
+        return batchers[cluster]
 
     async def _listings(self) -> tuple[dict[str, NodeInfo], dict[str, dict[str, str]]]:
         """Slurm's nodes and the Kubernetes Nodes' labels, listed at most once per
@@ -197,7 +356,9 @@ class FleetActivities:
 
     @implements(act.REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
-        return await self._update(req.cluster, FLEET_REQUEST_CAPACITY, req)
+        return await self._batcher(
+            self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
+        ).ask(req)
 
     @implements(act.CONFIRM_CAPACITY)
     async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:

@@ -45,7 +45,14 @@ from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet_view import FleetView
-from gpuheal.core.messages import FLEET_ADMIT, FLEET_REQUEST_CAPACITY, FLEET_VIEW, INCIDENT
+from gpuheal.core.messages import (
+    FLEET_ADMIT,
+    FLEET_ADMIT_MANY,
+    FLEET_REQUEST_CAPACITY,
+    FLEET_REQUEST_CAPACITY_MANY,
+    FLEET_VIEW,
+    INCIDENT,
+)
 from gpuheal.core.models import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -273,6 +280,11 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
                     update = e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
                     run.updates[update] = run.updates.get(update, 0) + 1
+        if not one_by_one:  # a storm queues requests in each worker: fewer updates than requests
+            asks = run.updates.get(FLEET_REQUEST_CAPACITY.name, 0) + run.updates.get(
+                FLEET_REQUEST_CAPACITY_MANY.name, 0
+            )
+            check(0 < asks < len(nodes), f"{name}: {asks} capacity updates for {len(nodes)} incidents ({run.updates})")
         gate = asyncio.Semaphore(16)
 
         async def latency(node: str) -> None:
@@ -317,7 +329,13 @@ def table(runs: list[Run]) -> list[str]:
         return f"| {measure} | " + " | ".join(cells) + f" | {target} |"
 
     def updates(r: Run) -> str:
-        return f"{r.updates.get(FLEET_ADMIT.name, 0)} / {r.updates.get(FLEET_REQUEST_CAPACITY.name, 0)}"
+        u = r.updates.get
+
+        def pair(one: str, many: str) -> str:
+            return f"{u(one, 0)} + {u(many, 0)}"
+
+        admits = pair(FLEET_ADMIT.name, FLEET_ADMIT_MANY.name)
+        return f"{admits} / {pair(FLEET_REQUEST_CAPACITY.name, FLEET_REQUEST_CAPACITY_MANY.name)}"
 
     def rate(r: Run) -> str:
         return f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)"
@@ -341,7 +359,7 @@ def table(runs: list[Run]) -> list[str]:
         ),
         line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
         line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
-        line("coordinator updates accepted: admit / request_capacity", (updates(r) for r in runs)),
+        line("coordinator updates: admit + admit_many / request + request_many", (updates(r) for r in runs)),
         line("`gpuheal fleet`'s read (memo), p50 / max", (peak(w.read_ms) for w in watches), "max < 1 s"),
         line(
             "`gpuheal fleet` command (with Python's start), p50 / max",

@@ -31,8 +31,11 @@ from gpuheal.activities.interface import implements
 from gpuheal.core import ids, reaping
 from gpuheal.core import messages as m
 from gpuheal.core.fleet_models import (
+    BATCH_MOST,
     AdmitRequest,
+    AdmitRequests,
     CapacityRequest,
+    CapacityRequests,
     CoordinatorInput,
     DomainDecisionFor,
     DomainIncident,
@@ -192,6 +195,56 @@ async def one_granted_one_held(env: WorkflowEnvironment, queue: str) -> tuple[Ha
     held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
     assert granted.granted and not held.granted and "disruption budget" in held.reason
     return handle, first, second
+
+
+async def test_a_batch_is_decided_in_its_order_as_one_request_at_a_time_would_be(env: WorkflowEnvironment) -> None:
+    """A storm's requests that queued in one worker arrive as one update: the first two take the
+    budget of two, the rest are held in line in their order; asked again, the same answers. A
+    batch for another cluster, or past BATCH_MOST, is refused whole and changes nothing."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        policy = FleetPolicy(budget=BudgetPolicy(cluster="2", node_cooldown_s=0))
+        handle = await coordinator(env, queue, policy)
+        cluster = handle.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        runs = [await holder(env, queue, f"gpu{i:02d}") for i in range(1, 6)]
+
+        def admission(h: Handle, run: str, node: str, to: str = cluster) -> AdmitRequest:
+            return AdmitRequest(
+                incident_id=h.id,
+                run_id=run,
+                cluster=to,
+                placement=placement(node),
+                action=ActionClass.REPLACE_NODE,
+                what="XID 79",
+                seed=policy,
+            )
+
+        def capacity(h: Handle, run: str, node: str, to: str = cluster) -> CapacityRequest:
+            return ask(h.id, node, run).model_copy(update={"cluster": to})
+
+        nodes = [f"gpu{i:02d}" for i in range(1, 6)]
+        admits = AdmitRequests(requests=tuple(admission(h, r, n) for (h, r), n in zip(runs, nodes, strict=True)))
+        admitted = await m.FLEET_ADMIT_MANY.execute(handle, admits)
+        assert len(admitted.answers) == 5 and all(a.breaker is None for a in admitted.answers)
+        batch = CapacityRequests(requests=tuple(capacity(h, r, n) for (h, r), n in zip(runs, nodes, strict=True)))
+        answers = (await m.FLEET_REQUEST_CAPACITY_MANY.execute(handle, batch)).answers
+        assert [a.granted for a in answers] == [True, True, False, False, False]
+        assert [a.position for a in answers[2:]] == [1, 2, 3]
+        again = (await m.FLEET_REQUEST_CAPACITY_MANY.execute(handle, batch)).answers
+        assert [(a.granted, a.position) for a in again] == [(a.granted, a.position) for a in answers]
+
+        (h, r), node = runs[2], nodes[2]
+        mixed = CapacityRequests(requests=(capacity(h, r, node), capacity(h, r, node, to="other")))
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await m.FLEET_REQUEST_CAPACITY_MANY.execute(handle, mixed)
+        assert "holds requests of ['other']" in str(refused.value.cause)
+        too_many = CapacityRequests(requests=(capacity(h, r, node),) * (BATCH_MOST + 1))
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await m.FLEET_REQUEST_CAPACITY_MANY.execute(handle, too_many)
+        assert f"1 to {BATCH_MOST} requests, not {BATCH_MOST + 1}" in str(refused.value.cause)
+        status = await m.FLEET_STATUS.ask(handle)
+        assert len(status.out_of_service) == 2
+        assert [x.incident_id for x in status.held] == [h.id for h, _ in runs[2:]]
 
 
 async def test_a_run_terminated_while_granted_has_its_grant_reaped_and_the_line_goes_on(

@@ -30,11 +30,16 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
     from gpuheal.core.coordination import Effects
     from gpuheal.core.fleet_models import (
+        BATCH_MOST,
         Admission,
+        Admissions,
         AdmitRequest,
+        AdmitRequests,
         Breaker,
         CapacityDecision,
+        CapacityDecisions,
         CapacityRequest,
+        CapacityRequests,
         CoordinatorInput,
         DomainDecision,
         DomainIncident,
@@ -288,6 +293,19 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_ADMIT.name)
     def admit(self, req: AdmitRequest) -> Admission:
         """A new incident: its arrival counts (once), the breaker and the domains are checked."""
+        return self._admit(req)
+
+    @workflow.update(name=m.FLEET_ADMIT_MANY.name)
+    def admit_many(self, reqs: AdmitRequests) -> Admissions:
+        """Admissions that queued in one worker, decided in this one task, in their order: a
+        storm no longer waits for one workflow task per incident (10 updates in flight at most)."""
+        return Admissions(answers=tuple(self._admit(r) for r in reqs.requests))
+
+    @admit_many.validator
+    def _validate_admit_many(self, reqs: AdmitRequests) -> None:
+        _validate_batch(self._s.cluster, [r.cluster for r in reqs.requests])
+
+    def _admit(self, req: AdmitRequest) -> Admission:
         answer, out = coordination.admit(self._s, req, workflow.now())
         self._apply(out)
         return answer
@@ -304,6 +322,19 @@ class FleetCoordinator:
         """May this incident take its node out of service now? Idempotent: asked again, the same
         answer (granted, or its place in line)."""
         await self._rebuilt()
+        return self._request(req)
+
+    @workflow.update(name=m.FLEET_REQUEST_CAPACITY_MANY.name)
+    async def request_capacity_many(self, reqs: CapacityRequests) -> CapacityDecisions:
+        """Requests that queued in one worker, decided in one task, in their order (as admit_many)."""
+        await self._rebuilt()
+        return CapacityDecisions(answers=tuple(self._request(r) for r in reqs.requests))
+
+    @request_capacity_many.validator
+    def _validate_request_capacity_many(self, reqs: CapacityRequests) -> None:
+        _validate_batch(self._s.cluster, [r.cluster for r in reqs.requests])
+
+    def _request(self, req: CapacityRequest) -> CapacityDecision:
         answer, out = coordination.request(
             self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2), counts_left=self._counts()
         )
@@ -461,3 +492,12 @@ class FleetCoordinator:
             if figures != shown:
                 workflow.upsert_memo({m.FLEET_VIEW.key: view})
                 shown = figures
+
+
+def _validate_batch(cluster: str, clusters: list[str]) -> None:
+    """A batch is one worker's, for this cluster, within BATCH_MOST: refused whole otherwise
+    (rejected before it reaches the history; the Batcher then sends its requests alone)."""
+    if not 0 < len(clusters) <= BATCH_MOST:
+        raise ValueError(f"a batch holds 1 to {BATCH_MOST} requests, not {len(clusters)}")
+    if any(c != cluster for c in clusters):
+        raise ValueError(f"a batch for coordinator {cluster!r} holds requests of {sorted(set(clusters) - {cluster})}")

@@ -122,6 +122,7 @@ def request(
     answer (granted, or its place in line). Granted while the line is served, it hears it in the
     answer; a notice as well (`tell_requester`, as the coordinators of the release before sent)
     could arrive late, after a later confirmation took the grant back, and be taken for a grant."""
+    before = _what_frees(s)
     out = _forget_earlier_run(s, req, now, counts_left)
     if req.incident_id in s.grants:
         return CapacityDecision(granted=True, reason="granted already", already=True), out
@@ -134,10 +135,15 @@ def request(
     if granted and not s.queue:  # nobody is ahead in line
         grant(s, req.incident_id, req.run_id, req.placement, now)
         return CapacityDecision(granted=True, reason=why), out
+    room = granted
     if granted:
         granted, why = False, "others are ahead in line"
     s.queue.append(_held(req, now, why))
-    out += serve_queue(s, now)  # it may go at once if the ones ahead cannot (another pool)
+    # It may go at once if the ones ahead cannot (another pool); the ones ahead, only if this call
+    # freed something. Otherwise the line was served at the last change and nobody can go now: a
+    # storm's thousandth request costs one decision, not a thousand.
+    if room or _what_frees(s) != before:
+        out += serve_queue(s, now)
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
     if position is None:  # granted by serving the line
         if not tell_requester:
@@ -245,6 +251,21 @@ def grant(
     s.decisions += 1
 
 
+def _what_frees(s: FleetState) -> tuple[object, ...]:
+    """What, changed, may let a held incident go: grants and what is out, the rate's window, the
+    sizes the budgets are shares of, the breaker and the policy."""
+    return (
+        len(s.grants),
+        len(s.contained),
+        len(s.containing),
+        len(s.left),
+        len(s.remediations),
+        tuple(sorted(s.sizes.items())),
+        s.breaker.tripped,
+        s.policy.version,
+    )
+
+
 def serve_queue(s: FleetState, now: datetime) -> Effects:
     """Grant, in order, every held incident the budget has room for now."""
     out = Effects()
@@ -309,11 +330,7 @@ def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime, keep
     decided on its own (before, it found "granted already" and skipped breaker and budget). A
     node the earlier run had drained stays counted, as left by it, until a look finds it back in
     service or the new run is granted it (it may be held: the node is still out meanwhile)."""
-    earlier = {
-        (r.incident_id, r.run_id)
-        for r in reaping.holders(s)
-        if r.incident_id == req.incident_id and reaping.earlier_run(r.run_id, req.run_id)
-    }
+    earlier = {run for run in reaping.runs_of(s, req.incident_id) if reaping.earlier_run(run[1], req.run_id)}
     if not earlier:
         return Effects()
     for book in s.books() if keep_left else ():

@@ -74,6 +74,23 @@ class CapacityRequest(Frozen):
     run_id: str = ""
 
 
+# Requests in one batched update: 20 admissions (each answer carries the policy, ~1 KB) or
+# capacity requests stay far below Temporal's payload limit (2 MB) and decide in one short task:
+# about 3 ms each with 1,000 held (coordination.request serves the line only when something was
+# freed), so well inside the SDK's 2 s deadlock bound even on a starved CPU.
+BATCH_MOST = 20
+
+
+class AdmitRequests(Frozen):
+    """Admissions one worker sends together: those that queued while its updates were in flight."""
+
+    requests: tuple[AdmitRequest, ...]
+
+
+class Admissions(Frozen):
+    answers: tuple[Admission, ...]  # in the requests' order
+
+
 class RunRef(Frozen):
     """One incident run that holds something of the coordinator's (a grant, a place in line)."""
 
@@ -118,6 +135,16 @@ class CapacityDecision(Frozen):
     reason: str
     position: int | None = None  # in line, while held
     already: bool = False
+
+
+class CapacityRequests(Frozen):
+    """Capacity requests one worker sends together (as AdmitRequests)."""
+
+    requests: tuple[CapacityRequest, ...]
+
+
+class CapacityDecisions(Frozen):
+    answers: tuple[CapacityDecision, ...]  # in the requests' order
 
 
 class Grant(Frozen):

@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuheal.core.fleet_models import (
     Admission,
+    Admissions,
     AdmitRequest,
+    AdmitRequests,
     CapacityDecision,
+    CapacityDecisions,
     CapacityRequest,
+    CapacityRequests,
     CoordinatorInput,
     DomainDecision,
     DomainIncidentInput,
@@ -123,6 +127,9 @@ INCIDENT_STATUS = Query("status", RemediationStatus)
 COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None))
 FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the first incident starts it
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
+# Many at once, decided in one workflow task, in order (a storm; activities/fleet.py's Batcher).
+FLEET_ADMIT_MANY = Update("admit_many", AdmitRequests, Admissions)  # also sent with start
+FLEET_REQUEST_CAPACITY_MANY = Update("request_capacity_many", CapacityRequests, CapacityDecisions)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
 FLEET_RELEASE = Update("release", str, str)  # the incident id (incidents of an earlier release)
 FLEET_RELEASE_RUN = Update("release_run", ReleaseRequest, str)  # what that incident run holds
@@ -162,7 +169,9 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
     ),
     COORDINATOR: (
         FLEET_ADMIT,
+        FLEET_ADMIT_MANY,
         FLEET_REQUEST_CAPACITY,
+        FLEET_REQUEST_CAPACITY_MANY,
         FLEET_CONFIRM,
         FLEET_RELEASE,
         FLEET_RELEASE_RUN,

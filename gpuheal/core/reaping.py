@@ -46,6 +46,13 @@ def holders(s: FleetState) -> list[RunRef]:
     return [RunRef(incident_id=i, run_id=r, node=n) for (i, r), n in found.items()]
 
 
+def runs_of(s: FleetState, incident_id: str) -> set[tuple[str, str]]:
+    """The runs of one incident that hold something (holders' keys, without building them all:
+    a storm's request asks this once)."""
+    found = {(g.incident_id, g.run_id) for book in s.books() for g in book.values() if g.incident_id == incident_id}
+    return found | {(h.incident_id, h.run_id) for h in s.queue if h.incident_id == incident_id}
+
+
 def drop(s: FleetState, runs: set[tuple[str, str]]) -> list[str]:
     """Remove everything these runs hold; what was removed, in words."""
     gone: list[str] = []
