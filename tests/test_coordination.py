@@ -100,9 +100,11 @@ class Coordinator(RuleBasedStateMachine):
             what="XID 79",
             seed=self.s.policy.policy,
         )
-        self.step(lambda: coordination.admit(self.s, req, self.now))
+        self.step(lambda: coordination.admit(self.s, req, self.now, serve_when_freed=True))
         answer: list[object] = []
-        self.step(lambda: answer.append(coordination.request(self.s, self.capacity(node), self.now)))
+        self.step(
+            lambda: answer.append(coordination.request(self.s, self.capacity(node), self.now, serve_when_freed=True))
+        )
         decision = answer[0][0]  # type: ignore[index]
         if decision.already and decision.granted:
             assert self.s.grants[incident].run_id == run, "granted already by an earlier run's grant"
@@ -223,6 +225,19 @@ class Coordinator(RuleBasedStateMachine):
             if reap is not None and self.now >= reap:
                 self.look()
         self.now = end
+
+    @rule(seconds=st.sampled_from([1, 30, 121, 301, 601, 3600]), then=st.sampled_from([*NODES, "loop"]))
+    def time_passes_while_the_loop_is_away(self, seconds: int, then: str) -> None:
+        """The loop is away (sending notices, continuing as new) past its wake times; what comes
+        first after is an incident asking (admit and request), or the loop back at its wait."""
+        self.now += timedelta(seconds=seconds)
+        if then != "loop" and then not in self.live:
+            self.an_incident_asks(then)  # its admit and request serve what time freed
+        elif coordination.frees_due(self.s, self.now):  # the loop back at its wait (workflows/fleet.py)
+            self.step(lambda: ((), coordination.serve_freed(self.s, self.now)))
+        reap = reaping.reap_due(self.s, self.now)
+        if reap is not None and self.now >= reap:  # and its look for closed runs, late
+            self.look()
 
     def look(self) -> None:
         """A look for closed runs: the runs it asks about, answered from what has closed, and

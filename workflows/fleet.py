@@ -77,6 +77,9 @@ KEEP_CONTAINED = "coordinator-counts-a-contained-node-after-its-incident"
 # the budget plus the containment bound), nor keep a terminated run's node counted when its
 # incident's next run asked.
 COUNTS_LEFT = "coordinator-bounds-containment-by-all-out-and-keeps-a-dead-runs-node"
+# Nor did they serve the line only when something frees (a request that freed nothing, in a
+# storm, served a line of a thousand); they serve at every request until they continue as new.
+SERVE_WHEN_FREED = "coordinator-serves-the-line-when-something-frees"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 
 
@@ -139,6 +142,11 @@ class FleetCoordinator:
         moves that moment (a new hold, a release) wakes the loop to set its timer anew."""
         if not workflow.patched(COORDINATOR_2):
             await workflow.wait_condition(lambda: self._pending() or self._long())
+            return
+        if workflow.patched(SERVE_WHEN_FREED) and coordination.frees_due(self._s, workflow.now()):
+            # A moment that passed while the loop was away (sending notices): next_wake no longer
+            # sees it, and requests serve only what they free themselves.
+            self._apply(coordination.serve_freed(self._s, workflow.now()))
             return
         reaps = workflow.patched(COORDINATOR_3)
 
@@ -306,7 +314,9 @@ class FleetCoordinator:
         _validate_batch(self._s.cluster, [r.cluster for r in reqs.requests])
 
     def _admit(self, req: AdmitRequest) -> Admission:
-        answer, out = coordination.admit(self._s, req, workflow.now())
+        answer, out = coordination.admit(
+            self._s, req, workflow.now(), serve_when_freed=workflow.patched(SERVE_WHEN_FREED)
+        )
         self._apply(out)
         return answer
 
@@ -336,7 +346,12 @@ class FleetCoordinator:
 
     def _request(self, req: CapacityRequest) -> CapacityDecision:
         answer, out = coordination.request(
-            self._s, req, workflow.now(), tell_requester=not workflow.patched(COORDINATOR_2), counts_left=self._counts()
+            self._s,
+            req,
+            workflow.now(),
+            tell_requester=not workflow.patched(COORDINATOR_2),
+            counts_left=self._counts(),
+            serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
         self._apply(out)
         return answer

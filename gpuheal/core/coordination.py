@@ -53,10 +53,12 @@ class Effects:
 # --- incidents ------------------------------------------------------------------------------
 
 
-def admit(s: FleetState, req: AdmitRequest, now: datetime) -> tuple[Admission, Effects]:
-    """A new incident: its arrival counts (once per run), the breaker and the domains are checked."""
+def admit(s: FleetState, req: AdmitRequest, now: datetime, serve_when_freed: bool = False) -> tuple[Admission, Effects]:
+    """A new incident: its arrival counts (once per run), the breaker and the domains are checked.
+    With `serve_when_freed` (coordinators that serve the line only when something frees), the
+    line is served when time freed something (a cooldown ended, the rate's window slid)."""
     out = Effects()
-    policy.forget_before(s, now)
+    freed = policy.forget_before(s, now)
     policy.note_sizes(s, req.placement)
     if all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals):
         s.arrivals.append(
@@ -82,6 +84,8 @@ def admit(s: FleetState, req: AdmitRequest, now: datetime) -> tuple[Admission, E
         domain_incident=domain.incident_id if domain else None,
         breaker=s.breaker.why if s.breaker.tripped else None,
     )
+    if serve_when_freed and freed:
+        out += serve_queue(s, now)
     return answer, out
 
 
@@ -116,7 +120,12 @@ def _check_domains(s: FleetState, placement: Placement, now: datetime) -> Effect
 
 
 def request(
-    s: FleetState, req: CapacityRequest, now: datetime, tell_requester: bool = False, counts_left: bool = True
+    s: FleetState,
+    req: CapacityRequest,
+    now: datetime,
+    tell_requester: bool = False,
+    counts_left: bool = True,
+    serve_when_freed: bool = False,
 ) -> tuple[CapacityDecision, Effects]:
     """May this incident take its node out of service now? Idempotent: asked again, the same
     answer (granted, or its place in line). Granted while the line is served, it hears it in the
@@ -129,7 +138,7 @@ def request(
     for i, held in enumerate(s.queue):
         if held.incident_id == req.incident_id:
             return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True), out
-    policy.forget_before(s, now)
+    freed = policy.forget_before(s, now)
     policy.note_sizes(s, req.placement)
     granted, why = policy.capacity_decision(s, req, now)
     if granted and not s.queue:  # nobody is ahead in line
@@ -140,9 +149,10 @@ def request(
         granted, why = False, "others are ahead in line"
     s.queue.append(_held(req, now, why))
     # It may go at once if the ones ahead cannot (another pool); the ones ahead, only if this call
-    # freed something. Otherwise the line was served at the last change and nobody can go now: a
-    # storm's thousandth request costs one decision, not a thousand.
-    if room or _what_frees(s) != before:
+    # freed something (`serve_when_freed`, coordinators from SERVE_WHEN_FREED on). Otherwise the
+    # line was served at the last change and nobody can go now: a storm's thousandth request
+    # costs one decision, not a thousand. Earlier coordinators serve at every request.
+    if not serve_when_freed or room or freed or _what_frees(s) != before:
         out += serve_queue(s, now)
     position = next((i + 1 for i, h in enumerate(s.queue) if h.incident_id == req.incident_id), None)
     if position is None:  # granted by serving the line
@@ -251,18 +261,26 @@ def grant(
     s.decisions += 1
 
 
-def _what_frees(s: FleetState) -> tuple[object, ...]:
-    """What, changed, may let a held incident go: grants and what is out, the rate's window, the
-    sizes the budgets are shares of, the breaker and the policy."""
-    return (
-        len(s.grants),
-        len(s.contained),
-        len(s.containing),
-        len(s.left),
-        len(s.remediations),
-        tuple(sorted(s.sizes.items())),
-        s.breaker.tripped,
-        s.policy.version,
+def _what_frees(s: FleetState) -> tuple[int, ...]:
+    """What, changed within a request, may let a held incident go: what is out (an earlier run's
+    grant dropped). Time's frees are forget_before's; sizes do not enter a held incident's
+    decision (its own placement does), nor can the breaker or the policy change here."""
+    return (len(s.grants), len(s.contained), len(s.containing), len(s.left))
+
+
+def serve_freed(s: FleetState, now: datetime) -> Effects:
+    """The loop back from elsewhere, with time's frees not yet served (frees_due): forget them
+    and serve the line."""
+    policy.forget_before(s, now)
+    return serve_queue(s, now)
+
+
+def frees_due(s: FleetState, now: datetime) -> bool:
+    """Whether time has freed something nobody has served yet: the coordinator's loop was away
+    from its timer when it came (sending notices, continuing as new)."""
+    b = s.policy.policy.budget
+    return any((now - t).total_seconds() >= b.rate_window_s for t in s.remediations) or any(
+        (now - t).total_seconds() >= b.node_cooldown_s for t in s.last_release.values()
     )
 
 

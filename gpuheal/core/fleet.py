@@ -216,14 +216,18 @@ def repeat_offender(
     return None
 
 
-def forget_before(state: FleetState, now: datetime) -> None:
-    """Keep only what a window can still need (the state is carried across continue-as-new)."""
+def forget_before(state: FleetState, now: datetime) -> bool:
+    """Keep only what a window can still need (the state is carried across continue-as-new).
+    True when a remediation left the rate's window or a node's cooldown ended: a held incident
+    may go now."""
+    before = (len(state.remediations), len(state.last_release))
     p = state.policy.policy
     keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
     state.arrivals = within(state.arrivals, now, keep_s)
     state.remediations = [t for t in state.remediations if (now - t).total_seconds() < p.budget.rate_window_s]
     cooldown = p.budget.node_cooldown_s
     state.last_release = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < cooldown}
+    return (len(state.remediations), len(state.last_release)) != before
 
 
 def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) -> bool:
