@@ -29,6 +29,7 @@ from gpuheal.core import coordination, reaping, steering
 from gpuheal.core import fleet as policy
 from gpuheal.core.fleet_models import (
     AdmitRequest,
+    CapacityDecision,
     CapacityRequest,
     DomainDecision,
     FleetState,
@@ -108,6 +109,40 @@ class Coordinator(RuleBasedStateMachine):
         decision = answer[0][0]  # type: ignore[index]
         if decision.already and decision.granted:
             assert self.s.grants[incident].run_id == run, "granted already by an earlier run's grant"
+
+    @rule(nodes=st.lists(st.sampled_from(NODES), min_size=1, max_size=6))
+    def a_batch_of_incidents_asks(self, nodes: list[str]) -> None:
+        """Requests that queued in one worker go as one (request_many), new incidents and ones
+        asking again, a node even twice; the line is served once for the batch. Each answer is
+        its own run's, and the batch decides as those requests one at a time would."""
+        for node in dict.fromkeys(nodes):
+            if node not in self.live:
+                self.runs += 1
+                self.live[node] = (f"gpuheal-c-{node}", str(self.runs))
+                req = AdmitRequest(
+                    incident_id=self.live[node][0],
+                    run_id=self.live[node][1],
+                    cluster="c",
+                    placement=placement(node),
+                    action=ActionClass.REPLACE_NODE,
+                    what="XID 79",
+                    seed=self.s.policy.policy,
+                )
+                self.step(lambda req=req: coordination.admit(self.s, req, self.now, serve_when_freed=True))  # type: ignore[misc]
+        reqs = [self.capacity(n) for n in nodes]
+        one_at_a_time = FleetState.model_validate_json(self.s.model_dump_json())
+        for r in reqs:
+            coordination.request(one_at_a_time, r, self.now, serve_when_freed=True)
+        answers: list[object] = []
+        self.step(lambda: answers.extend(coordination.request_many(self.s, reqs, self.now)[0]))
+        assert self.s == one_at_a_time, "a batch decided otherwise than its requests one at a time"
+        for r, a in zip(reqs, answers, strict=True):
+            assert isinstance(a, CapacityDecision)
+            if a.granted:
+                assert self.s.grants[r.incident_id].run_id == r.run_id, f"{r.incident_id} told granted, not"
+            else:
+                held = self.s.queue[a.position - 1] if a.position else None
+                assert held is not None and held.incident_id == r.incident_id, f"{r.incident_id}: wrong place"
 
     @precondition(lambda self: any(self.live.get(h.node) == (h.incident_id, h.run_id) for h in self.s.queue))
     @rule(data=st.data())

@@ -336,9 +336,18 @@ class FleetCoordinator:
 
     @workflow.update(name=m.FLEET_REQUEST_CAPACITY_MANY.name)
     async def request_capacity_many(self, reqs: CapacityRequests) -> CapacityDecisions:
-        """Requests that queued in one worker, decided in one task, in their order (as admit_many)."""
+        """Requests that queued in one worker, decided in one task, in their order (as admit_many),
+        the line served once for the whole batch."""
         await self._rebuilt()
-        return CapacityDecisions(answers=tuple(self._request(r) for r in reqs.requests))
+        answers, out = coordination.request_many(
+            self._s,
+            reqs.requests,
+            workflow.now(),
+            tell_requester=not workflow.patched(COORDINATOR_2),
+            counts_left=self._counts(),
+        )
+        self._apply(out)
+        return CapacityDecisions(answers=tuple(answers))
 
     @request_capacity_many.validator
     def _validate_request_capacity_many(self, reqs: CapacityRequests) -> None:
