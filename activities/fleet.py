@@ -18,6 +18,7 @@ incident.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -113,12 +114,15 @@ class Batcher(Generic[I, O]):
     ) -> None:
         self._gate, (self._name, self._many), self._one, self._most = gate, many, one, most
         self._line: list[tuple[I, asyncio.Future[O]]] = []
+        self._came: dict[asyncio.Future[O], int] = {}  # each request's place in arrival order
+        self._arrivals = itertools.count()
         self._alone: set[asyncio.Future[O]] = set()  # requests of a refused batch
         self._back = asyncio.Event()  # set when requests go back in line
         self._singly_until = 0.0  # monotonic: the coordinator lacked the batched update
 
     async def ask(self, item: I) -> O:
         mine: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        self._came[mine] = next(self._arrivals)
         self._line.append((item, mine))
         try:
             while not mine.done():
@@ -137,6 +141,7 @@ class Batcher(Generic[I, O]):
         finally:
             self._line = [(i, f) for i, f in self._line if f is not mine]
             self._alone.discard(mine)
+            self._came.pop(mine, None)
             if not mine.done():  # cancelled: a sender drops it, nobody waits for its answer
                 mine.cancel()
 
@@ -158,7 +163,10 @@ class Batcher(Generic[I, O]):
         return batch
 
     def _requeue(self, batch: list[tuple[I, asyncio.Future[O]]]) -> None:
-        self._line = [(i, f) for i, f in batch if not f.done()] + self._line
+        """Back in line, in the order they came (batches in flight come back in any order, and the
+        coordinator's line, first come first decided, follows the order they are sent in)."""
+        back = [(i, f) for i, f in batch if not f.done()] + self._line
+        self._line = sorted(back, key=lambda entry: self._came.get(entry[1], -1))
         self._back.set()  # wakes the callers whose requests were in it
         self._back = asyncio.Event()
 

@@ -194,3 +194,22 @@ async def test_a_sender_cancelled_mid_send_puts_the_others_back_in_line() -> Non
     with pytest.raises(asyncio.CancelledError):
         await sender
     assert await asyncio.wait_for(asyncio.gather(*others), 5) == [20, 30]
+
+
+async def test_requests_of_refused_batches_go_again_in_the_order_they_came() -> None:
+    """Batches in flight refused one after another: their requests go back in line in the order
+    they came, not batch by batch (the coordinator's line is first come, first decided)."""
+    sent: list[int] = []
+
+    async def many(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.01 if items[0] == 0 else 0.02)  # refused, the first batch first
+        raise WorkflowUpdateFailedError(ApplicationError("refused"))
+
+    async def one(item: int) -> int:
+        sent.append(item)
+        await asyncio.sleep(0)
+        return item * 10
+
+    line: Batcher[int, int] = Batcher(asyncio.Semaphore(2), (MANY, many), one, most=3)
+    assert await asyncio.gather(*(line.ask(i) for i in range(7))) == [i * 10 for i in range(7)]
+    assert sent == list(range(7))

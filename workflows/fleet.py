@@ -345,6 +345,7 @@ class FleetCoordinator:
             workflow.now(),
             tell_requester=not workflow.patched(COORDINATOR_2),
             counts_left=self._counts(),
+            serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
         self._apply(out)
         return CapacityDecisions(answers=tuple(answers))

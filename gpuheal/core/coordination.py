@@ -145,16 +145,19 @@ def request_many(
     now: datetime,
     tell_requester: bool = False,
     counts_left: bool = True,
+    serve_when_freed: bool = True,
 ) -> tuple[list[CapacityDecision], Effects]:
     """A batch's requests (workflows/fleet.py's request_capacity_many), each decided in its order
     as `request` would, the line served once at the end if any of them had room or freed
     something: a batch costs one pass over the line, not one per request (a storm's batch of 20
     beside a thousand held would otherwise take seconds of one workflow task). Each incident
-    hears its own answer, granted by that pass or its place in line after it."""
+    hears its own answer, granted by that pass or its place in line after it. A coordinator from
+    before SERVE_WHEN_FREED (`serve_when_freed` False) serves after every batch that put anyone in
+    line, as its single requests do: it does not serve what time freed anywhere else."""
     out, decided, serve = Effects(), [], False
     reqs = list(reqs)
     for req in reqs:
-        answer, effects, wants = _decide(s, req, now, counts_left, serve_when_freed=True)
+        answer, effects, wants = _decide(s, req, now, counts_left, serve_when_freed)
         out += effects
         serve = serve or wants
         decided.append(answer)

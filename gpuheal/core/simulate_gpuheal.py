@@ -115,7 +115,7 @@ class Gpuheal:
             what=f.cause,
             seed=self.e.policy,
         )
-        admission, out = coordination.admit(self.s, req, self.e.clock())
+        admission, out = coordination.admit(self.s, req, self.e.clock(), serve_when_freed=True)
         if admission.repeat_offender is not None and action in policy.REPLACED_WHEN_REPEATED:
             inc.action = ActionClass.REPLACE_NODE
         self.apply(out)
@@ -127,7 +127,7 @@ class Gpuheal:
             self.decide(inc, "granted", "no capacity taken: the job is requeued")
             self.approved(inc, lambda: self.restart_app(inc))
             return
-        answer, out = coordination.request(self.s, self.capacity_request(inc), self.e.clock())
+        answer, out = coordination.request(self.s, self.capacity_request(inc), self.e.clock(), serve_when_freed=True)
         if answer.granted:
             self.decide(inc, "granted", answer.reason)
             self.approved(inc, lambda: self.remediate(inc))
