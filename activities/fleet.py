@@ -24,7 +24,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from temporalio import activity
-from temporalio.client import WithStartWorkflowOperation, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -300,13 +305,11 @@ class FleetActivities:
         return list(out.answers)
 
     async def _request_one(self, req: CapacityRequest) -> CapacityDecision:
-        return await FLEET_REQUEST_CAPACITY.execute(
-            activity.client().get_workflow_handle(ids.coordinator_id(req.cluster)), req
-        )
+        return await FLEET_REQUEST_CAPACITY.execute(self._coordinator(req.cluster), req)
 
     async def _request_many(self, reqs: list[CapacityRequest]) -> list[CapacityDecision]:
-        handle = activity.client().get_workflow_handle(ids.coordinator_id(reqs[0].cluster))
-        return list((await FLEET_REQUEST_CAPACITY_MANY.execute(handle, CapacityRequests(requests=tuple(reqs)))).answers)
+        batch = CapacityRequests(requests=tuple(reqs))
+        return list((await FLEET_REQUEST_CAPACITY_MANY.execute(self._coordinator(reqs[0].cluster), batch)).answers)
 
     def _batcher(
         self,
@@ -358,9 +361,13 @@ class FleetActivities:
 
     async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:
         """One update of the cluster's coordinator, within this worker's share of its in-flight limit."""
-        handle = activity.client().get_workflow_handle(ids.coordinator_id(cluster))
         async with self._in_flight:
-            return await update.execute(handle, arg)
+            return await update.execute(self._coordinator(cluster), arg)
+
+    @staticmethod
+    def _coordinator(cluster: str) -> WorkflowHandle[Any, Any]:
+        """The cluster's coordinator (its workflow id, one per cluster)."""
+        return activity.client().get_workflow_handle(ids.coordinator_id(cluster))
 
     @implements(act.REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:

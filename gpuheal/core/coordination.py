@@ -336,10 +336,7 @@ def serve_freed(s: FleetState, now: datetime) -> Effects:
 def frees_due(s: FleetState, now: datetime) -> bool:
     """Whether time has freed something nobody has served yet: the coordinator's loop was away
     from its timer when it came (sending notices, continuing as new)."""
-    b = s.policy.policy.budget
-    return any((now - t).total_seconds() >= b.rate_window_s for t in s.remediations) or any(
-        (now - t).total_seconds() >= b.node_cooldown_s for t in s.last_release.values()
-    )
+    return policy.time_freed(s, now)
 
 
 def serve_queue(s: FleetState, now: datetime) -> Effects:
@@ -367,7 +364,7 @@ def next_wake(s: FleetState, now: datetime) -> datetime | None:
     if not s.queue or s.breaker.tripped:
         return None
     b = s.policy.policy.budget
-    recent = [t for t in s.remediations if (now - t).total_seconds() < b.rate_window_s]
+    recent, _ = policy.still_counted(s, now)
     times = [min(recent) + timedelta(seconds=b.rate_window_s)] if len(recent) >= b.rate else []
     held_nodes = {h.node for h in s.queue}
     times += [t + timedelta(seconds=b.node_cooldown_s) for n, t in s.last_release.items() if n in held_nodes]

@@ -220,14 +220,27 @@ def forget_before(state: FleetState, now: datetime) -> bool:
     """Keep only what a window can still need (the state is carried across continue-as-new).
     True when a remediation left the rate's window or a node's cooldown ended: a held incident
     may go now."""
-    before = (len(state.remediations), len(state.last_release))
     p = state.policy.policy
     keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
     state.arrivals = within(state.arrivals, now, keep_s)
-    state.remediations = [t for t in state.remediations if (now - t).total_seconds() < p.budget.rate_window_s]
-    cooldown = p.budget.node_cooldown_s
-    state.last_release = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < cooldown}
-    return (len(state.remediations), len(state.last_release)) != before
+    freed = time_freed(state, now)
+    state.remediations, state.last_release = still_counted(state, now)
+    return freed
+
+
+def still_counted(state: FleetState, now: datetime) -> tuple[list[datetime], dict[str, datetime]]:
+    """The remediations still in the rate's window, and the nodes still cooling down, at `now`."""
+    b = state.policy.policy.budget
+    recent = [t for t in state.remediations if (now - t).total_seconds() < b.rate_window_s]
+    cooling = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < b.node_cooldown_s}
+    return recent, cooling
+
+
+def time_freed(state: FleetState, now: datetime) -> bool:
+    """Whether time has freed something forget_before has not yet forgotten: a remediation left
+    the rate's window, or a node's cooldown ended."""
+    recent, cooling = still_counted(state, now)
+    return len(recent) != len(state.remediations) or len(cooling) != len(state.last_release)
 
 
 def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) -> bool:

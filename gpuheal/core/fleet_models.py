@@ -76,8 +76,8 @@ class CapacityRequest(Frozen):
 
 # Requests in one batched update: 20 admissions (each answer carries the policy, ~1 KB) or
 # capacity requests stay far below Temporal's payload limit (2 MB) and decide in one short task:
-# about 3 ms each with 1,000 held (coordination.request serves the line only when something was
-# freed), so well inside the SDK's 2 s deadlock bound even on a starved CPU.
+# a batch of 20 beside 950 held took 0.04 s (coordination.request_many serves the line once, and
+# only when something was freed), so well inside the SDK's 2 s deadlock bound even on a starved CPU.
 BATCH_MOST = 20
 
 
