@@ -38,12 +38,13 @@ from temporalio.client import Client
 from bench import baselines
 from bench.baselines import BaselineRun
 from bench.common import BenchCheckFailed, check, distinct, summary
-from bench.mttr_parts import AFTER, BEFORE, FLOOR_JOB, FLOOR_SLURM, SLURM, Floor, GpuhealRun
+from bench.mttr_parts import BEFORE, FLOOR_JOB, FLOOR_SLURM, JOB, LOOK, SLURM, Floor, GpuhealRun
 from bench.mttr_report import report
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.models import Stage
+from gpuheal.core.progress import parse_progress
 from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import REPO, RUN
@@ -55,14 +56,16 @@ FIGURES = REPO / "bench" / "results" / "mttr.json"  # the timings `gpuheal simul
 
 
 class JobWatch:
-    """The job's state as Slurm shows it, every 50 ms in a thread: when it was first seen
-    PENDING (requeued) and then RUNNING again, in unix time."""
+    """The job's state and progress line as Slurm shows them, every 50 ms in a thread: when it
+    was first seen PENDING (requeued), then RUNNING again, then its restarted run's first step
+    past its checkpoint (the job's own restart done, before gpuheal looks), in unix time."""
 
     def __init__(self, sb: Sandbox, job: int, fresh: bool = False) -> None:
         self.sb, self.job = sb, job
         self.fresh = fresh  # a new submission: its first RUNNING counts, PENDING seen or not
         self.pending_at: float | None = None
         self.running_at: float | None = None
+        self.past_at: float | None = None
         self._on = True
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -76,12 +79,17 @@ class JobWatch:
 
     def _loop(self) -> None:
         while self._on:
-            state = self.sb.slurm("squeue", "-h", "-j", str(self.job), "-o", "%T", check=False).strip()
+            line = self.sb.slurm("squeue", "-h", "-j", str(self.job), "-o", "%T|%k", check=False).strip()
             now = time.time()
+            state, _, comment = line.partition("|")
             if state == "PENDING" and self.pending_at is None:
                 self.pending_at = now
             if state == "RUNNING" and self.running_at is None and (self.pending_at is not None or self.fresh):
                 self.running_at = now
+            p = parse_progress(comment)
+            restarted = self.fresh or (p is not None and p.restart > 0)
+            if self.running_at is not None and self.past_at is None and p and restarted and p.step > p.checkpoint_step:
+                self.past_at = now
             time.sleep(0.05)
 
 
@@ -143,7 +151,7 @@ async def gpuheal_run(sb: Sandbox, client: Client, index: int, seen: set[str]) -
     resumed = [r for r in result.jobs_resumed if r.job_id == job]
     check(bool(resumed) and node not in resumed[0].node, f"run {index}: job {job} not resumed elsewhere ({alert_at})")
     run = GpuhealRun(index, desc.run_id, node, job, injected_at, desc.start_time, result, floor)
-    run.pending_at, run.running_at = watch.pending_at, watch.running_at
+    run.pending_at, run.running_at, run.past_at = watch.pending_at, watch.running_at, watch.past_at
     run.profile = profile(run)
     return run
 
@@ -154,12 +162,18 @@ def profile(run: GpuhealRun) -> dict[str, float]:
     t0 = r.failure_observed_at.timestamp()
     requeued = run.pending_at  # Slurm showed it requeued (the incident's own stage ends at the hand-off)
     resumed = max(j.observed_at.timestamp() for j in r.jobs_resumed)
+    # The job was past its checkpoint by the first time anyone saw it so: the watch (every 50 ms)
+    # or gpuheal's own look, whichever came first.
+    past = None if run.past_at is None else min(run.past_at, resumed)
     check(requeued is not None and run.running_at is not None, f"run {run.index}: no requeue or restart seen")
-    assert requeued is not None and run.running_at is not None
+    check(past is not None, f"run {run.index}: the restarted job never showed a step past its checkpoint")
+    assert requeued is not None and run.running_at is not None and past is not None
+    check(t0 <= requeued <= run.running_at <= past <= resumed, f"run {run.index}: its parts are out of order")
     return {
         BEFORE: requeued - t0,
         SLURM: run.running_at - requeued,
-        AFTER: resumed - run.running_at,
+        JOB: past - run.running_at,
+        LOOK: resumed - past,
         FLOOR_SLURM: run.floor.to_running_s,
         FLOOR_JOB: run.floor.total_s - run.floor.to_running_s,
     }

@@ -10,7 +10,8 @@ from gpuheal.core.models import RemediationResult
 
 BEFORE = "gpuheal: failure observed -> job requeued (seen PENDING)"
 SLURM = "Slurm: requeued -> RUNNING again (its scheduler's next pass)"
-AFTER = "job: RUNNING -> seen past its checkpoint (its restart + gpuheal's look)"
+JOB = "job: RUNNING -> its first step past its checkpoint (its own restart, seen every 50 ms)"
+LOOK = "gpuheal: the job past its checkpoint -> gpuheal saw it (verify_resume's look)"
 FLOOR_SLURM = "floor: submit -> RUNNING"
 FLOOR_JOB = "floor: RUNNING -> past its checkpoint (the job's own restart)"
 
@@ -33,6 +34,7 @@ class GpuhealRun:
     floor: Floor
     pending_at: float | None = None
     running_at: float | None = None
+    past_at: float | None = None
     profile: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -53,9 +55,10 @@ class GpuhealRun:
 
     @property
     def own(self) -> float:
-        """gpuheal's own part: MTTR - Slurm's wait for this run's requeued job - the job's own
-        restart (the paired floor's RUNNING -> past its checkpoint) - the checkpoint. Slurm's
-        scheduler passes every few seconds (batch_sched_delay, 3 s): a floor run and an
-        incident land at different phases of it, which the first definition pairs as noise."""
+        """gpuheal's own part: MTTR - Slurm's wait for this run's requeued job - this run's job's
+        own restart (RUNNING -> its first step past its checkpoint) - the checkpoint, all of this
+        run. Slurm's scheduler passes every few seconds (batch_sched_delay, 3 s), and a job's
+        restart itself varies from run to run (0.8 to 1.8 s here): pairing with a floor run would
+        carry both as noise (one run came out at -0.27 s that way)."""
         p = self.profile
-        return self.mttr - p[SLURM] - p[FLOOR_JOB] - self.checkpoint_s
+        return self.mttr - p[SLURM] - p[JOB] - self.checkpoint_s
