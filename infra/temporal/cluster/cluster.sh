@@ -30,6 +30,7 @@ NAMESPACE=${GPUHEAL_TEMPORAL_NAMESPACE:-default}
 PGDATA="$DIR/pg"
 PIDF="$DIR/server.pid"
 
+umask 077  # logs, config and the password file: root's alone
 log() { printf 'temporal-cluster: %s\n' "$*" >&2; }
 if [ "$MEMBER" -gt 32763 ]; then
   log "GPUHEAL_TEMPORAL_MEMBERSHIP_PORT=$MEMBER: must be below 32764 (PostgreSQL keeps it as a smallint)"
@@ -39,15 +40,20 @@ fi
 pg_start() {
   [ -x "$PG_BIN/initdb" ] || { log "no PostgreSQL at $PG_BIN (apt-get install postgresql-15)"; exit 1; }
   mkdir -p "$DIR"
-  chmod 755 "$DIR"
+  chmod 711 "$DIR"  # postgres passes through to its own data directory and log, reads nothing else
   if [ ! -s "$DIR/pg-password" ]; then
+    if [ -s "$PGDATA/PG_VERSION" ]; then
+      log "$DIR/pg-password is gone but its database is not: put it back, or start --fresh"
+      exit 1
+    fi
     (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pg-password")
   fi
   if [ ! -s "$PGDATA/PG_VERSION" ]; then
     mkdir -p "$PGDATA" && chown postgres:postgres "$PGDATA" && chmod 700 "$PGDATA"
     # initdb reads the superuser's password from a file only postgres can read, then it is removed
     local pw="$PGDATA.pw"
-    (umask 077 && cp "$DIR/pg-password" "$pw") && chown postgres "$pw"
+    cp "$DIR/pg-password" "$pw" && chown postgres "$pw"
+    trap "rm -f '$pw'" EXIT
     runuser -u postgres -- "$PG_BIN/initdb" -D "$PGDATA" -U postgres --auth-local=peer \
       --auth-host=scram-sha-256 --pwfile="$pw" >"$DIR/initdb.log" 2>&1
     rm -f "$pw"
@@ -55,14 +61,16 @@ pg_start() {
   if ! runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
     touch "$DIR/postgres.log" && chown postgres "$DIR/postgres.log"
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -w -t 60 -l "$DIR/postgres.log" start \
-      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PGDATA -c max_connections=200" >/dev/null
+      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k '$PGDATA' -c max_connections=200" >/dev/null
   fi
   log "PostgreSQL on 127.0.0.1:$PG_PORT ($PGDATA)"
 }
 
 pg_stop() {
   [ -s "$PGDATA/PG_VERSION" ] || return 0
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null 2>&1 || true
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1 || return 0
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null ||
+    { log "PostgreSQL in $PGDATA did not stop"; exit 1; }
 }
 
 schemas() {
@@ -129,23 +137,30 @@ EOF
   )
 }
 
+ours() {
+  local pid
+  [ -s "$PIDF" ] && pid=$(cat "$PIDF") && [ -r "/proc/$pid/cmdline" ] &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$BIN/temporal-server --config-file $DIR/config.yaml"
+}
+
 healthy() {
   "$CLI" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
 }
 
 server_start() {
-  if [ -s "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null && healthy; then
-    log "server already running on 127.0.0.1:$PORT"
-    return 0
+  if ours; then
+    log "server already running (pid $(cat "$PIDF")); waiting until it serves"
+  else
+    rm -f "$PIDF"
+    # A server someone else runs on the port (a dev server, a test's) must not pass for ours.
+    if healthy; then log "127.0.0.1:$PORT already serves another Temporal server"; exit 1; fi
+    write_config
+    GPUHEAL_PG_PASSWORD=$(cat "$DIR/pg-password") setsid "$BIN/temporal-server" \
+      --config-file "$DIR/config.yaml" --allow-no-auth start >>"$DIR/server.log" 2>&1 </dev/null &
+    echo $! >"$PIDF"
   fi
-  # A server someone else runs on the port (a dev server, a test's) must not pass for ours.
-  if healthy; then log "127.0.0.1:$PORT already serves another Temporal server"; exit 1; fi
-  write_config
-  GPUHEAL_PG_PASSWORD=$(cat "$DIR/pg-password") setsid "$BIN/temporal-server" \
-    --config-file "$DIR/config.yaml" --allow-no-auth start >>"$DIR/server.log" 2>&1 </dev/null &
-  echo $! >"$PIDF"
   for _ in $(seq 300); do
-    kill -0 "$(cat "$PIDF")" 2>/dev/null || break
+    ours || break
     if healthy; then log "server ready on 127.0.0.1:$PORT"; return 0; fi
     sleep 0.2
   done
@@ -155,7 +170,7 @@ server_start() {
 }
 
 server_stop() {
-  [ -s "$PIDF" ] || return 0
+  ours || { rm -f "$PIDF"; return 0; }
   local pid
   pid=$(cat "$PIDF")
   kill "$pid" 2>/dev/null || true
@@ -172,11 +187,12 @@ namespace_and_attributes() {
   # SQL visibility keeps custom attributes per namespace; the one list is gpuheal's. A namespace
   # just created is not yet in every service's cache (creates fail for a few seconds): ask again
   # for what is missing until all are listed.
-  local pair name type missing
+  local pair name type missing attrs
+  attrs=$("$PY" -m gpuheal.core.search_attributes | tr ' ' '\n' | grep '=')  # fails the script if it fails
   for _ in $(seq 60); do
     "$CLI" operator search-attribute list "${addr[@]}" >"$DIR/search-attributes.txt" 2>/dev/null || true
     missing=0
-    for pair in $("$PY" -m gpuheal.core.search_attributes | tr ' ' '\n' | grep '='); do
+    for pair in $attrs; do
       name=${pair%%=*} type=${pair#*=}
       grep -qE "^ *$name +$type *\$" "$DIR/search-attributes.txt" && continue
       missing=1
