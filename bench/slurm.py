@@ -41,6 +41,8 @@ from infra.sandbox.stack import Sandbox
 RESULTS = REPO / "bench" / "results" / "slurm.md"
 BEFORE = "4024990"  # the last commit with the single 22.05 client (activities/slurm.py)
 MATRIX = [("cli", "22.05"), ("cli", "24.11"), ("cli", "26.05"), ("rest", "24.11"), ("rest", "26.05")]
+Figures = dict[str, tuple[list[float], float]]  # activity -> (each run's seconds, calls per run)
+GOAL_LIST_S = 0.1  # issue 17: a node's jobs listed within 100 ms with 10,000 jobs queued
 
 
 def fill_queue(sb: Sandbox, jobs: int) -> None:
@@ -70,7 +72,7 @@ async def timed(runs: int, fn: Callable[[], Awaitable[Any]], counter: Callable[[
     return times, statistics.mean(calls)
 
 
-async def measure_after(sb: Sandbox, runs: int) -> dict[str, tuple[list[float], float]]:
+async def measure_after(sb: Sandbox, runs: int) -> Figures:
     settings = Settings.from_env(sb.env())
     slurm = build_slurm(settings.slurm)
     acts = RemediationActivities(slurm, provider=None, notifier=LogNotifier(), on_closed=lambda r: None)  # type: ignore[arg-type]
@@ -136,7 +138,7 @@ def old_client(sb: Sandbox) -> Any:
     return client
 
 
-async def measure_before(sb: Sandbox, runs: int) -> dict[str, tuple[list[float], float]]:
+async def measure_before(sb: Sandbox, runs: int) -> Figures:
     old = old_client(sb)
 
     async def drain() -> None:  # the old drain_slurm_node: read the node, then drain it
@@ -160,10 +162,6 @@ async def measure_before(sb: Sandbox, runs: int) -> dict[str, tuple[list[float],
     out["drain_slurm_node"] = (times, statistics.mean(calls))
     await old.update_node("gpu02", state="resume")
     return out
-
-
-Figures = dict[str, tuple[list[float], float]]  # activity -> (each run's seconds, calls per run)
-GOAL_LIST_S = 0.1  # issue 17: a node's jobs listed within 100 ms with 10,000 jobs queued
 
 
 def rows(label: str, figures: Figures) -> list[str]:
