@@ -12,15 +12,18 @@ $(STAMP): pyproject.toml infra/setup.sh
 
 setup: $(STAMP)
 
-# make demo [SLURM=22.05|24.11|26.05] [BACKEND=cli|rest] [K8S=0]
+# make demo [SLURM=22.05|24.11|26.05] [BACKEND=cli|rest] [K8S=0] [TEMPORAL=dev|cluster]
 SLURM ?= 26.05
 BACKEND ?= cli
 K8S ?= 1
+TEMPORAL ?= dev
 demo: $(STAMP)
-	$(PY) -m infra.sandbox.demo --slurm $(SLURM) --backend $(BACKEND) $(if $(filter 0,$(K8S)),--no-k8s,)
+	$(PY) -m infra.sandbox.demo --slurm $(SLURM) --backend $(BACKEND) --temporal $(TEMPORAL) \
+	  $(if $(filter 0,$(K8S)),--no-k8s,)
 
 test: $(STAMP) lint
 	bash infra/k8s/build.sh
+	bash infra/temporal/cluster/build.sh
 	bash infra/slurm/roots.sh build 24.11 >/dev/null
 	bash infra/slurm/roots.sh build 26.05 >/dev/null
 	$(VENV)/bin/pytest
@@ -70,6 +73,7 @@ stop:
 	-@for v in 24.11 26.05; do [ -d .run/slurm-$$v ] && GPUHEAL_SLURM_DIR=.run/slurm-$$v \
 	  GPUHEAL_SLURM_ROOT=$$(infra/slurm/roots.sh path $$v) infra/slurm/sandbox.sh stop; done; true
 	-@GPUHEAL_TEMPORAL_DIR=.run/temporal infra/temporal/dev-server.sh stop
+	-@GPUHEAL_TEMPORAL_DIR=.run/temporal-cluster infra/temporal/cluster/cluster.sh stop
 
 clean: stop
 	rm -rf .run

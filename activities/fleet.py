@@ -37,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
+from gpuheal.clients.proc import beating
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import ids, policy, policy_file, queries
 from gpuheal.core import search_attributes as sa
@@ -268,6 +269,9 @@ class FleetActivities:
 
     @implements(act.ADMIT_INCIDENT)
     async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
+        return await beating(self._admit(ask), "waiting for the node's placement and the coordinator's admission")
+
+    async def _admit(self, ask: AdmitAsk) -> AdmitAnswer:
         placement = await self._placement(ask.node)
         req = AdmitRequest(
             incident_id=ask.incident_id,
@@ -280,9 +284,8 @@ class FleetActivities:
             gpu_serials=ask.gpu_serials,
             seed=self._seed,
         )
-        admission = await self._batcher(
-            self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one
-        ).ask(req)
+        line = self._batcher(self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one)
+        admission = await line.ask(req)
         return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
 
     def _start(self, cluster: str) -> WithStartWorkflowOperation[Any, Any]:
@@ -360,9 +363,14 @@ class FleetActivities:
         return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
 
     async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:
-        """One update of the cluster's coordinator, within this worker's share of its in-flight limit."""
-        async with self._in_flight:
-            return await update.execute(self._coordinator(cluster), arg)
+        """One update of the cluster's coordinator, within this worker's share of its in-flight
+        limit; the activity heartbeats while it waits its turn and the answer."""
+
+        async def in_turn() -> O:
+            async with self._in_flight:
+                return await update.execute(self._coordinator(cluster), arg)
+
+        return await beating(in_turn(), f"waiting for the coordinator ({update.name})")
 
     @staticmethod
     def _coordinator(cluster: str) -> WorkflowHandle[Any, Any]:
@@ -371,9 +379,10 @@ class FleetActivities:
 
     @implements(act.REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
-        return await self._batcher(
+        line = self._batcher(
             self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
-        ).ask(req)
+        )
+        return await beating(line.ask(req), "waiting for the coordinator's decision")
 
     @implements(act.CONFIRM_CAPACITY)
     async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:

@@ -1,6 +1,6 @@
 """A failure storm against the cluster's coordinator: what admitting 1,000 incidents at once costs.
 
-    python -m bench.storm [--reports 1000] [--budget 5%] [--in-flight 50] [--quiet 20]
+    python -m bench.storm [--reports 1000] [--budget 5%] [--in-flight 50] [--quiet 20] [--temporal cluster]
 
 A Slurm sandbox with --reports nodes (fleet0001.. are defined in slurm.conf without a slurmd: a
 fleet's size, not its daemons), a fresh Temporal dev server and the worker as its own process.
@@ -16,7 +16,9 @@ each waiting for its decision: the same measures with no storm around them.
 The breaker and the rate are opened wide (a storm this size would trip the breaker at once by
 default, which is the point of the breaker but not of this benchmark). XID 79 (replace): granted
 incidents drain their node and wait for a spare, so grants stay put while the storm is admitted.
-Writes bench/results/storm.md. Figures, not assertions, but
+With --temporal cluster, the Temporal cluster (temporal-server on PostgreSQL, mTLS) instead of the
+dev server; its figures ("Temporal" = the server and PostgreSQL together) size the README's
+Production section. Writes bench/results/storm.md (storm-cluster.md). Figures, not assertions, but
 self-checked: every report started its own incident run in the run's fresh server, and every
 incident has its own grant latency.
 """
@@ -58,6 +60,7 @@ from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
 from infra.sandbox import REPO, RUN
 from infra.sandbox.stack import Sandbox
+from infra.sandbox.temporal import KINDS
 
 RESULTS = REPO / "bench" / "results" / "storm.md"
 SPARES = 3
@@ -265,9 +268,9 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         await asyncio.to_thread(sampler.join)
         print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
         run.worker_mb = max(peak_rss_mb(p.pid) for p in procs)
-        server = int((sb.root / "temporal" / "server.pid").read_text())
+        server = int((sb.temporal.dir / "server.pid").read_text())
         run.temporal_mb = peak_rss_mb(server)
-        run.worker_cpu_s, run.temporal_cpu_s = sum(cpu_s(p.pid) for p in procs), cpu_s(server)
+        run.worker_cpu_s, run.temporal_cpu_s = sum(cpu_s(p.pid) for p in procs), cpu_s(server) + database_cpu_s(sb)
         await self_check(client, cluster, nodes, run, started_at)
         coordinator = client.get_workflow_handle(ids.coordinator_id(cluster))
         info = (await coordinator.describe()).raw_description.workflow_execution_info
@@ -429,6 +432,26 @@ def goals(r: Run) -> list[str]:
     return lines
 
 
+SERVERS = {"dev": "Temporal dev server", "cluster": "Temporal cluster (temporal-server v1.32 on PostgreSQL 15, mTLS)"}
+
+
+def database_cpu_s(sb: Sandbox) -> float:
+    """The cluster's PostgreSQL: its postmaster and every backend it runs now (those that ended
+    count in the postmaster's own children's time); nothing for the dev server (in its process)."""
+    if sb.temporal_kind != "cluster":
+        return 0.0
+    postmaster = int((sb.temporal.dir / "pg" / "postmaster.pid").read_text().split()[0])
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and ppid(int(p.name)) == postmaster]
+    return cpu_s(postmaster) + sum(cpu_s(c) for c in children)
+
+
+def ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reports", type=int, default=1000)
@@ -436,7 +459,9 @@ async def main() -> int:
     ap.add_argument("--in-flight", type=int, default=50, help="reports sent at once")
     ap.add_argument("--quiet", type=int, default=20, help="baseline: reports sent one at a time")
     ap.add_argument("--workers", default="1,2,4", help="storms with this many worker processes each")
+    ap.add_argument("--temporal", default="dev", choices=KINDS, help="the dev server (default) or the cluster")
     args = ap.parse_args()
+    results = RESULTS if args.temporal == "dev" else RESULTS.with_name("storm-cluster.md")
     counts = [int(w) for w in args.workers.split(",")]
     if args.reports < 4:
         ap.error("--reports: at least 4")
@@ -451,7 +476,7 @@ async def main() -> int:
         "GPUHEAL_CHECKPOINT_GRACE_S": "1",
         "GPUHEAL_SLURMD_TIMEOUT": "3600",  # fleet nodes stay "not responding", not DOWN, meanwhile
     }
-    sb = Sandbox.named("bench", RUN / "bench-storm", extra_env=env)
+    sb = Sandbox.named("bench", RUN / "bench-storm", extra_env=env, temporal_kind=args.temporal)
     nodes = node_names(args.reports)
     runs = [await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True)]
     for n in counts:
@@ -461,7 +486,9 @@ async def main() -> int:
         f"# Failure storm: the coordinator under {args.reports:,} reports",
         "",
         f"Written by `make bench-storm` (bench/storm.py) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{len(nodes)}-node Slurm sandbox (host Slurm), budget {args.budget}, "
+        f"{len(nodes)}-node Slurm sandbox (host Slurm), "
+        f"{SERVERS[args.temporal]}, "
+        f"budget {args.budget}, "
         f"{args.in_flight} reports in flight, breaker and rate opened wide. Figures, self-checked (bench/storm.py).",
         "",
         *table(runs),
@@ -479,9 +506,9 @@ async def main() -> int:
         *[line for r in runs[1:] for line in goals(r)],
         "",
     ]
-    RESULTS.write_text("\n".join(lines))
+    results.write_text("\n".join(lines))
     print("\n".join(lines))
-    print(f"written to {RESULTS.relative_to(REPO)}")
+    print(f"written to {results.relative_to(REPO)}")
     return 0
 
 

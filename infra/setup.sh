@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine (as root): Debian packages, venv, pip install.
-# Prometheus and Alertmanager come with --no-install-recommends; no Debian service is started.
+# Prometheus, Alertmanager and PostgreSQL come with --no-install-recommends; no Debian service is
+# started (the sandboxes start their own: PostgreSQL for the Temporal cluster, infra/temporal/cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in slurmctld slurmd slurm-client munge openssh-server prometheus prometheus-alertmanager debootstrap chromium-headless-shell; do
+for pkg in slurmctld slurmd slurm-client munge openssh-server prometheus prometheus-alertmanager debootstrap \
+           chromium-headless-shell postgresql-15 openssl; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

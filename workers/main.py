@@ -23,10 +23,12 @@ from typing import Any
 
 from prometheus_client import start_http_server
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
@@ -144,12 +146,39 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     return found
 
 
-def make_worker(client: Client, settings: Settings, activities: list[Callable[..., Any]] | None = None) -> Worker:
+WORKFLOWS: list[type] = [GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow]
+
+
+def deployment(settings: Settings) -> WorkerDeploymentConfig | None:
+    """With GPUHEAL_BUILD_ID: this worker as that build of its cluster's Worker Deployment. New
+    workflows start on the deployment's current build (`gpuheal rollout` sets it), and each is
+    pinned to the build it started on: an incident ends where it began, so a new build may change
+    it incompatibly; the old build's workers stay until `gpuheal versions` shows it drained. The
+    coordinator, which never ends, moves up by continuing as new (workflows/fleet.py).
+
+    (Declared here, not on each @workflow.defn: Temporal refuses a versioning behavior from an
+    unversioned worker, and unversioned is the default.)"""
+    if settings.build_id is None:
+        return None
+    version = WorkerDeploymentVersion(ids.deployment_name(settings.require_cluster()), settings.build_id)
+    return WorkerDeploymentConfig(
+        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
+
+
+def make_worker(
+    client: Client,
+    settings: Settings,
+    activities: list[Callable[..., Any]] | None = None,
+    workflows: list[type] | None = None,
+) -> Worker:
+    """`workflows`: the product's (WORKFLOWS) unless a test brings another build's."""
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow],
+        workflows=workflows if workflows is not None else WORKFLOWS,
         activities=activities if activities is not None else activity_list(settings),
+        deployment_config=deployment(settings),
         graceful_shutdown_timeout=timedelta(seconds=10),
         # A held incident sleeps for minutes: evicted, it costs one short replay when it wakes,
         # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
@@ -204,6 +233,42 @@ async def offer_configuration(client: Client, settings: Settings) -> None:
     log.error("could not offer this worker's configuration (%s) to the cluster: %s", c.digest, last)
 
 
+async def say_if_no_current_build(client: Client, settings: Settings) -> None:
+    """A versioned worker gets nothing until its deployment has a current build (a first
+    install): incidents would wait unseen. Said loudly, with the command that ends it."""
+    await asyncio.sleep(5)  # this worker's first polls register its build
+    name = ids.deployment_name(settings.require_cluster())
+    try:
+        described = await client.workflow_service.describe_worker_deployment(
+            DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
+        )
+        current = described.worker_deployment_info.routing_config.current_deployment_version.build_id
+    except RPCError as err:
+        log.warning("could not read worker deployment %s: %s", name, err)
+        return
+    if not current:
+        log.error(
+            "worker deployment %s has no current build: no incident starts until one is set "
+            "(`gpuheal rollout %s --operator NAME --reason 'first install'`)",
+            name,
+            settings.build_id,
+        )
+
+
+async def check_queue_is_this_clusters(client: Client, settings: Settings) -> None:
+    """Refuse a task queue that another cluster's incidents run on: on one Temporal, each cluster
+    needs its own (GPUHEAL_TASK_QUEUE), or this worker would run their drains on its own Slurm."""
+    cluster = settings.require_cluster()
+    query = queries.where(
+        queries.eq(queries.TASK_QUEUE, settings.task_queue), queries.status("Running"), queries.ne(sa.CLUSTER, cluster)
+    )
+    if (await client.count_workflows(query)).count:
+        raise SettingsError(
+            f"task queue {settings.task_queue!r} runs open incidents of another cluster than {cluster!r}: "
+            "give each cluster its own GPUHEAL_TASK_QUEUE (README, Production: one Temporal, several clusters)"
+        )
+
+
 async def check_search_attributes(client: Client, namespace: str) -> None:
     """Refuse to run against a namespace without the project's search attributes: every incident
     would fail where it upserts one (and a job recovery could not start)."""
@@ -224,6 +289,7 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
     client = await connect(settings.temporal, runtime)
     await check_search_attributes(client, client.namespace)
+    await check_queue_is_this_clusters(client, settings)
     start_http_server(metrics_port, addr=host)
     worker = make_worker(client, settings, activities)
     stop = asyncio.Event()
@@ -232,9 +298,12 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         loop.add_signal_handler(sig, stop.set)
     refresher = asyncio.create_task(_refresh_gauges(client, settings.require_cluster()))
     log.info(
-        "worker for cluster %r on task queue %r at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
+        "worker for cluster %r on task queue %r (%s) at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,
         settings.task_queue,
+        f"build {settings.build_id} of {ids.deployment_name(settings.cluster or '')}"
+        if settings.build_id
+        else "unversioned",
         f"{client.service_client.config.target_host} (namespace {client.namespace})",
         settings.provider.name,
         settings.slurm.rest_url if settings.slurm.backend == "rest" else f"CLI, SLURM_CONF {settings.slurm.conf}",
@@ -243,8 +312,12 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     )
     async with worker:
         offered = asyncio.create_task(offer_configuration(client, settings))
+        checked = asyncio.create_task(
+            say_if_no_current_build(client, settings) if settings.build_id else asyncio.sleep(0)
+        )
         await stop.wait()
         offered.cancel()
+        checked.cancel()
         log.info("shutting down: finishing running tasks (up to 10 s)")
     refresher.cancel()
     log.info("worker stopped")

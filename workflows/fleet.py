@@ -134,7 +134,16 @@ class FleetCoordinator:
                     carried = CoordinatorInput(
                         cluster=self._s.cluster, seed=self._seed, state=self._s, notes=notes, domains=domains
                     )
-                    workflow.continue_as_new(carried)
+                    # A new current build (gpuheal rollout): the next run starts on it. Pinned
+                    # to its build like every workflow of a versioned worker, the coordinator
+                    # moves up this way, its state carried, whatever the new build changed.
+                    upgrade = workflow.info().is_target_worker_deployment_version_changed()
+                    workflow.continue_as_new(
+                        carried,
+                        initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
+                        if upgrade
+                        else workflow.ContinueAsNewVersioningBehavior.UNSPECIFIED,
+                    )
 
     async def _wait(self) -> None:
         """Until there is something to send, or a held incident's limit frees by time alone (a
@@ -229,8 +238,14 @@ class FleetCoordinator:
         return bool(self._signals or self._notes or self._domains)
 
     def _long(self) -> bool:
+        """Time for a new run: a long history, or a new current build to move to (versioned
+        workers only: the flag comes with the task after `gpuheal rollout`)."""
         info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_LIMIT
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() > HISTORY_LIMIT
+            or info.is_target_worker_deployment_version_changed()
+        )
 
     async def _send(self) -> None:
         """What the updates decided, done: domain incidents, signals to held incidents, notices."""
@@ -408,6 +423,10 @@ class FleetCoordinator:
         return answer
 
     # --- operators --------------------------------------------------------------------------
+
+    @workflow.signal(name=m.FLEET_WAKE.name)
+    def wake(self, why: str) -> None:
+        """Nothing to do: the task it brings is the point (a new current build: _long())."""
 
     @workflow.update(name=m.FLEET_PAUSE.name)
     def pause(self, by: OperatorAction) -> str:

@@ -103,9 +103,11 @@ def render_view(v: FleetView, now: datetime) -> list[str]:
 
 
 async def _update(settings: Settings, update: Update[I, str], arg: I, target: str | None = None) -> int:
-    """The coordinator's answer (or the domain incident's, `target`), printed as it says it."""
+    """The coordinator's answer (or the domain incident's, `target`), printed as it says it,
+    after the cluster it came from: with several clusters on one Temporal, which one changed."""
     client, fleet_id = await _coordinator(settings)
-    print(await update.execute(client.get_workflow_handle(target or fleet_id), arg))
+    answer = await update.execute(client.get_workflow_handle(target or fleet_id), arg)
+    print(f"cluster {settings.cluster}: {answer}")
     return 0
 
 

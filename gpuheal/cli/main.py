@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("domain", help="e.g. gpuheal.io/rack=r7")
     dm.add_argument("--operator", required=True)
     dm.add_argument("--reason", required=True)
+    sub.add_parser("versions", help="the cluster's worker builds: which is current, which still have open incidents")
+    ro = sub.add_parser("rollout", help="make a worker build current: new incidents start on it (README, Production)")
+    ro.add_argument("build_id", help="the build (its workers' GPUHEAL_BUILD_ID)")
+    ro.add_argument("--operator", required=True)
+    ro.add_argument("--reason", required=True)
     po = sub.add_parser("policy", help="the cluster's policy as a file: show it, diff a file against it, apply one")
     verbs = po.add_subparsers(dest="verb", required=True)
     verbs.add_parser("show", help="the current policy, as a file `apply` takes")
@@ -124,7 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--node", required=True)
     c.add_argument("--expect-gpus", type=int, default=0, help="GPUs this node must have")
     c.add_argument("--report-to", help="gpuheal webhook URL (token from GPUHEAL_WEBHOOK_TOKEN)")
+    for command in sub.choices.values():
+        _add_cluster_option(command)
     return p
+
+
+def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    """`--cluster NAME` on every command (its own subcommands' too): with several clusters on one
+    Temporal, an operator names the one meant instead of trusting GPUHEAL_CLUSTER."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for child in action.choices.values():
+            _add_cluster_option(child)
+    if not subs and "--cluster" not in parser._option_string_actions:
+        parser.add_argument("--cluster", help="the cluster (Slurm's ClusterName; default: GPUHEAL_CLUSTER)")
 
 
 # command -> (module, function); a module is imported only when its command runs, so that the
@@ -146,6 +164,8 @@ COMMANDS = {
     "domain": ("gpuheal.cli.fleet", "decide_domain"),
     "history": ("gpuheal.cli.fleet", "node_history"),
     "policy": ("gpuheal.cli.policy", "policy"),
+    "versions": ("gpuheal.cli.versions", "show_versions"),
+    "rollout": ("gpuheal.cli.versions", "rollout"),
     "worker": ("gpuheal.cli.serve", "worker"),
     "webhook": ("gpuheal.cli.serve", "webhook"),
     "agent": ("gpuheal.cli.serve", "agent"),
@@ -173,7 +193,8 @@ def run(argv: list[str] | None = None) -> int:
     # (before the settings parse: an error in them is explained with the address too)
     address = os.environ.get("GPUHEAL_TEMPORAL_ADDRESS") or os.environ.get("TEMPORAL_ADDRESS") or LOCAL_TEMPORAL_ADDRESS
     try:
-        settings = Settings.from_env()
+        chosen = getattr(args, "cluster", None)  # validated as GPUHEAL_CLUSTER is
+        settings = Settings.from_env({**os.environ, "GPUHEAL_CLUSTER": chosen} if chosen else os.environ)
         if args.command not in NO_TEMPORAL:
             # the address and namespace the SDK's profile names, for messages and the Web UI's links
             settings = settings.model_copy(update={"temporal": resolve(settings.temporal)})

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from temporalio import activity
 
@@ -87,3 +88,23 @@ def heartbeat(detail: object) -> None:
     """Tell Temporal a long wait is still alive (a no-op outside an activity, e.g. in tools)."""
     if activity.in_activity():
         activity.heartbeat(detail)
+
+
+T = TypeVar("T")
+BEAT_EVERY_S = 5.0
+
+
+async def beating(waited: Awaitable[T], detail: object, every_s: float = BEAT_EVERY_S) -> T:
+    """`waited`'s result, heartbeating every `every_s` meanwhile: when the worker dies mid-wait,
+    Temporal sees it within the activity's heartbeat timeout and retries on another worker,
+    instead of after the whole start-to-close timeout (minutes, for a coordinator's answer)."""
+    task = asyncio.ensure_future(waited)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                return task.result()
+            heartbeat(detail)
+    finally:
+        if not task.done():  # the activity was cancelled: so is what it waited for
+            task.cancel()

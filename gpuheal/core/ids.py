@@ -42,6 +42,13 @@ def coordinator_id(cluster: str) -> str:
     return _build("coordinator", cluster)
 
 
+def deployment_name(cluster: str) -> str:
+    """The cluster's Temporal Worker Deployment: its workers' versions (GPUHEAL_BUILD_ID) roll
+    within it, one cluster's rollout never another's. (Not a workflow id; Temporal forbids "."
+    and ":" in it, and a cluster name has neither.)"""
+    return f"{PREFIX}{cluster}"
+
+
 def recovery_id(cluster: str, job: JobSnapshot) -> str:
     """One recovery per failure of a job: every incident that saw this failure (same job, same
     submission, same restart count) lands in the same one; a later failure is a new one."""

@@ -141,6 +141,9 @@ FLEET_SET_POLICY = Update("set_policy", PolicyChange, str)
 FLEET_CONFIGURE = Update("configure", ConfiguredPolicy, str)  # a worker's configured policy, at its start
 FLEET_OVERRIDE = Update("override", Override, str)
 FLEET_DOMAIN_DECISION = Update("domain_decision", DomainDecision, str)
+# `gpuheal rollout` -> the coordinator: a workflow task, so a quiet coordinator sees the new
+# current build at once and moves to it (a build without the handler still gets the task).
+FLEET_WAKE = Signal("wake", str)
 FLEET_STATUS = Query("status", FleetStatus)
 FLEET_POLICY = Query("current_policy", VersionedPolicy)
 FLEET_VIEW = Memo("fleet", FleetView)  # what `gpuheal fleet` shows, written as it decides
@@ -183,6 +186,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_CONFIGURE,
         FLEET_OVERRIDE,
         FLEET_DOMAIN_DECISION,
+        FLEET_WAKE,
         FLEET_STATUS,
         FLEET_POLICY,
     ),

@@ -26,9 +26,12 @@ Term = NewType("Term", str)
 # Temporal's own attributes (every workflow has them: never registered, not in search_attributes.ALL).
 WORKFLOW_TYPE = SearchAttributeKey.for_keyword("WorkflowType")
 WORKFLOW_ID = SearchAttributeKey.for_keyword("WorkflowId")
+TASK_QUEUE = SearchAttributeKey.for_keyword("TaskQueue")
 EXECUTION_STATUS = SearchAttributeKey.for_keyword("ExecutionStatus")
 START_TIME = SearchAttributeKey.for_datetime("StartTime")
 CLOSE_TIME = SearchAttributeKey.for_datetime("CloseTime")
+# "DEPLOYMENT:BUILD" a versioned workflow runs on (pinned) or last ran on (auto-upgrade).
+DEPLOYMENT_VERSION = SearchAttributeKey.for_keyword("TemporalWorkerDeploymentVersion")
 
 # ExecutionStatus as visibility spells it.
 Status = Literal["Running", "Completed", "Failed", "Canceled", "Terminated", "ContinuedAsNew", "TimedOut"]
@@ -51,6 +54,10 @@ def literal(value: str | int | datetime) -> str:
 
 def eq(key: SearchAttributeKey[T], value: T) -> Term:
     return Term(f"{key.name}={literal(value)}")
+
+
+def ne(key: SearchAttributeKey[T], value: T) -> Term:
+    return Term(f"{key.name}!={literal(value)}")
 
 
 def contains(key: SearchAttributeKey[Sequence[str]], value: str) -> Term:

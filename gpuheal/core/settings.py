@@ -24,15 +24,15 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, SecretStr, StringConstraints
 
 from gpuheal.core import policy_file
 from gpuheal.core.envvars import load, setting, table, variables
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.fleet_policy import FleetPolicy
-from gpuheal.core.models import RemediationSettings
+from gpuheal.core.models import ClusterName, RemediationSettings
 
 LOCAL_TEMPORAL_ADDRESS = "127.0.0.1:7233"  # Temporal's dev server, where nothing names another
 DEFAULT_NAMESPACE = "default"  # the SDK's own default namespace
@@ -189,6 +189,10 @@ class OwnerSettings(BaseModel):
         return tuple(d.strip() for d in (self.mail_allowed or "").split(",") if d.strip())
 
 
+# A worker build's name in its Worker Deployment: an image tag, a git describe ("v2", "1.4.0").
+BuildId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
 class Settings(BaseModel):
     temporal: TemporalSettings = TemporalSettings()
     task_queue: str = setting("GPUHEAL_TASK_QUEUE", "gpuheal", "task queue of the worker")
@@ -196,8 +200,15 @@ class Settings(BaseModel):
     metrics_host: str = setting(
         "GPUHEAL_METRICS_HOST", "127.0.0.1", "where the worker serves metrics (`0.0.0.0` in a pod)"
     )
-    cluster: str | None = setting(
+    cluster: ClusterName | None = setting(
         "GPUHEAL_CLUSTER", None, "cluster name in reports and workflow ids (Slurm's ClusterName)", unset="required"
+    )
+    build_id: BuildId | None = setting(
+        "GPUHEAL_BUILD_ID",
+        None,
+        "this worker's build: turns on Worker Versioning in the deployment `gpuheal-CLUSTER`, an incident stays on "
+        "the build it started on (README, Production: upgrades)",
+        unset="unversioned: every worker serves every incident",
     )
     slurm: SlurmSettings = SlurmSettings()
     provider: ProviderSettings = ProviderSettings()

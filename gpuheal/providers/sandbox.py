@@ -12,6 +12,7 @@ GPUHEAL_SLURM_DIR and GPUHEAL_SANDBOX_SCRIPT set (the demo and the tests set the
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import re
 import time
@@ -52,6 +53,7 @@ class SandboxProvider:
         self._root = root
         self._timeout = timeout_s
         self._record = sandbox_dir / "provider" / "replacements.json"
+        self._choosing = asyncio.Lock()  # this worker's incidents; a file lock for the other workers
         self.fault_dir = sandbox_dir / "faults"
 
     # --- sandbox process control ---------------------------------------------------------
@@ -112,26 +114,35 @@ class SandboxProvider:
 
     async def _choose_spare(self, node: str, key: str, earlier: ReplacementResult | None) -> tuple[str, bool]:
         """The spare recorded for this incident run (unless its GPUs failed validation), or the
-        first free one, recorded first."""
-        record = self._load()
-        new = record.get(key)
-        if earlier is not None and new in earlier.rejected:
-            new = None  # drained for the vendor: the run needs another
-        already = new is not None
-        if new is None:
-            in_service = await self._slurm.nodes()
-            used = set(record.values())
-            free = [s for s in self.spares() if s not in in_service and s not in used and s != node]
-            if not free:
-                raise NoSpareCapacity(f"no spare node left to replace {node}")
-            new = free[0]
-            # Record the choice before acting: a retry after a crash reuses this spare.
-            record[key] = new
-            self._record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._record.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1))
-            tmp.replace(self._record)
-        return new, already
+        first free one, recorded first. Several workers share the record: the choice is made
+        under a lock on it (this process's, then the file's), so no spare goes to two incidents."""
+        in_service = set(await self._slurm.nodes())  # asked first: nothing awaits under the lock
+        async with self._choosing:
+            return await asyncio.to_thread(self._choose_locked, node, key, earlier, in_service)
+
+    def _choose_locked(
+        self, node: str, key: str, earlier: ReplacementResult | None, in_service: set[str]
+    ) -> tuple[str, bool]:
+        self._record.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._record.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            record = self._load()
+            new = record.get(key)
+            if earlier is not None and new in earlier.rejected:
+                new = None  # drained for the vendor: the run needs another
+            already = new is not None
+            if new is None:
+                used = set(record.values())
+                free = [s for s in self.spares() if s not in in_service and s not in used and s != node]
+                if not free:
+                    raise NoSpareCapacity(f"no spare node left to replace {node}")
+                new = free[0]
+                # Record the choice before acting: a retry after a crash reuses this spare.
+                record[key] = new
+                tmp = self._record.with_suffix(".tmp")
+                tmp.write_text(json.dumps(record, indent=1))
+                tmp.replace(self._record)
+            return new, already
 
     async def _start_spare(self, new: str) -> None:
         await self._sandbox("start-node", new)

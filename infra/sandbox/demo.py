@@ -1,6 +1,7 @@
 """The demo: a GPU falls off the bus under a training job, and gpuheal brings training back.
 
-Starts the Slurm sandbox and Temporal (with its Web UI), the worker and the webhook; submits a
+Starts the Slurm sandbox and Temporal (the dev server with its Web UI, or with --temporal cluster
+the Temporal cluster on PostgreSQL with mTLS), the worker and the webhook; submits a
 small checkpointing training job; injects XID 79 on the job's node through the same path a real
 alert takes (an Alertmanager webhook POST); follows the incident a line per stage; prints the
 timeline and MTTR. Exits 0 only when the job has resumed past its checkpoint on another node.
@@ -29,6 +30,7 @@ from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import NEWEST_SLURM, RUN, SLURM_VERSIONS
 from infra.sandbox.kube import KubeSandbox, binaries_built
 from infra.sandbox.stack import Sandbox
+from infra.sandbox.temporal import KINDS, TemporalKind
 
 XID = 79
 
@@ -109,6 +111,18 @@ class OwnerInbox:
         return f"http://127.0.0.1:{self.server.server_address[1]}/owners"
 
 
+def where_to_look(sb: Sandbox, incident: str) -> str:
+    """The incident in the Web UI, or (the cluster has none here) the CLI command that shows it."""
+    if sb.ui_url:
+        return f"{sb.ui_url}/namespaces/default/workflows/{incident}"
+    certs = sb.temporal.tls_dir
+    return (
+        f"TEMPORAL_ADDRESS={sb.temporal_address} TEMPORAL_TLS_SERVER_CA_CERT_PATH={certs}/ca.pem "
+        f"TEMPORAL_TLS_CLIENT_CERT_PATH={certs}/gpuheal.pem TEMPORAL_TLS_CLIENT_KEY_PATH={certs}/gpuheal.key "
+        f"temporal workflow show -w {incident}"
+    )
+
+
 async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     client = await connect(Settings.from_env(sb.env()).temporal)
     job = sb.submit_training(name="llm-pretrain", env={"TRAIN_NOTIFY": "ml-team@example.com"})
@@ -133,14 +147,14 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
         say(f"webhook refused the alert: HTTP {status} {body}")
         return 1
     incident = ids.incident_id(sb.cluster, node)
-    say(f"incident {incident} started; UI: {sb.ui_url}/namespaces/default/workflows/{incident}")
+    say(f"incident {incident} started; see it: {where_to_look(sb, incident)}")
     handle = client.get_workflow_handle_for(GpuRemediationWorkflow.run, incident)
     result = await asyncio.wait_for(follow(handle), timeout=600)
 
     print()
     print(render_timeline(result.stages, result.failure_observed_at))
     print()
-    print(render_result(result, f"{sb.ui_url}/namespaces/default/workflows/{incident}"))
+    print(render_result(result, where_to_look(sb, incident)))
     print()
     if ks is not None:
         print_node_events(ks, node)
@@ -158,19 +172,28 @@ async def _run(sb: Sandbox, ks: KubeSandbox | None) -> int:
     return 1
 
 
-def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes: bool = True) -> int:
+def run_demo(
+    slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes: bool = True, temporal: TemporalKind = "dev"
+) -> int:
     inbox = OwnerInbox()
     sb = Sandbox.named(
         "demo",
         RUN,
         extra_env={"GPUHEAL_CHECKPOINT_GRACE_S": "30", "GPUHEAL_OWNER_ROUTES": json.dumps({"*": inbox.url})},
+        temporal_kind=temporal,
     )
     sb.use_slurm(slurm_version, backend)
     sb.extra_env["GPUHEAL_VALIDATE_JOB"] = str(sb.validate_job)  # a repaired node is burned in first
     t0 = time.monotonic()
     say(f"starting the Slurm {slurm_version} sandbox (slurmctld + 3 slurmd + 3 spares, loopback; worker via {backend})")
     sb.start_slurm(clean=True)
-    say(f"starting Temporal dev server on {sb.temporal_address} with a fresh database; Web UI {sb.ui_url}")
+    if temporal == "dev":
+        say(f"starting Temporal dev server on {sb.temporal_address} with a fresh database; Web UI {sb.ui_url}")
+    else:
+        say(
+            f"starting the Temporal cluster on {sb.temporal_address} (temporal-server on PostgreSQL, mTLS; "
+            "built from its Go module the first time) with fresh databases"
+        )
     sb.start_temporal(fresh=True)
     ks = start_kubernetes(sb) if kubernetes else None
     if not kubernetes:
@@ -187,7 +210,8 @@ def run_demo(slurm_version: str = NEWEST_SLURM, backend: str = "cli", kubernetes
         sb.stop_recorded("worker")
     parts = "Temporal, Slurm" + (" and Kubernetes" if ks is not None else "")
     say(
-        f"demo took {time.monotonic() - t0:.0f} s. {parts} keep running so you can browse {sb.ui_url}; "
+        f"demo took {time.monotonic() - t0:.0f} s. {parts} keep running so you can look around "
+        f"({sb.ui_url or 'the temporal CLI, with the certificates in ' + str(sb.temporal.tls_dir)}); "
         f"`make stop` stops them. Logs: {sb.root}"
     )
     return rc
@@ -198,8 +222,9 @@ def main() -> int:
     ap.add_argument("--slurm", default=NEWEST_SLURM, choices=SLURM_VERSIONS, help="Slurm release (default: newest)")
     ap.add_argument("--backend", default="cli", choices=["cli", "rest"], help="how the worker talks to Slurm")
     ap.add_argument("--no-k8s", action="store_true", help="run without the Kubernetes sandbox")
+    ap.add_argument("--temporal", default="dev", choices=KINDS, help="the dev server (default) or the cluster")
     args = ap.parse_args()
-    return run_demo(args.slurm, args.backend, kubernetes=not args.no_k8s)
+    return run_demo(args.slurm, args.backend, kubernetes=not args.no_k8s, temporal=args.temporal)
 
 
 if __name__ == "__main__":

