@@ -269,9 +269,6 @@ class FleetActivities:
 
     @implements(act.ADMIT_INCIDENT)
     async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
-        return await beating(self._admit(ask), "waiting for the node's placement and the coordinator's admission")
-
-    async def _admit(self, ask: AdmitAsk) -> AdmitAnswer:
         placement = await self._placement(ask.node)
         req = AdmitRequest(
             incident_id=ask.incident_id,
@@ -363,8 +360,9 @@ class FleetActivities:
         return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
 
     async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:
-        """One update of the cluster's coordinator, within this worker's share of its in-flight
-        limit; the activity heartbeats while it waits its turn and the answer."""
+        """One update of the cluster's coordinator (confirm, contain, release: not the storm's
+        admissions and grants), within this worker's share of its in-flight limit; the activity
+        heartbeats while it waits its turn and the answer."""
 
         async def in_turn() -> O:
             async with self._in_flight:
@@ -382,7 +380,7 @@ class FleetActivities:
         line = self._batcher(
             self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
         )
-        return await beating(line.ask(req), "waiting for the coordinator's decision")
+        return await line.ask(req)  # no heartbeat: workflows/incident/capacity.py says why
 
     @implements(act.CONFIRM_CAPACITY)
     async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:

@@ -32,9 +32,10 @@ SHORT = timedelta(seconds=30)
 # flight (GPUHEAL_COORDINATOR_UPDATES): in a storm a grant took p99 52 s (bench/storm.py), so a
 # 30 s bound retried them, each retry queueing again.
 COORDINATOR = timedelta(seconds=180)
-# ...while the activity heartbeats (clients/proc.beating): a worker killed mid-wait is seen
-# within 60 s and the call retried on another, not after the 180 s. (The SDK sends a heartbeat
-# at most every 0.8 x this, 48 s: 12 s of margin for a busy server's answer.)
+# ...while the activity heartbeats (clients/proc.beating; confirm, contain and release, not the
+# storm's admissions and grants: incident/capacity.py): a worker killed mid-wait is seen within
+# 60 s and the call retried on another, not after the 180 s. (The SDK sends a heartbeat at most
+# every 0.8 x this, 48 s: 12 s of margin for a busy server's answer.)
 COORDINATOR_HEARTBEAT = timedelta(seconds=60)
 
 

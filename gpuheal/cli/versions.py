@@ -29,7 +29,8 @@ from gpuheal.core.models import OperatorName
 from gpuheal.core.settings import BuildId, Settings
 
 PINNED_KINDS = (INCIDENT, JOB_RECOVERY, DOMAIN_INCIDENT)
-MOVE_WAIT_S = 60
+MOVE_WAIT_S = 40  # how long `rollout` waits for the coordinator to move, waking it every WAKE_EVERY_S
+WAKE_EVERY_S = 5
 
 
 async def _open_on(client: Client, deployment: str, build: str) -> tuple[int, int]:
@@ -96,19 +97,18 @@ async def rollout(settings: Settings, args: argparse.Namespace) -> int:
     print(f"cluster {cluster}: build {build} is current (by {operator}: {args.reason})")
     # The coordinator moves at its next task: one now (a quiet cluster's may have none for days,
     # and the old build must not be stopped while the coordinator still runs on it).
+    # The new routing reaches the task queues a moment after the answer: a wake that comes first
+    # finds nothing changed, so it is sent again until the coordinator has moved.
     coordinator = client.get_workflow_handle(ids.coordinator_id(cluster))
-    try:
-        await FLEET_WAKE.send(coordinator, f"rollout to {build} by {operator}")
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
+    for second in range(MOVE_WAIT_S):
+        now = await _coordinator_build(client, cluster)
+        if now is None or now == build:
+            break
+        if second % WAKE_EVERY_S == 0:
+            await FLEET_WAKE.send(coordinator, f"rollout to {build} by {operator}")
+        await asyncio.sleep(1)
     else:
-        for _ in range(MOVE_WAIT_S):
-            if await _coordinator_build(client, cluster) == build:
-                break
-            await asyncio.sleep(1)
-        else:
-            print(f"gpuheal: the coordinator has not moved to {build} within {MOVE_WAIT_S} s", file=sys.stderr)
+        print(f"gpuheal: the coordinator has not moved to {build} within {MOVE_WAIT_S} s", file=sys.stderr)
     return await show_versions(settings, args)
 
 

@@ -13,7 +13,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows import gate
-from gpuheal.workflows.activity import ask_coordinator
+from gpuheal.workflows.activity import COORDINATOR, ask_coordinator
+from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
@@ -54,7 +55,13 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
         gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
     )
-    answer = await ask_coordinator(act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator")
+    # The storm's calls (admission, grants) wait in the worker's line without heartbeats: a
+    # thousand heartbeating waits cost the server a write each per 48 s, and on starved cores
+    # missed their timeout and asked again (bench/results/storm-cluster.md). A worker killed
+    # during one costs its 180 s; the calls after the grant (confirm, contain, release) beat.
+    answer = await act_run(
+        act.ADMIT_INCIDENT, ask, summary="admitted by the cluster's coordinator", timeout=COORDINATOR
+    )
     s.settings, s.placement = answer.settings, answer.placement
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
@@ -63,7 +70,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
 async def request(s: IncidentState) -> CapacityDecision:
     """Before capacity leaves service: granted now, or held in line."""
     _forget_earlier_notices(s)
-    return await ask_coordinator(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity")
+    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR)
 
 
 async def confirm(s: IncidentState) -> CapacityDecision:
