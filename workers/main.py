@@ -235,7 +235,10 @@ async def offer_configuration(client: Client, settings: Settings) -> None:
 
 async def say_if_no_current_build(client: Client, settings: Settings) -> None:
     """A versioned worker gets nothing until its deployment has a current build (a first
-    install): incidents would wait unseen. Said loudly, with the command that ends it."""
+    install): incidents would wait unseen. Said loudly, with the command that ends it. (An
+    unversioned worker has no deployment: nothing to check.)"""
+    if settings.build_id is None:
+        return
     await asyncio.sleep(5)  # this worker's first polls register its build
     name = ids.deployment_name(settings.require_cluster())
     try:
@@ -312,9 +315,7 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     )
     async with worker:
         offered = asyncio.create_task(offer_configuration(client, settings))
-        checked = asyncio.create_task(
-            say_if_no_current_build(client, settings) if settings.build_id else asyncio.sleep(0)
-        )
+        checked = asyncio.create_task(say_if_no_current_build(client, settings))
         await stop.wait()
         offered.cancel()
         checked.cancel()
