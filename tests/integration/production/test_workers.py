@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import socket
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,9 +22,8 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
 from gpuheal.activities import interface as act
-from gpuheal.core.models import ActionClass, Stage
+from gpuheal.core.models import ActionClass
 from gpuheal.triggers.start import start_or_join
-from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import report, slurmctld_log, until, worker_env
@@ -34,7 +34,21 @@ pytestmark = pytest.mark.integration
 
 ACTIVE, SPARES, JOBS = 8, 8, 4
 STARTED = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-WAITS_FOR_GRANT = {act.ADMIT_INCIDENT.name, act.REQUEST_CAPACITY.name}
+# The incidents' steps that act on Slurm or a node (not the lookups, not the coordinator's calls).
+ACTS = {
+    a.name
+    for a in (
+        act.DRAIN_SLURM_NODE,
+        act.REQUEST_CHECKPOINT,
+        act.WAIT_FOR_CHECKPOINTS,
+        act.START_JOB_RECOVERY,
+        act.WAIT_FOR_NODE_EMPTY,
+        act.REPLACE_NODE,
+        act.RESUME_SLURM_NODE,
+    )
+}
+# A job's start in slurmctld's log: by the main scheduler, or by backfill.
+STARTED_ON = re.compile(r"(?:Allocate JobId=\d+ NodeList=|Started JobId=\d+ in \S+ on )(\S+)")
 
 
 async def test_a_storm_survives_a_killed_worker_a_server_restart_and_a_database_restart(
@@ -48,34 +62,30 @@ async def test_a_storm_survives_a_killed_worker_a_server_restart_and_a_database_
         await asyncio.to_thread(prod.wait_for_step, job, 3)
     failing = [f"gpu{i:02d}" for i in range(1, ACTIVE + 1)]
     with worker_env(prod, settings):
-        workers = [prod.start_worker(0)]
+        workers = [prod.start_worker(0), prod.start_worker(1)]
+    first = [identity(w.pid) for w in workers]  # the workers' first processes
     try:
+
+        async def both_poll() -> bool:
+            return all([await polls(prod_client, settings.task_queue, worker) for worker in first])
+
+        await until(both_poll, "both workers polling", timeout=120)
         handles = [await start_or_join(prod_client, settings, report(settings, n, 79)) for n in failing]
-        # The first worker takes the storm (a workflow stays with the worker that has it cached,
-        # and its activities run there eagerly); the second joins once the first is acting on
-        # Slurm or a node, and takes over what the first had when it is killed.
-        pids_0 = [workers[0].pid]
-
-        async def worker_0_mid_step_none_done() -> bool:
-            stages = [(await h.query(GpuRemediationWorkflow.status)).stage for h in handles]
-            return Stage.DONE not in stages and await acting_on(handles, identity(pids_0[0]))
-
-        await until(worker_0_mid_step_none_done, "the first worker acting on Slurm or a node", timeout=120)
-        with worker_env(prod, settings):
-            workers.append(prod.start_worker(1))
-        await until(lambda: polls(prod_client, settings.task_queue, identity(workers[1].pid)), "the second worker")
-        workers[0].send_signal(signal.SIGKILL)  # mid-activity, no graceful shutdown
-        workers[0].wait()
+        # Killed: the worker first seen running one of the incidents' steps on Slurm or a node.
+        victim = first.index(await until(lambda: acting(handles, first), "a worker acting", timeout=120))
+        survivor = first[1 - victim]
+        killed_at = datetime.now(UTC)
+        workers[victim].send_signal(signal.SIGKILL)  # mid-activity, no graceful shutdown
+        workers[victim].wait()
         await asyncio.to_thread(prod.restart_temporal_server)
         await asyncio.to_thread(prod.restart_postgres)
 
-        async def second_worker_took_over() -> bool:
-            return identity(workers[1].pid) in await served_by(handles)
+        async def survivor_took_over() -> bool:
+            return survivor in await served_by(handles, since=killed_at)
 
-        await until(second_worker_took_over, "the second worker taking over the storm", timeout=120)
+        await until(survivor_took_over, "the other worker carrying on", timeout=120)
         with worker_env(prod, settings):  # the killed one comes back
-            workers[0] = prod.start_worker(0)
-        pids_0.append(workers[0].pid)
+            workers[victim] = prod.start_worker(victim)
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 400)
         fleet = await fleet_status(prod_client, settings)
     finally:
@@ -90,12 +100,13 @@ async def test_a_storm_survives_a_killed_worker_a_server_restart_and_a_database_
         assert len(re.findall(rf"node {node} state set to DRAIN", log)) == 1, node
     for job in jobs:
         said = [line for line in log.splitlines() if re.search(rf"JobId={job}\b", line)]
-        started_on = [m[1] for line in said if (m := re.search(r"Allocate JobId=\d+ NodeList=(\S+)", line))]
+        started_on = [m[1] for line in said if (m := STARTED_ON.search(line))]
         # Requeued once per incident that found it. A storm can have more than one: the job may
         # start again on a failing node whose incident has not drained it yet (its grant or its
         # retried drain still to come), and that incident requeues it again from there.
         requeued_by = sorted(r.node for r in results for j in r.jobs_resumed if j.job_id == job)
-        assert requeued_by == sorted(started_on[:-1]) and started_on[-1] not in failing, "\n".join(said)
+        assert requeued_by == sorted(started_on[:-1]), "\n".join(said)
+        assert started_on and started_on[-1] not in failing, "\n".join(said)
         assert sum("Requeuing" in line for line in said) == len(requeued_by), "\n".join(said)
         snapshot = prod.job(job)
         assert snapshot is not None and snapshot.state == "RUNNING", snapshot
@@ -106,19 +117,20 @@ async def test_a_storm_survives_a_killed_worker_a_server_restart_and_a_database_
     assert sorted(r.replacement_node or "" for r in results) == sorted(taken.values())
     # Only the two workers' processes ran the incidents' tasks: each task's started event names
     # the worker that took it.
-    worker_0 = {identity(pid) for pid in pids_0}
-    worker_1 = identity(workers[1].pid)
     served = await served_by(handles)
-    assert served <= worker_0 | {worker_1} and identity(pids_0[0]) in served and worker_1 in served, served
+    assert served <= {*first, identity(workers[victim].pid)} and first[victim] in served, served
     # No grant left behind, nothing held.
     assert fleet.out_of_service == () and fleet.held == ()
 
 
-async def served_by(handles: list[WorkflowHandle[Any, Any]]) -> set[str]:
-    """The identities of the workers that took the incidents' workflow and activity tasks."""
+async def served_by(handles: list[WorkflowHandle[Any, Any]], since: datetime | None = None) -> set[str]:
+    """The identities of the workers that took the incidents' workflow and activity tasks (those
+    started at `since` or later)."""
     who: set[str] = set()
     for handle in handles:
         async for event in handle.fetch_history_events():
+            if since is not None and event.event_time.ToDatetime(UTC) < since:
+                continue
             if event.HasField("workflow_task_started_event_attributes"):
                 who.add(event.workflow_task_started_event_attributes.identity)
             elif event.HasField("activity_task_started_event_attributes"):
@@ -130,16 +142,15 @@ def identity(pid: int) -> str:
     return f"{pid}@{socket.gethostname()}"  # the SDK's default worker identity
 
 
-async def acting_on(handles: list[WorkflowHandle[Any, Any]], worker: str) -> bool:
-    """Whether `worker` runs one of the incidents' steps on Slurm or the nodes now: not one of the
-    calls that wait on the coordinator for a grant, which have no heartbeat (the README's
-    Production says why) and so are retried only after their 180 s timeout."""
-    for handle in handles:
-        for pending in (await handle.describe()).raw_description.pending_activities:
-            waits = pending.activity_type.name in WAITS_FOR_GRANT
-            if pending.state == STARTED and pending.last_worker_identity == worker and not waits:
-                return True
-    return False
+async def acting(handles: list[WorkflowHandle[Any, Any]], workers: list[str]) -> str | None:
+    """Which of `workers` runs one of the incidents' steps on Slurm or a node now, if any."""
+    described = await asyncio.gather(*(h.describe() for h in handles))
+    for description in described:
+        for pending in description.raw_description.pending_activities:
+            if pending.state == STARTED and pending.activity_type.name in ACTS:
+                if pending.last_worker_identity in workers:
+                    return pending.last_worker_identity
+    return None
 
 
 async def polls(client: Client, task_queue: str, worker: str) -> bool:
