@@ -47,7 +47,7 @@ from bench.kube_report import CREATE_THREADS, READY_SHARE, Result, report
 from gpuheal.activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities, label_safe
 from gpuheal.clients.kube import call, load_api, node_ready
 from gpuheal.core import ids
-from gpuheal.core.models import CordonRequest, KubeNodeRef
+from gpuheal.core.models.kubernetes import CordonRequest, KubeNodeRef
 from gpuheal.providers.sandbox import kwok_node
 from infra.sandbox import REPO, RUN
 from infra.sandbox.kube import KubeSandbox

@@ -43,7 +43,7 @@ from bench.mttr_report import report
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.models import Stage
+from gpuheal.core.models.base import Stage
 from gpuheal.core.progress import parse_progress
 from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
@@ -180,7 +180,7 @@ def profile(run: GpuhealRun) -> dict[str, float]:
 
 
 def figures(runs: list[GpuhealRun], base: list[BaselineRun]) -> dict[str, object]:
-    """The medians the simulator takes (gpuheal.core.simulate_models.Timings), with the runs they
+    """The medians the simulator takes (gpuheal.core.simulate.models.Timings), with the runs they
     come from: gpuheal's part = MTTR - the floor (what it adds before the job's own restart);
     Slurm's part in (a) = its time back - the floor median."""
     floor = statistics.median(r.floor.total_s for r in runs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuheal.core.models import RemediationResult
+from gpuheal.core.models.result import RemediationResult
 
 BEFORE = "gpuheal: failure observed -> job requeued (seen PENDING)"
 SLURM = "Slurm: requeued -> RUNNING again (its scheduler's next pass)"

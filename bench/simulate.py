@@ -25,25 +25,25 @@ from datetime import UTC, datetime
 
 from bench.common import check
 from bench.plot import goodput_svg
-from gpuheal.core import failure_trace as ft
-from gpuheal.core.fleet_policy import FleetPolicy
-from gpuheal.core.simulate import simulate
-from gpuheal.core.simulate_models import MODEL_WORDS, MODELS, Fleet, ModelResult, Timings
+from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.simulate import traces
+from gpuheal.core.simulate.models import MODEL_WORDS, MODELS, Fleet, ModelResult, Timings
+from gpuheal.core.simulate.run import simulate
 from infra.sandbox import REPO
 
 RESULTS = REPO / "bench" / "results" / "simulate.md"
 PLOT = REPO / "bench" / "results" / "goodput.svg"
 MEASURED = REPO / "bench" / "results" / "mttr.json"
-NODES, DAYS = ft.LLAMA3_GPUS // 8, ft.LLAMA3_DAYS
+NODES, DAYS = traces.LLAMA3_GPUS // 8, traces.LLAMA3_DAYS
 SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 GOAL_ETT = 0.90  # Llama 3's published effective training time, with its own automation
 
 
 def one(fleet: Fleet, timings: Timings, scale: float, seed: int) -> tuple[int, list[ModelResult]]:
-    trace = ft.generate(fleet.nodes, DAYS, rate_per_gpu_day=ft.LLAMA3_RATE * scale, seed=seed)
+    trace = traces.generate(fleet.nodes, DAYS, rate_per_gpu_day=traces.LLAMA3_RATE * scale, seed=seed)
     results = simulate(trace, fleet, DAYS, timings, FleetPolicy(), MODELS, seed)
     # The trace is at the rate it claims (a Poisson count, within five deviations of its mean)
-    expected = ft.LLAMA3_RATE * scale * fleet.nodes * fleet.gpus_per_node * DAYS
+    expected = traces.LLAMA3_RATE * scale * fleet.nodes * fleet.gpus_per_node * DAYS
     check(
         abs(len(trace) - expected) <= 5 * expected**0.5 + 5, f"seed {seed}: {len(trace)} failures, {expected:.0f} due"
     )

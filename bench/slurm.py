@@ -33,7 +33,7 @@ from bench.common import check, pct
 from gpuheal.activities.remediation import RemediationActivities
 from gpuheal.clients.notify import LogNotifier
 from gpuheal.clients.slurm import build_slurm
-from gpuheal.core.models import DrainRequest, NodeRef
+from gpuheal.core.models.slurm import DrainRequest, NodeRef
 from gpuheal.core.settings import Settings
 from infra.sandbox import REPO, RUN
 from infra.sandbox.stack import Sandbox

@@ -46,7 +46,7 @@ from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet_view import FleetView
+from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.messages import (
     FLEET_ADMIT,
     FLEET_ADMIT_MANY,
@@ -55,7 +55,7 @@ from gpuheal.core.messages import (
     FLEET_VIEW,
     INCIDENT,
 )
-from gpuheal.core.models import HealthReport
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
 from infra.sandbox import REPO, RUN

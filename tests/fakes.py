@@ -22,7 +22,7 @@ from gpuheal.activities.interface import implements
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
 from gpuheal.core.errors import UNKNOWN_NODE
-from gpuheal.core.fleet_models import (
+from gpuheal.core.fleet.models import (
     Admission,
     AdmitAnswer,
     AdmitAsk,
@@ -31,10 +31,21 @@ from gpuheal.core.fleet_models import (
     Placement,
     ReleaseRequest,
 )
-from gpuheal.core.fleet_policy import FleetPolicy, VersionedPolicy
+from gpuheal.core.fleet.policy import FleetPolicy, VersionedPolicy
 from gpuheal.core.jobs import HoldRequest, JobHistory, JobHistoryRequest, OwnerNotice, VerifyJobRequest, VerifyOutcome
-from gpuheal.core.models import (
-    BorrowedNode,
+from gpuheal.core.models.incident import JobRecoverySettings, RemediationSettings
+from gpuheal.core.models.kubernetes import BorrowedNode, NodeEmptyWait
+from gpuheal.core.models.replacement import (
+    EarlierReplacement,
+    HealthCheckResult,
+    RepairRequest,
+    RepairResult,
+    ReplacementLookup,
+    ReplacementResult,
+    ReplaceRequest,
+)
+from gpuheal.core.models.result import Notification, RemediationResult, ResumedJob
+from gpuheal.core.models.slurm import (
     CheckpointOutcome,
     CheckpointRequest,
     CheckpointResult,
@@ -42,26 +53,13 @@ from gpuheal.core.models import (
     CheckpointWait,
     DrainRequest,
     DrainResult,
-    EarlierReplacement,
-    HealthCheckResult,
     JobList,
     JobProgress,
-    JobRecoverySettings,
     JobSnapshot,
-    NodeEmptyWait,
     NodeInfo,
     NodeRef,
-    Notification,
-    RemediationResult,
-    RemediationSettings,
-    RepairRequest,
-    RepairResult,
-    ReplacementLookup,
-    ReplacementResult,
-    ReplaceRequest,
     RequeueRequest,
     RequeueResult,
-    ResumedJob,
     ValidateRequest,
     ValidationResult,
 )

@@ -6,8 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet_policy import FleetPolicy
-from gpuheal.core.models import ActionClass, BorrowPolicy, KubernetesPolicy, RemediationSettings
+from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.incident import BorrowPolicy, KubernetesPolicy, RemediationSettings
 from gpuheal.core.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""The coordinator's state changes (gpuheal.core.coordination), driven by Hypothesis through
+"""The coordinator's state changes (gpuheal.core.fleet.coordination), driven by Hypothesis through
 arrivals, capacity requests, confirmations, releases, pauses and resumes, overrides, policy
 changes, clock steps and continue-as-new; after every step the invariants an SRE relies on are
 checked:
@@ -25,9 +25,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpuheal.core import coordination, reaping, steering
-from gpuheal.core import fleet as policy
-from gpuheal.core.fleet_models import (
+from gpuheal.core.fleet import coordination, reaping, steering
+from gpuheal.core.fleet.models import (
     AdmitRequest,
     CapacityDecision,
     CapacityRequest,
@@ -39,8 +38,8 @@ from gpuheal.core.fleet_models import (
     Override,
     Placement,
 )
-from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy
-from gpuheal.core.models import ActionClass, Stage
+from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy, limit_of
+from gpuheal.core.models.base import ActionClass, Stage
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NODES = [f"gpu{i:02d}" for i in range(12)]
@@ -355,12 +354,12 @@ class Coordinator(RuleBasedStateMachine):
         by_operator = {g.node for g in self.s.grants.values() if g.override is not None}
         if self.drained - drained_before - by_operator - out_before:  # gpuheal drained more (an override: a person's)
             p = self.s.policy.policy
-            bound = policy.limit_of(p.budget.cluster, len(NODES)) + policy.limit_of(p.containment_limit, len(NODES))
+            bound = limit_of(p.budget.cluster, len(NODES)) + limit_of(p.containment_limit, len(NODES))
             out = len(self.drained - by_operator)
             assert out <= bound, f"{out} drained by gpuheal's decisions, bound {bound} (+{len(by_operator)} overrides)"
         if set(self.s.containing) - containing_before:
             assert not tripped_before, "a held node contained while the breaker was tripped"
-            limit = policy.limit_of(self.s.policy.policy.containment_limit, len(NODES))
+            limit = limit_of(self.s.policy.policy.containment_limit, len(NODES))
             assert len(self.s.containing) <= limit, "over the containment bound"
         self.granted_ever |= {(g.incident_id, g.run_id) for g in self.s.grants.values()}
         new = [
@@ -371,12 +370,12 @@ class Coordinator(RuleBasedStateMachine):
             b = self.s.policy.policy.budget
             # A contained node is out too, as is one a closed run left drained (until it is back).
             out = [*self.s.grants.values(), *self.s.contained.values(), *self.s.left.values()]
-            assert len(out) <= policy.limit_of(b.cluster, len(NODES)), "over the cluster budget"
+            assert len(out) <= limit_of(b.cluster, len(NODES)), "over the cluster budget"
             if b.per_pool is not None:
                 for g in new:
                     in_pool = [x for x in out if x.pool == g.pool]
                     size = placement(g.node).pool_size
-                    assert len(in_pool) <= policy.limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
+                    assert len(in_pool) <= limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
 
     def capacity(self, node: str) -> CapacityRequest:
         incident, run = self.live[node]

@@ -28,9 +28,10 @@ from temporalio.worker import Worker
 from gpuheal.activities import interface as act
 from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
-from gpuheal.core import ids, reaping
+from gpuheal.core import ids
 from gpuheal.core import messages as m
-from gpuheal.core.fleet_models import (
+from gpuheal.core.fleet import reaping
+from gpuheal.core.fleet.models import (
     BATCH_MOST,
     AdmitRequest,
     AdmitRequests,
@@ -45,8 +46,9 @@ from gpuheal.core.fleet_models import (
     Placement,
     RunRefs,
 )
-from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, PolicyChange
-from gpuheal.core.models import ActionClass, Notification, Stage
+from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, PolicyChange
+from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.result import Notification
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping

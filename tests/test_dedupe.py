@@ -19,8 +19,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from gpuheal.core import dedupe, ids, policy
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.dedupe import Duplicate, Failure, New, PastIncident
-from gpuheal.core.fleet_policy import FleetPolicy
-from gpuheal.core.models import ActionClass, HealthReport, NodeState, Outcome, RemediationResult
+from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.models.base import ActionClass, NodeState, Outcome
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled
 

@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import coordination, fleet, fleet_policy, fleet_view, reaping, steering
-from gpuheal.core.fleet_models import (
+from gpuheal.core.fleet import breaker, budget, coordination, reaping, steering, windows
+from gpuheal.core.fleet import policy as fleet_policy
+from gpuheal.core.fleet import view as fleet_view
+from gpuheal.core.fleet.models import (
     AdmitRequest,
     Arrival,
     CapacityRequest,
@@ -22,7 +24,7 @@ from gpuheal.core.fleet_models import (
     Placement,
     RunRef,
 )
-from gpuheal.core.fleet_policy import (
+from gpuheal.core.fleet.policy import (
     BreakerPolicy,
     BudgetPolicy,
     EscalationPolicy,
@@ -30,7 +32,8 @@ from gpuheal.core.fleet_policy import (
     RepeatPolicy,
     VersionedPolicy,
 )
-from gpuheal.core.models import ActionClass, ApprovalPolicy, Stage
+from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.incident import ApprovalPolicy
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -71,32 +74,32 @@ def test_a_bad_limit_is_refused_with_the_value_quoted(spec: str) -> None:
 def test_the_cluster_budget_holds_the_fourth_node() -> None:
     s = state(budget=BudgetPolicy(cluster="3", rate=100, node_cooldown_s=0))
     for n in ("gpu01", "gpu02", "gpu03"):
-        assert fleet.capacity_decision(s, ask(n), T0)[0]
+        assert budget.capacity_decision(s, ask(n), T0)[0]
         grant(s, n)
-    granted, why = fleet.capacity_decision(s, ask("gpu04"), T0)
+    granted, why = budget.capacity_decision(s, ask("gpu04"), T0)
     assert not granted and why == "disruption budget: 3 of 3 nodes out of service (cluster)"
 
 
 def test_pool_and_domain_budgets_hold_only_their_own() -> None:
     s = state(budget=BudgetPolicy(cluster="50%", per_pool="1", per_domain="1", rate=100, node_cooldown_s=0))
     grant(s, "gpu01", pool="h100", domains=("rack=r1",))
-    held, why = fleet.capacity_decision(s, ask("gpu02", pool="h100"), T0)
+    held, why = budget.capacity_decision(s, ask("gpu02", pool="h100"), T0)
     assert not held and "(pool h100)" in why
-    held, why = fleet.capacity_decision(s, ask("gpu03", pool="a100", domains={"rack=r1": 4}), T0)
+    held, why = budget.capacity_decision(s, ask("gpu03", pool="a100", domains={"rack=r1": 4}), T0)
     assert not held and "(domain rack=r1)" in why
-    assert fleet.capacity_decision(s, ask("gpu04", pool="a100", domains={"rack=r2": 4}), T0)[0]
+    assert budget.capacity_decision(s, ask("gpu04", pool="a100", domains={"rack=r2": 4}), T0)[0]
 
 
 def test_the_rate_and_a_nodes_cooldown_hold_too() -> None:
     s = state(budget=BudgetPolicy(cluster="100", rate=2, rate_window_s=3600, node_cooldown_s=1800))
     s.remediations = [T0 - timedelta(minutes=10), T0 - timedelta(minutes=5)]
-    granted, why = fleet.capacity_decision(s, ask("gpu01"), T0)
+    granted, why = budget.capacity_decision(s, ask("gpu01"), T0)
     assert not granted and why.startswith("rate: 2 remediations within 3600 s")
     s.remediations = []
     s.last_release["gpu01"] = T0 - timedelta(minutes=10)
-    granted, why = fleet.capacity_decision(s, ask("gpu01"), T0)
+    granted, why = budget.capacity_decision(s, ask("gpu01"), T0)
     assert not granted and "cooling down" in why
-    assert fleet.capacity_decision(s, ask("gpu01"), T0 + timedelta(minutes=21))[0]
+    assert budget.capacity_decision(s, ask("gpu01"), T0 + timedelta(minutes=21))[0]
 
 
 def arrivals(nodes: list[str], at: datetime = T0, domain: str = "") -> list[Arrival]:
@@ -106,23 +109,23 @@ def arrivals(nodes: list[str], at: datetime = T0, domain: str = "") -> list[Arri
 def test_the_breaker_trips_on_a_burst_and_on_a_share_of_one_domain() -> None:
     s = state(breaker=BreakerPolicy(max_incidents=3, window_s=300, domain_share=0.75))
     s.arrivals = arrivals(["a", "b", "c"])
-    assert fleet.breaker_trip(s, place("c"), T0) is None
+    assert breaker.breaker_trip(s, place("c"), T0) is None
     s.arrivals += arrivals(["d"])
-    assert fleet.breaker_trip(s, place("d"), T0) == "4 new incidents within 300 s (more than 3)"
+    assert breaker.breaker_trip(s, place("d"), T0) == "4 new incidents within 300 s (more than 3)"
     s.arrivals = arrivals(["a", "b", "c", "d"], T0 - timedelta(minutes=10))  # outside the window
-    assert fleet.breaker_trip(s, place("d"), T0) is None
+    assert breaker.breaker_trip(s, place("d"), T0) is None
     s = state(breaker=BreakerPolicy(max_incidents=100, domain_share=0.5))
     s.arrivals = arrivals(["a", "b", "c"], domain="rack=r1")
-    why = fleet.breaker_trip(s, place("c", domains={"rack=r1": 4}), T0)
+    why = breaker.breaker_trip(s, place("c", domains={"rack=r1": 4}), T0)
     assert why is not None and "3 of 4 nodes of rack=r1" in why
 
 
 def test_half_a_domain_within_the_window_is_one_domain_incident() -> None:
     s = state(escalation=EscalationPolicy(domain_share=0.5, window_s=300, min_nodes=2))
     s.arrivals = arrivals(["gpu01"], domain="rack=r1")
-    assert fleet.escalation(s, place("gpu01", domains={"rack=r1": 4}), T0) is None
+    assert breaker.escalation(s, place("gpu01", domains={"rack=r1": 4}), T0) is None
     s.arrivals += arrivals(["gpu02"], domain="rack=r1")
-    assert fleet.escalation(s, place("gpu02", domains={"rack=r1": 4}), T0) == ("rack=r1", ["gpu01", "gpu02"])
+    assert breaker.escalation(s, place("gpu02", domains={"rack=r1": 4}), T0) == ("rack=r1", ["gpu01", "gpu02"])
 
 
 def test_the_third_incident_within_the_window_makes_a_repeat_offender() -> None:
@@ -135,16 +138,16 @@ def test_the_third_incident_within_the_window_makes_a_repeat_offender() -> None:
         )
         for d in (1, 2)
     ]
-    assert fleet.repeat_offender(past, "gpu03", [], T0, policy) is None
+    assert breaker.repeat_offender(past, "gpu03", [], T0, policy) is None
     now = [*past, Arrival(at=T0, incident_id=wid, run_id="r0", node="gpu03", domains=())]
-    assert fleet.repeat_offender([*past, past[0]], "gpu03", [], T0, policy) is None  # one run asking twice
-    why = fleet.repeat_offender(now, "gpu03", [], T0, policy)
+    assert breaker.repeat_offender([*past, past[0]], "gpu03", [], T0, policy) is None  # one run asking twice
+    why = breaker.repeat_offender(now, "gpu03", [], T0, policy)
     assert why == "repeat offender: 3 incidents on gpu03 within 7 days"
     moved = [*past, Arrival(at=T0, incident_id="gpuheal-c-gpu09", node="gpu09", domains=(), gpu_uuids=("GPU-1",))]
-    why = fleet.repeat_offender(moved, "gpu09", ["GPU-1"], T0, policy)  # the GPU moved: its record did too
+    why = breaker.repeat_offender(moved, "gpu09", ["GPU-1"], T0, policy)  # the GPU moved: its record did too
     assert why == "repeat offender: 3 incidents on GPU GPU-1 within 7 days"
     old = [*[a.model_copy(update={"at": T0 - timedelta(days=9)}) for a in past], now[-1]]
-    assert fleet.repeat_offender(old, "gpu03", [], T0, policy) is None
+    assert breaker.repeat_offender(old, "gpu03", [], T0, policy) is None
 
 
 @pytest.mark.parametrize(
@@ -159,13 +162,13 @@ def test_the_third_incident_within_the_window_makes_a_repeat_offender() -> None:
 def test_approve_mode_asks_a_human_for_every_action(
     mode: fleet_policy.Mode, action: ActionClass, required: tuple[ActionClass, ...], asks: bool
 ) -> None:
-    assert fleet.needs_approval(mode, action, ApprovalPolicy(required_for=required)) is asks
+    assert budget.needs_approval(mode, action, ApprovalPolicy(required_for=required)) is asks
 
 
 def test_old_arrivals_are_forgotten_but_what_a_window_needs_is_kept() -> None:
     s = state(repeat=RepeatPolicy(incidents=3, window_s=86400))
     s.arrivals = arrivals(["a"], T0 - timedelta(days=2)) + arrivals(["b"], T0 - timedelta(hours=2))
-    fleet.forget_before(s, T0)
+    windows.forget_before(s, T0)
     assert [a.node for a in s.arrivals] == ["b"]
 
 
@@ -180,7 +183,7 @@ def test_what_the_coordinator_shows_is_computed_on_the_real_cluster() -> None:
             CapacityRequest(cluster="c", incident_id=f"i-{node}", placement=where, action=ActionClass.REPLACE_NODE),
             T0,
         )
-    shown = {u.name: (u.used, u.limit) for u in fleet.budget_uses(s)}
+    shown = {u.name: (u.used, u.limit) for u in budget.budget_uses(s)}
     assert shown == {
         "cluster": (2, 20),
         "pool a100": (1, 10),
@@ -225,16 +228,16 @@ def test_a_decided_domain_incident_holds_nothing_more_and_the_domain_may_escalat
         )
         coordination.admit(s, req, T0)
     opened = s.domain_incidents["rack=r1"]
-    assert fleet.escalated_domain(s, place("gpu03", domains=rack)) == opened  # open: it holds the rack's incidents
+    assert breaker.escalated_domain(s, place("gpu03", domains=rack)) == opened  # open: it holds the rack's incidents
     d = DomainDecision(domain="rack=r1", decision=decision, operator="alice", reason="switch replaced")  # type: ignore[arg-type]
     steering.domain_decision(s, d, T0 + timedelta(seconds=60))
-    assert fleet.escalated_domain(s, place("gpu03", domains=rack)) is None  # decided: later incidents go on
+    assert breaker.escalated_domain(s, place("gpu03", domains=rack)) is None  # decided: later incidents go on
     assert steering.domain_decision(s, d, T0 + timedelta(seconds=61))[0] == f"rack=r1: already {decision}"
     # The reports before the decision do not count again; two new ones within the window do.
     later = T0 + timedelta(seconds=120)
-    assert fleet.escalation(s, place("gpu03", domains=rack), later) is None
+    assert breaker.escalation(s, place("gpu03", domains=rack), later) is None
     s.arrivals += arrivals(["gpu03", "gpu04"], at=later, domain="rack=r1")
-    assert fleet.escalation(s, place("gpu04", domains=rack), later) == ("rack=r1", ["gpu03", "gpu04"])
+    assert breaker.escalation(s, place("gpu04", domains=rack), later) == ("rack=r1", ["gpu03", "gpu04"])
 
 
 def test_incidents_taken_back_while_out_never_block_each_other() -> None:
@@ -249,7 +252,7 @@ def test_incidents_taken_back_while_out_never_block_each_other() -> None:
     for node in ("gpu01", "gpu02"):
         assert not coordination.confirm(s, ask(node), T0)[0].granted
     assert set(s.contained) == {"i-gpu01", "i-gpu02"}
-    assert [(u.used, u.limit) for u in fleet.budget_uses(s)] == [(2, 2)]  # still out, still counted
+    assert [(u.used, u.limit) for u in budget.budget_uses(s)] == [(2, 2)]  # still out, still counted
     lowered = s.policy.policy.model_copy(update={"budget": BudgetPolicy(cluster="1", rate=100, node_cooldown_s=0)})
     steering.set_policy(s, lowered, "bob", "smaller", T0)
     _, out = steering.resume(s, by, T0)
@@ -290,7 +293,7 @@ def test_a_held_node_is_contained_within_its_own_bound_and_never_while_tripped()
     answers = [coordination.contain(s, req, T0)[0] for req in held]
     assert [a.granted for a in answers] == [True, True, False]
     assert "2 of 2 held nodes drained already (containment bound)" in answers[2].reason
-    assert fleet.containment_use(s).used == 2 and fleet.budget_uses(s)[0].used == 1  # outside the budget
+    assert budget.containment_use(s).used == 2 and budget.budget_uses(s)[0].used == 1  # outside the budget
     steering.pause(s, OperatorAction(operator="alice", reason="storm"), T0)
     coordination.release(s, "i-gpu01", T0)  # a slot frees, but the breaker is tripped
     again, _ = coordination.contain(s, held[2], T0)
@@ -344,7 +347,7 @@ def test_a_recreated_coordinator_counts_the_nodes_ended_incidents_left_drained()
     s = state(budget=BudgetPolicy(cluster="2"))
     gone = OpenIncident(incident_id="i-gpu07", run_id="", placement=place("gpu07"), stage=Stage.DONE)
     reaping.rebuild(s, OpenIncidents(incidents=(), earlier_run="Terminated at x", left=(gone,)), T0)
-    assert list(s.left) == ["gpu07"] and fleet.budget_uses(s)[0].used == 1 and s.breaker.tripped
+    assert list(s.left) == ["gpu07"] and budget.budget_uses(s)[0].used == 1 and s.breaker.tripped
     assert "1 nodes left drained" in s.breaker.why
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuheal.core import ids
-from gpuheal.core.models import JobSnapshot
+from gpuheal.core.models.slurm import JobSnapshot
 
 JOB = JobSnapshot(
     job_id=12, name="train", state="RUNNING", nodes="gpu01", requeueable=True, restart_count=0, submit_time=1796000000

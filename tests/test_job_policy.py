@@ -8,7 +8,7 @@ import pytest
 
 from gpuheal.core import job_policy
 from gpuheal.core.jobs import PastRecovery
-from gpuheal.core.models import JobProgress, JobSnapshot
+from gpuheal.core.models.slurm import JobProgress, JobSnapshot
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuheal.core.jobs import JobRecoveryResult
-from gpuheal.core.models import JobFate, JobSnapshot
+from gpuheal.core.models.result import JobFate
+from gpuheal.core.models.slurm import JobSnapshot
 from gpuheal.workflows.incident.ledger import JobLedger, not_requeued
 
 INCIDENT = "gpuheal-c-gpu01"

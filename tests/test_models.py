@@ -5,7 +5,10 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from gpuheal.core.models import Decision, HealthReport, NodeState, RemediationResult
+from gpuheal.core.models.base import NodeState
+from gpuheal.core.models.incident import Decision
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.progress import format_progress, parse_progress
 
 NOW = datetime.now(UTC)

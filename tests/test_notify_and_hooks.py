@@ -17,7 +17,8 @@ from gpuheal.clients import proc
 from gpuheal.clients.notify import WebhookNotifier
 from gpuheal.clients.owners import addresses, route
 from gpuheal.core.jobs import OwnerNotice
-from gpuheal.core.models import ActionClass, Notification
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.result import Notification
 from gpuheal.providers.base import NoSpareCapacity
 from gpuheal.providers.exec_hook import ExecHookProvider
 

@@ -5,8 +5,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuheal.core import policy
-from gpuheal.core.models import ActionClass as A
-from gpuheal.core.models import HealthReport, RequeueResult, ResumedJob
+from gpuheal.core.models.base import ActionClass as A
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import ResumedJob
+from gpuheal.core.models.slurm import RequeueResult
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

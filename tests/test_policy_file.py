@@ -1,5 +1,5 @@
-"""The cluster's policy as a file (gpuheal.core.policy_file) and a worker's configuration
-offered at its start (gpuheal.core.steering.configure): what a user of `gpuheal policy` and of
+"""The cluster's policy as a file (gpuheal.core.fleet.policy_file) and a worker's configuration
+offered at its start (gpuheal.core.fleet.steering.configure): what a user of `gpuheal policy` and of
 the chart sees."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal.core import policy_file, steering
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet_models import FleetState
-from gpuheal.core.fleet_policy import BudgetPolicy, ConfiguredPolicy, FleetPolicy, VersionedPolicy
+from gpuheal.core.fleet import policy_file, steering
+from gpuheal.core.fleet.models import FleetState
+from gpuheal.core.fleet.policy import BudgetPolicy, ConfiguredPolicy, FleetPolicy, VersionedPolicy
 from gpuheal.core.settings import Settings
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -6,15 +6,10 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
 from gpuheal.core import postmortem
-from gpuheal.core.models import (
-    ActionClass,
-    HealthReport,
-    NodeState,
-    RecordedDecision,
-    RemediationResult,
-    Stage,
-    StageRecord,
-)
+from gpuheal.core.models.base import ActionClass, NodeState, Stage
+from gpuheal.core.models.incident import RecordedDecision
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import RemediationResult, StageRecord
 
 T0 = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 

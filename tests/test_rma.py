@@ -9,10 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuheal.core import rma, rma_policy
-from gpuheal.core.fleet import repeat_offender
-from gpuheal.core.fleet_models import Arrival
-from gpuheal.core.fleet_policy import RepeatPolicy
-from gpuheal.core.models import HealthReport, NodeState
+from gpuheal.core.fleet.breaker import repeat_offender
+from gpuheal.core.fleet.models import Arrival
+from gpuheal.core.fleet.policy import RepeatPolicy
+from gpuheal.core.models.base import NodeState
+from gpuheal.core.models.report import HealthReport
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 POLICY = RepeatPolicy(incidents=3, window_s=7 * 86400)

@@ -1,4 +1,4 @@
-"""`gpuheal simulate` (gpuheal.core.simulate, gpuheal.core.failure_trace): the same trace gives
+"""`gpuheal simulate` (gpuheal.core.simulate, gpuheal.core.simulate.traces): the same trace gives
 the same figures; through any trace, the coordinator's own budget holds, every reported failure
 is decided once, no figure leaves its range; with spares enough, gpuheal never costs more
 training than Slurm alone; and bad traces and arguments are refused by name, changing nothing."""
@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuheal.cli.main import run
-from gpuheal.core import failure_trace as ft
-from gpuheal.core.failure_trace import Failure, TraceError
-from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, limit_of
-from gpuheal.core.simulate import simulate
-from gpuheal.core.simulate_models import MODELS, Fleet, Timings
+from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, limit_of
+from gpuheal.core.simulate import traces
+from gpuheal.core.simulate.models import MODELS, Fleet, Timings
+from gpuheal.core.simulate.run import simulate
+from gpuheal.core.simulate.traces import Failure, TraceError
 
 DAY = 86400.0
 # What a failure reports: XIDs of every action class (63: ignore, 13: restart_app, 48: reset,
@@ -37,7 +37,7 @@ REPORTED: list[tuple[int | None, str | None]] = [
 
 def failures(nodes: int, days: float, reported: list[tuple[int | None, str | None]] = REPORTED) -> Any:
     one = st.builds(
-        lambda at, n, r: Failure(at_s=at, node=ft.node_name(n), cause="test", xid=r[0], signal=r[1]),
+        lambda at, n, r: Failure(at_s=at, node=traces.node_name(n), cause="test", xid=r[0], signal=r[1]),
         st.floats(0, days * DAY, allow_nan=False),
         st.integers(0, nodes - 1),
         st.sampled_from(reported),
@@ -100,7 +100,7 @@ def test_with_spares_enough_gpuheal_never_costs_more_training_than_slurm_alone(t
 
 
 def test_the_same_trace_gives_the_same_figures_and_no_failure_loses_nothing() -> None:
-    trace = ft.generate(512, 20, seed=7)
+    trace = traces.generate(512, 20, seed=7)
     fleet = Fleet(nodes=512, job_nodes=128, spares=8)
     first = simulate(trace, fleet, 20, Timings(), FleetPolicy(), MODELS, seed=7)
     assert first == simulate(trace, fleet, 20, Timings(), FleetPolicy(), MODELS, seed=7)
@@ -110,7 +110,7 @@ def test_the_same_trace_gives_the_same_figures_and_no_failure_loses_nothing() ->
 
 def test_a_storm_trips_the_breaker_and_a_person_resets_it() -> None:
     # 30 XID 79s within a minute on one 64-node fleet: the default breaker (10 in 300 s) trips.
-    storm = [Failure(at_s=60 + i, node=ft.node_name(i), cause="storm", xid=79) for i in range(30)]
+    storm = [Failure(at_s=60 + i, node=traces.node_name(i), cause="storm", xid=79) for i in range(30)]
     fleet = Fleet(nodes=64, job_nodes=8, spares=0, rack_size=0)
     (g,) = simulate(storm, fleet, 1, Timings(), FleetPolicy(), ("gpuheal",))
     assert g.breaker_trips == 1 and g.held >= 19
@@ -121,27 +121,27 @@ def test_a_storm_trips_the_breaker_and_a_person_resets_it() -> None:
 
 
 def test_the_generator_follows_the_published_rate_and_shares() -> None:
-    trace = ft.generate(ft.LLAMA3_GPUS // 8, ft.LLAMA3_DAYS, seed=3)
-    assert 0.85 * ft.LLAMA3_INTERRUPTIONS < len(trace) < 1.15 * ft.LLAMA3_INTERRUPTIONS
+    trace = traces.generate(traces.LLAMA3_GPUS // 8, traces.LLAMA3_DAYS, seed=3)
+    assert 0.85 * traces.LLAMA3_INTERRUPTIONS < len(trace) < 1.15 * traces.LLAMA3_INTERRUPTIONS
     gpu = sum(1 for f in trace if f.cause == "faulty_gpu") / len(trace)
     assert 0.30 < gpu < 0.41  # 148 of 419 (35.3 %; the paper's share column says 30.1 %)
-    assert trace == sorted(trace, key=lambda f: f.at_s) and all(f.at_s < ft.LLAMA3_DAYS * DAY for f in trace)
+    assert trace == sorted(trace, key=lambda f: f.at_s) and all(f.at_s < traces.LLAMA3_DAYS * DAY for f in trace)
 
 
 def test_a_recorded_trace_reads_back_and_a_bad_row_is_named(tmp_path: Path) -> None:
-    trace = ft.generate(64, 30, seed=4)
+    trace = traces.generate(64, 30, seed=4)
     csv_file = tmp_path / "t.csv"
-    csv_file.write_text(ft.to_csv(trace))
-    assert ft.read(csv_file) == trace
+    csv_file.write_text(traces.to_csv(trace))
+    assert traces.read(csv_file) == trace
     js = tmp_path / "t.json"
     js.write_text(json.dumps([f.model_dump() for f in trace]))
-    assert ft.read(js) == trace
+    assert traces.read(js) == trace
     csv_file.write_text("at_s,node,cause,xid,signal,gpu\n1,node00001,x,79,,0\n2,bad node;rm,x,79,,0\n")
     with pytest.raises(TraceError, match="entry 3"):
-        ft.read(csv_file)
+        traces.read(csv_file)
     csv_file.write_text("when,where\n1,node1\n")
     with pytest.raises(TraceError, match="header"):
-        ft.read(csv_file)
+        traces.read(csv_file)
 
 
 def test_the_command_prints_the_three_models_and_refuses_bad_input(
@@ -151,7 +151,7 @@ def test_the_command_prints_the_three_models_and_refuses_bad_input(
     assert run(["simulate", "--nodes", "256", "--days", "30", "--write-trace", str(out)]) == 0
     text = capsys.readouterr().out
     assert all(label in text for label in ("(c) gpuheal", "(a) Slurm alone", "(b) Slurm + health check"))
-    assert ft.read(out)  # the trace it used, replayable with --trace
+    assert traces.read(out)  # the trace it used, replayable with --trace
     assert run(["simulate", "--nodes", "256", "--days", "30", "--trace", str(out)]) == 0
     assert capsys.readouterr().out.splitlines()[-3:] == text.splitlines()[-3:]
     with pytest.raises(SystemExit, match="no timing 'bogus'"):
@@ -165,9 +165,9 @@ def test_the_command_prints_the_three_models_and_refuses_bad_input(
 def test_a_node_repaired_before_its_job_lets_go_is_not_handed_to_another_job() -> None:
     # (a) with a quick person: the GPU is reset (60 + 300 s) before Slurm's own requeue (527 s).
     trace = [
-        Failure(at_s=0, node=ft.node_name(0), cause="t", xid=48),
-        Failure(at_s=400, node=ft.node_name(0), cause="t"),  # still held by its job: nothing more
-        Failure(at_s=450, node=ft.node_name(1), cause="t"),
+        Failure(at_s=0, node=traces.node_name(0), cause="t", xid=48),
+        Failure(at_s=400, node=traces.node_name(0), cause="t"),  # still held by its job: nothing more
+        Failure(at_s=450, node=traces.node_name(1), cause="t"),
     ]
     fleet = Fleet(nodes=3, job_nodes=1, spares=1, rack_size=0)
     timings = Timings(person_s=60)
@@ -176,7 +176,7 @@ def test_a_node_repaired_before_its_job_lets_go_is_not_handed_to_another_job() -
 
 
 def test_a_node_replaced_before_its_job_lets_go_still_frees_the_job() -> None:
-    trace = [Failure(at_s=10, node=ft.node_name(0), cause="t", xid=79)]
+    trace = [Failure(at_s=10, node=traces.node_name(0), cause="t", xid=79)]
     fleet = Fleet(nodes=2, job_nodes=1, spares=1, rack_size=0)
     timings = Timings(person_s=0, replace_s=300)  # the new node joins before Slurm's requeue
     (r,) = simulate(trace, fleet, 1, timings, FleetPolicy(), ("slurmd_lost",), checking=True)

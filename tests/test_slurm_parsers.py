@@ -13,7 +13,7 @@ from gpuheal.clients.slurm.base import UnknownSchema
 from gpuheal.clients.slurm.cli import wrapped
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.clients.slurm.parsers import parse_jobs, parse_node_line, parse_nodes, parse_topology, schema_of
-from gpuheal.core.models import NodeInfo
+from gpuheal.core.models.slurm import NodeInfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuheal.core.models import NodeInfo
+from gpuheal.core.models.slurm import NodeInfo
 from gpuheal.providers.sandbox import SandboxProvider
 
 SPARES = [f"spare{i:02d}" for i in range(12)]

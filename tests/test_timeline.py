@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuheal.core.models import Stage, StageRecord
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.result import StageRecord
 from gpuheal.core.render import render_timeline
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gpuheal.core.models import NodeState, ValidationResult
+from gpuheal.core.models.base import NodeState
+from gpuheal.core.models.slurm import ValidationResult
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.incident.node import MAX_REJECTED
 from tests.fakes import FakeCluster

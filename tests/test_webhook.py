@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from gpuheal.core import ids
-from gpuheal.core.models import HealthReport
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import AlreadyHandled
 from gpuheal.triggers.webhook import make_app

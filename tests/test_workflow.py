@@ -12,21 +12,14 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from gpuheal.core.fleet_models import GrantNotice
-from gpuheal.core.fleet_policy import FleetPolicy
+from gpuheal.core.fleet.models import GrantNotice
+from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
-from gpuheal.core.models import (
-    POLICY_OPERATOR,
-    ActionClass,
-    ApprovalPolicy,
-    Decision,
-    EarlierReplacement,
-    HealthReport,
-    JobFate,
-    NodeState,
-    RemediationResult,
-    Stage,
-)
+from gpuheal.core.models.base import ActionClass, NodeState, Stage
+from gpuheal.core.models.incident import POLICY_OPERATOR, ApprovalPolicy, Decision
+from gpuheal.core.models.replacement import EarlierReplacement
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow

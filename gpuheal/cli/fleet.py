@@ -18,11 +18,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.cli.incident import incident_id
 from gpuheal.clients.temporal import connect
-from gpuheal.core import fleet_view, ids, queries
+from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet_models import DomainDecision, OperatorAction, Override
-from gpuheal.core.fleet_policy import ModeChange
-from gpuheal.core.fleet_view import FleetView
+from gpuheal.core.fleet import view as fleet_view
+from gpuheal.core.fleet.models import DomainDecision, OperatorAction, Override
+from gpuheal.core.fleet.policy import ModeChange
+from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.messages import (
     DOMAIN_DECIDE,
     FLEET_OVERRIDE,
@@ -34,7 +35,7 @@ from gpuheal.core.messages import (
     INCIDENT,
     Update,
 )
-from gpuheal.core.models import GPU_SERIAL_PATTERN, check_node_name
+from gpuheal.core.models.base import GPU_SERIAL_PATTERN, check_node_name
 from gpuheal.core.settings import Settings
 
 VIEW_TIMEOUT = timedelta(seconds=5)  # a describe: the server alone answers it

@@ -22,7 +22,9 @@ from gpuheal.core import ids, queries, render
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import quote
 from gpuheal.core.messages import INCIDENT, INCIDENT_ABORT, INCIDENT_APPROVE, INCIDENT_GIVE_BACK, INCIDENT_STATUS
-from gpuheal.core.models import Decision, HealthReport, Outcome, Stage, check_node_name
+from gpuheal.core.models.base import Outcome, Stage, check_node_name
+from gpuheal.core.models.incident import Decision
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import PROBE_TIMEOUT_S, NodeProbe, already_handled, slurm_probe, start_or_join

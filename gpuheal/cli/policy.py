@@ -1,5 +1,5 @@
 """`gpuheal policy show | diff FILE | apply FILE --operator --reason`: the cluster's policy as a
-file (gpuheal.core.policy_file). A file may say part of it; what it does not say stays. `diff`
+file (gpuheal.core.fleet.policy_file). A file may say part of it; what it does not say stays. `diff`
 exits 0 when the file changes nothing and 1 when it would (as diff(1)); `apply` records the
 change in the coordinator's history with operator, reason and the new version, and a file that
 is not a valid policy is refused, naming the field, with nothing changed."""
@@ -14,8 +14,9 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core import ids, policy_file
-from gpuheal.core.fleet_policy import PolicyChange, VersionedPolicy
+from gpuheal.core import ids
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet.policy import PolicyChange, VersionedPolicy
 from gpuheal.core.messages import FLEET_POLICY, FLEET_SET_POLICY
 from gpuheal.core.settings import Settings
 

@@ -17,15 +17,17 @@ import math
 import sys
 from datetime import UTC, datetime
 
-from gpuheal.core import failure_trace, policy, policy_file, queries
+from gpuheal.core import policy, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.failure_trace import Failure, TraceError
-from gpuheal.core.fleet_policy import FleetPolicy
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT
-from gpuheal.core.models import RemediationResult
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
-from gpuheal.core.simulate import simulate
-from gpuheal.core.simulate_models import MODEL_WORDS, MODELS, Fleet, ModelResult, Timings
+from gpuheal.core.simulate import traces
+from gpuheal.core.simulate.models import MODEL_WORDS, MODELS, Fleet, ModelResult, Timings
+from gpuheal.core.simulate.run import simulate
+from gpuheal.core.simulate.traces import Failure, TraceError
 
 
 def timings_from(args: argparse.Namespace) -> Timings:
@@ -56,7 +58,7 @@ def candidate(args: argparse.Namespace, base: FleetPolicy) -> FleetPolicy:
 
 
 def fleet_from(args: argparse.Namespace, nodes: int, rack_size: int = 32) -> Fleet:
-    from gpuheal.core.fleet_policy import check_limit, limit_of
+    from gpuheal.core.fleet.policy import check_limit, limit_of
 
     try:
         check_limit(args.spares)
@@ -78,17 +80,17 @@ async def run_simulation(settings: Settings, args: argparse.Namespace) -> int:
     fleet = fleet_from(args, args.nodes)
     try:
         trace = (
-            failure_trace.read(args.trace)
+            traces.read(args.trace)
             if args.trace
-            else failure_trace.generate(
-                args.nodes, args.days, rate_per_gpu_day=failure_trace.LLAMA3_RATE * args.rate_scale, seed=args.seed
+            else traces.generate(
+                args.nodes, args.days, rate_per_gpu_day=traces.LLAMA3_RATE * args.rate_scale, seed=args.seed
             )
         )
         results = simulate(trace, fleet, args.days, timings, candidate(args, FleetPolicy()), MODELS, args.seed)
     except (TraceError, ValueError) as err:
         raise SystemExit(f"gpuheal simulate: {err}") from None
     if args.write_trace:
-        args.write_trace.write_text(failure_trace.to_csv(trace))
+        args.write_trace.write_text(traces.to_csv(trace))
     if args.json:
         print(json.dumps([r.model_dump(mode="json", exclude={"decisions"}) for r in results], indent=1))
         return 0

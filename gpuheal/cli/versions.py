@@ -25,7 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core.messages import DOMAIN_INCIDENT, FLEET_WAKE, INCIDENT, JOB_RECOVERY
-from gpuheal.core.models import OperatorName
+from gpuheal.core.models.base import OperatorName
 from gpuheal.core.settings import BuildId, Settings
 
 PINNED_KINDS = (INCIDENT, JOB_RECOVERY, DOMAIN_INCIDENT)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import aiohttp
 
-from gpuheal.core.models import Notification
+from gpuheal.core.models.result import Notification
 
 events_log = logging.getLogger("gpuheal.events")
 

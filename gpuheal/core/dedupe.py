@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Literal
 
 from gpuheal.core import policy
-from gpuheal.core.models import ActionClass, Frozen, HealthReport, NodeState, Outcome
+from gpuheal.core.models.base import ActionClass, Frozen, NodeState, Outcome
+from gpuheal.core.models.report import HealthReport
 
 # An incident that closed with the node in one of these left it out of service: drained (and
 # maybe cordoned), with its domain incident, waiting for a replacement, or gone from the cluster.

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from gpuheal.core.models import JobSnapshot
+    from gpuheal.core.models.slurm import JobSnapshot
 
 PREFIX = "gpuheal-"
 

@@ -20,7 +20,8 @@ from gpuheal.core.jobs import (
     RetryBudget,
     VerifyOutcome,
 )
-from gpuheal.core.models import CheckpointAsk, CheckpointOutcome, JobAccount, JobFate, JobSnapshot, RequeueResult
+from gpuheal.core.models.result import JobAccount, JobFate
+from gpuheal.core.models.slurm import CheckpointAsk, CheckpointOutcome, JobSnapshot, RequeueResult
 
 # sbatch --signal=[{R|B}:]<sig_num>[@sig_time]: what the job asked Slurm to send before its end.
 _SIGNAL_OPTION = re.compile(r"--signal[= ](?P<flags>[RB]{1,2}:)?(?P<sig>[A-Za-z0-9]+)(?:@\d+)?")

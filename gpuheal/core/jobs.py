@@ -11,16 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from gpuheal.core.models import (
-    CheckpointOutcome,
-    Frozen,
-    JobFate,
-    JobRecoverySettings,
-    JobSnapshot,
-    NodeName,
-    RequeueResult,
-    ResumedJob,
-)
+from gpuheal.core.models.base import Frozen, NodeName
+from gpuheal.core.models.incident import JobRecoverySettings
+from gpuheal.core.models.result import JobFate, ResumedJob
+from gpuheal.core.models.slurm import CheckpointOutcome, JobSnapshot, RequeueResult
 
 # Slurm states a job does not leave by itself: it is over.
 ENDED_STATES = frozenset(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuheal.core.fleet_models import (
+from gpuheal.core.fleet.models import (
     Admission,
     Admissions,
     AdmitRequest,
@@ -33,10 +33,12 @@ from gpuheal.core.fleet_models import (
     Override,
     ReleaseRequest,
 )
-from gpuheal.core.fleet_policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
-from gpuheal.core.fleet_view import FleetView
+from gpuheal.core.fleet.policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
+from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.jobs import JobRecoveryInput, JobRecoveryResult, JobRecoveryStatus, RecoveryJoin
-from gpuheal.core.models import Decision, HealthReport, RemediationInput, RemediationResult, RemediationStatus
+from gpuheal.core.models.incident import Decision, RemediationInput
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import RemediationResult, RemediationStatus
 
 if TYPE_CHECKING:  # only typed here: the callers bring their handles (client, activity or workflow side)
     from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionDescription, WorkflowHandle

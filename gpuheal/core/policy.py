@@ -13,13 +13,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuheal.core.models import (
-    LIVE_JOB_STATES,
-    ActionClass,
-    HealthReport,
-    RequeueResult,
-    ResumedJob,
-)
+from gpuheal.core.models.base import LIVE_JOB_STATES, ActionClass
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import ResumedJob
+from gpuheal.core.models.slurm import RequeueResult
 
 A = ActionClass
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuheal.core import rma_policy
-from gpuheal.core.models import RemediationResult, StageRecord
+from gpuheal.core.models.result import RemediationResult, StageRecord
 
 STAGE_COLOURS = {
     "triage": "#6c8ebf",

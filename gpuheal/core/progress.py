@@ -32,7 +32,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuheal.core.models import JobProgress
+    from gpuheal.core.models.slurm import JobProgress
 
 _FIELD = re.compile(r"(\w+)=(\S+)")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]{2,8}$")
@@ -54,7 +54,7 @@ def parse_progress(comment: str | None) -> JobProgress | None:
     """Parse a job comment; None when the job does not follow the contract."""
     # Imported here: a training job imports this module for report_progress() in its own
     # environment (often without pydantic); only the reader needs the model.
-    from gpuheal.core.models import JobProgress
+    from gpuheal.core.models.slurm import JobProgress
 
     if not comment or not comment.startswith(PREFIX + " "):
         return None

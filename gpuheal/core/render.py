@@ -9,34 +9,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from gpuheal.core.fleet_models import Placement
-from gpuheal.core.fleet_policy import VersionedPolicy
+from gpuheal.core.fleet.models import Placement
+from gpuheal.core.fleet.policy import VersionedPolicy
 from gpuheal.core.job_policy import JobCost
 from gpuheal.core.jobs import RetryBudget, VerifyOutcome
-from gpuheal.core.models import (
-    ActionClass,
-    BorrowResult,
+from gpuheal.core.models.base import ActionClass, NodeAt, NodeState, Outcome
+from gpuheal.core.models.incident import Decision, RecordedDecision
+from gpuheal.core.models.kubernetes import BorrowResult, CordonResult, EvictResult, KubeNodeRef
+from gpuheal.core.models.replacement import EarlierReplacement
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import JobAccount, JobFate, RemediationResult, ResumedJob, StageRecord
+from gpuheal.core.models.slurm import (
     CheckpointAsk,
     CheckpointOutcome,
-    CordonResult,
-    Decision,
     DrainResult,
-    EarlierReplacement,
-    EvictResult,
-    HealthReport,
-    JobAccount,
-    JobFate,
     JobList,
     JobSnapshot,
-    KubeNodeRef,
-    NodeAt,
-    NodeState,
-    Outcome,
-    RecordedDecision,
-    RemediationResult,
     RequeueResult,
-    ResumedJob,
-    StageRecord,
     ValidationResult,
 )
 from gpuheal.core.policy import Plan

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gpuheal.core.models import HealthReport, NodeState, StageRecord
+from gpuheal.core.models.base import NodeState
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import StageRecord
 from gpuheal.core.rma import Board, RmaEvidence
 
 

@@ -1,9 +1,9 @@
 """Settings, from the environment (12-factor, as a Kubernetes Deployment would set them).
 
 Each variable is declared once, on the field that holds it (gpuheal.core.envvars): its name, its
-default and its meaning. The README's Configuration and Fleet safety sections carry the tables,
-generated from these declarations (`python -m gpuheal.core.settings --readme README.md`) and held
-to them by tests/test_settings_docs.py, as is the Helm chart's values.yaml.
+default and its meaning. The docs' Configuration page (docs/configuration.md) carries the tables,
+generated from these declarations (`python -m gpuheal.core.settings --readme docs/configuration.md`)
+and held to them by tests/test_settings_docs.py, as is the Helm chart's values.yaml.
 
 No default points into the source tree or at the sandbox: a worker started on a real cluster
 without GPUHEAL_PROVIDER refuses to start (it would otherwise run a sandbox script there), and
@@ -28,11 +28,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, SecretStr, StringConstraints
 
-from gpuheal.core import policy_file
 from gpuheal.core.envvars import load, setting, table, variables
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet_policy import FleetPolicy
-from gpuheal.core.models import ClusterName, RemediationSettings
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.models.base import ClusterName
+from gpuheal.core.models.incident import RemediationSettings
 
 LOCAL_TEMPORAL_ADDRESS = "127.0.0.1:7233"  # Temporal's dev server, where nothing names another
 DEFAULT_NAMESPACE = "default"  # the SDK's own default namespace
@@ -287,9 +288,9 @@ class Settings(BaseModel):
         return f"{self.ui_url}/namespaces/{namespace}/workflows/{workflow_id}"
 
 
-# --- the README's tables ---------------------------------------------------------------------
+# --- the docs' tables (docs/configuration.md) ------------------------------------------------
 
-# README.md holds one generated table per group between these markers.
+# docs/configuration.md holds one generated table per group between these markers.
 _BLOCK = re.compile(r"(<!-- settings: (\w+) -->\n).*?(\n<!-- /settings -->)", re.S)
 
 
@@ -306,11 +307,11 @@ def with_tables(readme: str) -> str:
 
 if __name__ == "__main__":
     # python -m gpuheal.core.settings --table worker|policy   (print one table)
-    # python -m gpuheal.core.settings --readme README.md      (regenerate the README's tables in place)
+    # python -m gpuheal.core.settings --readme docs/configuration.md   (regenerate the docs' tables in place)
     if sys.argv[1:2] == ["--table"] and len(sys.argv) == 3:
         print(readme_table(sys.argv[2]))
     elif sys.argv[1:2] == ["--readme"] and len(sys.argv) == 3:
         path = Path(sys.argv[2])
         path.write_text(with_tables(path.read_text()))
     else:
-        sys.exit("usage: python -m gpuheal.core.settings --table worker|policy | --readme README.md")
+        sys.exit("usage: python -m gpuheal.core.settings --table worker|policy | --readme docs/configuration.md")

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 from temporalio import activity
 
 from gpuheal.clients.slurm import SlurmBackend
-from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.core.settings import ProviderSettings
 
 if TYPE_CHECKING:

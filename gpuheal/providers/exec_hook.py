@@ -20,7 +20,8 @@ from typing import Any
 
 from gpuheal.clients import proc
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
+from gpuheal.core.models.base import ActionClass, check_node_name
+from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
 
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"

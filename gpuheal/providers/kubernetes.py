@@ -21,7 +21,8 @@ from temporalio import activity
 from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key, unsupported_repair
 from gpuheal.providers.exec_hook import ExecHookProvider, repair_hook
 

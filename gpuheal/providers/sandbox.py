@@ -24,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from gpuheal.clients import kube, proc
 from gpuheal.clients.slurm import SlurmBackend, SlurmError
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.models import ActionClass, HealthCheckResult, RepairResult, ReplacementResult, check_node_name
+from gpuheal.core.models.base import ActionClass, check_node_name
+from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
 
 NOT_RESPONDING_GRACE_S = 10.0

@@ -23,7 +23,7 @@ from temporalio.service import RPCError
 
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
-from gpuheal.core.models import RemediationResult, RemediationStatus
+from gpuheal.core.models.result import RemediationResult, RemediationStatus
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow

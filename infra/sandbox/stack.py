@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuheal.clients.slurm.parsers import parse_jobs, parse_nodes
-from gpuheal.core.models import JobProgress, JobSnapshot, NodeInfo
+from gpuheal.core.models.slurm import JobProgress, JobSnapshot, NodeInfo
 from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TRAIN_JOB
 from infra.sandbox.temporal import DIRS, TemporalKind, TemporalSandbox

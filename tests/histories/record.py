@@ -20,15 +20,10 @@ from temporalio.client import Client, WorkflowHandle
 
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
-from gpuheal.core.models import (
-    ActionClass,
-    ApprovalPolicy,
-    Decision,
-    HealthReport,
-    KubernetesPolicy,
-    RemediationResult,
-    RemediationSettings,
-)
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.incident import ApprovalPolicy, Decision, KubernetesPolicy, RemediationSettings
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

@@ -23,8 +23,10 @@ from aiohttp.test_utils import TestServer
 from temporalio.client import Client
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core.fleet_policy import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
-from gpuheal.core.models import HealthReport, KubernetesPolicy, RemediationSettings, Stage
+from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, RepeatPolicy
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.incident import KubernetesPolicy, RemediationSettings
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.triggers.webhook import serve

@@ -15,7 +15,7 @@ from temporalio.client import Client
 
 from gpuheal.cli import errors
 from gpuheal.core import ids
-from gpuheal.core.models import Stage
+from gpuheal.core.models.base import Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

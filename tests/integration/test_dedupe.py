@@ -10,7 +10,7 @@ import pytest
 from temporalio.client import Client
 
 from gpuheal.core.messages import INCIDENT
-from gpuheal.core.models import ActionClass
+from gpuheal.core.models.base import ActionClass
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.webhook import serve
 from gpuheal.workers.main import make_worker

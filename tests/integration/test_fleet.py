@@ -17,10 +17,12 @@ from temporalio.service import RPCError
 
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet_models import CapacityRequest, FleetStatus, Placement
-from gpuheal.core.fleet_policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
+from gpuheal.core.fleet.models import CapacityRequest, FleetStatus, Placement
+from gpuheal.core.fleet.policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_STATUS, INCIDENT
-from gpuheal.core.models import ActionClass, ApprovalPolicy, RemediationResult, Stage
+from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.incident import ApprovalPolicy
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

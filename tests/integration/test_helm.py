@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuheal.core.models import ActionClass
+from gpuheal.core.models.base import ActionClass
 from gpuheal.core.settings import Settings
 from infra.sandbox import REPO
 from infra.sandbox.kube import KubeSandbox

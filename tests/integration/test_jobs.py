@@ -12,7 +12,8 @@ import pytest
 from temporalio.client import Client
 
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core.models import JobFate, RemediationResult, Stage
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

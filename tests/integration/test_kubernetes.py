@@ -20,16 +20,10 @@ from temporalio.testing import ActivityEnvironment
 
 from gpuheal.activities.kubernetes import INCIDENT_ANNOTATION, TAINT_KEY, KubernetesActivities
 from gpuheal.clients.slurm.cli import SlurmCli
-from gpuheal.core.models import (
-    BorrowPolicy,
-    CordonRequest,
-    EvictRequest,
-    KubeEvent,
-    KubeNodeRef,
-    MapNodeRequest,
-    NodeRef,
-    Stage,
-)
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.incident import BorrowPolicy
+from gpuheal.core.models.kubernetes import CordonRequest, EvictRequest, KubeEvent, KubeNodeRef, MapNodeRequest
+from gpuheal.core.models.slurm import NodeRef
 from gpuheal.core.settings import Settings
 from gpuheal.providers.kubernetes import KubernetesProvider
 from gpuheal.triggers.start import start_or_join

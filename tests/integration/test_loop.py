@@ -17,7 +17,8 @@ from temporalio.client import Client, WorkflowFailureError
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT, RECOVERY_STATUS
-from gpuheal.core.models import ActionClass, ApprovalPolicy, Stage
+from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.incident import ApprovalPolicy
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.remediation import GpuRemediationWorkflow

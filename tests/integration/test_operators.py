@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from gpuheal.core.fleet_policy import BudgetPolicy
-from gpuheal.core.models import RemediationResult, Stage
+from gpuheal.core.fleet.policy import BudgetPolicy
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

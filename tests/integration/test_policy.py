@@ -13,7 +13,7 @@ from temporalio.service import RPCError
 
 from gpuheal.core import ids
 from gpuheal.core.messages import FLEET_POLICY
-from gpuheal.core.models import RemediationResult
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from infra.sandbox.stack import Sandbox

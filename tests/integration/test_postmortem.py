@@ -18,7 +18,8 @@ import pytest
 from temporalio.client import Client
 
 from gpuheal.core import ids
-from gpuheal.core.models import ActionClass, ApprovalPolicy
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.incident import ApprovalPolicy
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

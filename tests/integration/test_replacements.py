@@ -14,7 +14,8 @@ from kubernetes.client.exceptions import ApiException
 from gpuheal.activities.kubernetes import KubernetesActivities
 from gpuheal.clients.kube import POOL_LABEL, REPLACES_ANNOTATION
 from gpuheal.clients.slurm.cli import SlurmCli
-from gpuheal.core.models import BorrowPolicy, BorrowRequest, KubeNodeRef
+from gpuheal.core.models.incident import BorrowPolicy
+from gpuheal.core.models.kubernetes import BorrowRequest, KubeNodeRef
 from gpuheal.core.settings import Settings
 from gpuheal.providers.base import NoSpareCapacity
 from gpuheal.providers.kubernetes import MACHINE_ANNOTATION, KubernetesProvider

@@ -14,7 +14,7 @@ from temporalio.client import Client
 
 from gpuheal.core import ids
 from gpuheal.core.messages import INCIDENT
-from gpuheal.core.models import RemediationResult
+from gpuheal.core.models.result import RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.alertmanager import firing_payload
 from gpuheal.workers.main import make_worker

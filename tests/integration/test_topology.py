@@ -13,8 +13,8 @@ from temporalio.service import RPCError
 from gpuheal.clients.slurm import wrapper
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.core import ids
-from gpuheal.core.fleet_models import FleetStatus
-from gpuheal.core.fleet_policy import EscalationPolicy
+from gpuheal.core.fleet.models import FleetStatus
+from gpuheal.core.fleet.policy import EscalationPolicy
 from gpuheal.core.messages import FLEET_STATUS
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join

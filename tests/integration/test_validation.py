@@ -7,7 +7,7 @@ import asyncio
 
 from temporalio.client import Client
 
-from gpuheal.core.models import NodeState
+from gpuheal.core.models.base import NodeState
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gpuheal.core.models import JobSnapshot, NodeInfo
+from gpuheal.core.models.slurm import JobSnapshot, NodeInfo
 
 NodeState = Literal["drain", "resume", "down", "future"]
 

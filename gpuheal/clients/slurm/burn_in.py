@@ -15,7 +15,7 @@ import math
 
 from gpuheal.clients.slurm.base import SlurmError
 from gpuheal.clients.slurm.cli import SlurmCli
-from gpuheal.core.models import check_node_name
+from gpuheal.core.models.base import check_node_name
 
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}

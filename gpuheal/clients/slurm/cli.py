@@ -28,7 +28,8 @@ from gpuheal.clients import proc
 from gpuheal.clients.slurm.base import JobUpdate, NodeOutOfService, NodeState, SlurmError, UnknownNode
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.clients.slurm.parsers import V0038, parse_jobs, parse_node_line, parse_nodes, parse_topology, schema_of
-from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
+from gpuheal.core.models.base import LIVE_JOB_STATES, check_node_name
+from gpuheal.core.models.slurm import JobSnapshot, NodeInfo
 
 # Wrappers that join their arguments into a remote shell's command line.
 REMOTE_SHELLS = frozenset({"ssh", "autossh", "rsh"})

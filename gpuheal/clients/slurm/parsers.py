@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuheal.clients.slurm.base import UnknownSchema
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core.models import JobSnapshot, NodeInfo
+from gpuheal.core.models.slurm import JobSnapshot, NodeInfo
 from gpuheal.core.progress import parse_progress
 
 V0038 = "v0.0.38"

@@ -50,7 +50,8 @@ from gpuheal.clients.slurm.base import (
 )
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.clients.slurm.parsers import V004X, parse_jobs, parse_nodes
-from gpuheal.core.models import LIVE_JOB_STATES, JobSnapshot, NodeInfo, check_node_name
+from gpuheal.core.models.base import LIVE_JOB_STATES, check_node_name
+from gpuheal.core.models.slurm import JobSnapshot, NodeInfo
 
 FIRST_WITH_REQUEUE = "v0.0.45"
 # Live jobs looked up one by one (LOOKUPS_AT_ONCE at a time) after the light state listing; with

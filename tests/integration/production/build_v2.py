@@ -11,7 +11,8 @@ from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 with workflow.unsafe.imports_passed_through():  # as the product's workflows import them
     from gpuheal.core.messages import INCIDENT
-    from gpuheal.core.models import RemediationInput, RemediationResult
+    from gpuheal.core.models.incident import RemediationInput
+    from gpuheal.core.models.result import RemediationResult
 
 
 @workflow.defn(name=INCIDENT.name)

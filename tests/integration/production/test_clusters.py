@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from gpuheal.core.fleet_models import FleetStatus
-from gpuheal.core.models import Stage
+from gpuheal.core.fleet.models import FleetStatus
+from gpuheal.core.models.base import Stage
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.remediation import GpuRemediationWorkflow

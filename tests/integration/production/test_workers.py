@@ -22,7 +22,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
 from gpuheal.activities import interface as act
-from gpuheal.core.models import ActionClass
+from gpuheal.core.models.base import ActionClass
 from gpuheal.triggers.start import start_or_join
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.stack import Sandbox

@@ -1,0 +1,506 @@
+"""Fleet activities: an incident's side of the coordinator, and the coordinator's own actions.
+
+`admit_incident` finds where the node sits (its pool and topology domains, and the sizes the
+budget's shares are of) and asks the cluster's coordinator, starting it if it is the first
+incident (update-with-start, seeded with this worker's configured policy); the answer carries the
+cluster's policy and its version, which the incident records. The others are one update or one
+start each. Every call is idempotent on the coordinator's side (per incident).
+
+Temporal accepts at most 10 updates in flight per workflow (`history.maxInFlightUpdates`) and
+refuses the rest, so a storm of incidents asking at once would mostly be refused and retried
+with backoff. A worker therefore sends at most GPUHEAL_COORDINATOR_UPDATES at a time and queues
+the rest here (with several workers, keep workers x this <= 8: room for operators' own updates).
+Admissions and capacity requests that queued meanwhile go together in the next update (up to
+BATCH_MOST), decided in one coordinator workflow task: a storm costs tasks per batch, not per
+incident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from temporalio import activity
+from temporalio.client import (
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from gpuheal.activities import interface as act
+from gpuheal.activities.interface import implements
+from gpuheal.clients.kube import POOL_LABEL, call
+from gpuheal.clients.proc import beating
+from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.core import ids, policy, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet.models import (
+    BATCH_MOST,
+    Admission,
+    AdmitAnswer,
+    AdmitAsk,
+    AdmitRequest,
+    AdmitRequests,
+    CapacityDecision,
+    CapacityRequest,
+    CapacityRequests,
+    CoordinatorInput,
+    DomainDecisionFor,
+    DomainIncident,
+    DomainIncidentInput,
+    OpenIncident,
+    OpenIncidents,
+    Placement,
+    ReleaseRequest,
+    RunRef,
+    RunRefs,
+)
+from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.messages import (
+    COORDINATOR,
+    DOMAIN_INCIDENT,
+    FLEET_ADMIT,
+    FLEET_ADMIT_MANY,
+    FLEET_CONFIRM,
+    FLEET_CONTAIN,
+    FLEET_DOMAIN_DECISION,
+    FLEET_RELEASE,
+    FLEET_RELEASE_RUN,
+    FLEET_REQUEST_CAPACITY,
+    FLEET_REQUEST_CAPACITY_MANY,
+    INCIDENT,
+    INCIDENT_STATUS,
+    Update,
+)
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.incident import RemediationSettings
+from gpuheal.core.models.slurm import NodeInfo
+
+PLACEMENT_TTL_S = 10.0
+# The domains Slurm itself names (gpuheal.clients.slurm.parsers.parse_topology), where the
+# cluster has no Kubernetes labels for them.
+SLURM_DOMAINS = ("switch", "block")
+SlurmTopology = Callable[[], Awaitable[dict[str, dict[str, str]]]]
+CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
+REPROBE_S = 60.0  # a coordinator found without the batched update is asked again after this
+I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
+O = TypeVar("O")  # noqa: E741
+
+
+def unknown_update(err: WorkflowUpdateFailedError, name: str) -> bool:
+    """The coordinator runs on a worker of an earlier release, which lacks this update."""
+    why = str(err.cause or err)
+    return "not found" in why and name in why
+
+
+class Batcher(Generic[I, O]):
+    """One worker's requests to its coordinator, sent together: each caller waits for one of the
+    worker's update slots, and whoever gets one sends the front of the line (at most `most`
+    requests) as one batched update; each caller gets its own answer, first come first decided.
+
+    A request goes alone, in its own update and slot: when it is all there is; when the
+    coordinator lacks the batched update (a worker of the release before runs it; asked again
+    after REPROBE_S); when it was in a batch the coordinator refused as a whole (each of that
+    batch then goes alone, so a refusal is only its own request's). A sender cancelled mid-send
+    puts its batch back at the front of the line; a caller cancelled while its request is in
+    another's batch is dropped from it (every decision is idempotent per incident run, so a
+    request sent again is answered as before)."""
+
+    def __init__(
+        self,
+        gate: asyncio.Semaphore,
+        many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
+        one: Callable[[I], Awaitable[O]],
+        most: int = BATCH_MOST,
+    ) -> None:
+        self._gate, (self._name, self._many), self._one, self._most = gate, many, one, most
+        self._line: list[tuple[I, asyncio.Future[O]]] = []
+        self._came: dict[asyncio.Future[O], int] = {}  # each request's place in arrival order
+        self._arrivals = itertools.count()
+        self._alone: set[asyncio.Future[O]] = set()  # requests of a refused batch
+        self._back = asyncio.Event()  # set when requests go back in line
+        self._singly_until = 0.0  # monotonic: the coordinator lacked the batched update
+
+    async def ask(self, item: I) -> O:
+        mine: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        self._came[mine] = next(self._arrivals)
+        self._line.append((item, mine))
+        try:
+            while not mine.done():
+                if self._queued(mine):
+                    async with self._gate:
+                        if self._queued(mine):  # not taken by another sender meanwhile
+                            await self._send()
+                    continue
+                # On its way in another caller's update: its answer, or back in line.
+                back: asyncio.Future[Any] = asyncio.ensure_future(self._back.wait())
+                try:
+                    await asyncio.wait([mine, back], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    back.cancel()
+            return await mine
+        finally:
+            self._line = [(i, f) for i, f in self._line if f is not mine]
+            self._alone.discard(mine)
+            self._came.pop(mine, None)
+            if not mine.done():  # cancelled: a sender drops it, nobody waits for its answer
+                mine.cancel()
+
+    @property
+    def batched(self) -> bool:
+        return time.monotonic() >= self._singly_until
+
+    def _queued(self, mine: asyncio.Future[O]) -> bool:
+        return not mine.done() and any(f is mine for _, f in self._line)
+
+    def _take(self) -> list[tuple[I, asyncio.Future[O]]]:
+        """The front of the line: a batch of requests that may go together, or one alone."""
+        live = [(i, f) for i, f in self._line if not f.done()]
+        n = 1
+        if self.batched:
+            while n < min(len(live), self._most) and not {live[0][1], live[n][1]} & self._alone:
+                n += 1
+        batch, self._line = live[:n], live[n:]
+        return batch
+
+    def _requeue(self, batch: list[tuple[I, asyncio.Future[O]]]) -> None:
+        """Back in line, in the order they came (batches in flight come back in any order, and the
+        coordinator's line, first come first decided, follows the order they are sent in)."""
+        back = [(i, f) for i, f in batch if not f.done()] + self._line
+        self._line = sorted(back, key=lambda entry: self._came.get(entry[1], -1))
+        self._back.set()  # wakes the callers whose requests were in it
+        self._back = asyncio.Event()
+
+    async def _send(self) -> None:
+        batch = self._take()
+        try:
+            if len(batch) > 1:
+                try:
+                    answers = await self._many([i for i, _ in batch])
+                except WorkflowUpdateFailedError as err:
+                    if unknown_update(err, self._name):
+                        self._singly_until = time.monotonic() + REPROBE_S
+                    else:
+                        self._alone.update(f for _, f in batch)
+                    self._requeue(batch)
+                    return
+                for (_, f), a in zip(batch, answers, strict=True):
+                    if not f.done():
+                        f.set_result(a)
+                return
+            for i, f in batch:
+                try:
+                    answer = await self._one(i)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # its caller's activity fails with it
+                    if not f.done():
+                        f.set_exception(err)
+                else:
+                    if not f.done():
+                        f.set_result(answer)
+        except asyncio.CancelledError:
+            self._requeue(batch)
+            raise
+        except Exception as err:  # the batch failed on its way: each caller's activity retries
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(err)
+
+
+@implements(act.FIND_CLOSED_RUNS)
+async def find_closed_runs(refs: RunRefs) -> RunRefs:
+    """Which of these incident runs have closed (completed, failed, terminated, timed out,
+    or gone past retention)? A run is its workflow id's chain from its first run id: a
+    running workflow of that id with another first run is a later incident, and this one
+    closed. What cannot be told (Temporal not answering) counts as running: it is asked
+    again at the next look."""
+    client, lookups = activity.client(), asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
+    # "Not found" reaps, so it must mean "gone": the coordinator asking must be found itself
+    # (a wrong namespace, or a server failing over, would otherwise reap every live run).
+    await client.get_workflow_handle(activity.info().workflow_id or "").describe()
+
+    async def closed(ref: RunRef) -> bool:
+        async with lookups:
+            try:
+                d = await client.get_workflow_handle(ref.incident_id).describe()
+            except RPCError as err:
+                return err.status == RPCStatusCode.NOT_FOUND
+        if d.status != WorkflowExecutionStatus.RUNNING:
+            return True
+        first = d.raw_description.workflow_execution_info.first_run_id
+        return bool(ref.run_id and first and first != ref.run_id)
+
+    found = await asyncio.gather(*(closed(r) for r in refs.runs))
+    return RunRefs(runs=tuple(r for r, gone in zip(refs.runs, found, strict=True) if gone))
+
+
+class FleetActivities:
+    def __init__(
+        self,
+        slurm: SlurmBackend,
+        kube: Any | None,
+        seed: FleetPolicy,
+        settings: RemediationSettings,
+        domain_labels: tuple[str, ...],
+        updates: int,
+        topology: SlurmTopology | None = None,
+    ) -> None:
+        self._slurm = slurm
+        self._topology = topology  # Slurm's own domains, for a cluster without Kubernetes
+        self._core = None
+        if kube is not None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(kube)
+        self._seed = seed
+        self._in_flight = asyncio.Semaphore(updates)
+        self._admits: dict[str, Batcher[AdmitRequest, Admission]] = {}
+        self._requests: dict[str, Batcher[CapacityRequest, CapacityDecision]] = {}
+        self._listing_lock = asyncio.Lock()
+        self._listing: tuple[float, dict[str, NodeInfo], dict[str, dict[str, str]]] | None = None
+        self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
+        self._domain_labels = domain_labels
+
+    @implements(act.ADMIT_INCIDENT)
+    async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
+        placement = await self._placement(ask.node)
+        req = AdmitRequest(
+            incident_id=ask.incident_id,
+            run_id=ask.run_id,
+            cluster=ask.cluster,
+            placement=placement,
+            action=ask.action,
+            what=ask.what,
+            gpu_uuids=ask.gpu_uuids,
+            gpu_serials=ask.gpu_serials,
+            seed=self._seed,
+        )
+        line = self._batcher(self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one)
+        admission = await line.ask(req)
+        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
+
+    def _start(self, cluster: str) -> WithStartWorkflowOperation[Any, Any]:
+        """The cluster's coordinator, started by the first incident's admission (one use each)."""
+        return WithStartWorkflowOperation(
+            COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
+            id=ids.coordinator_id(cluster),
+            task_queue=activity.info().task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"Fleet coordinator of cluster {cluster}: policy, disruption budget, circuit breaker",
+        )
+
+    async def _admit_one(self, req: AdmitRequest) -> Admission:
+        return await FLEET_ADMIT.execute_with_start(activity.client(), req, self._start(req.cluster))
+
+    async def _admit_many(self, reqs: list[AdmitRequest]) -> list[Admission]:
+        batch = AdmitRequests(requests=tuple(reqs))
+        out = await FLEET_ADMIT_MANY.execute_with_start(activity.client(), batch, self._start(reqs[0].cluster))
+        return list(out.answers)
+
+    async def _request_one(self, req: CapacityRequest) -> CapacityDecision:
+        return await FLEET_REQUEST_CAPACITY.execute(self._coordinator(req.cluster), req)
+
+    async def _request_many(self, reqs: list[CapacityRequest]) -> list[CapacityDecision]:
+        batch = CapacityRequests(requests=tuple(reqs))
+        return list((await FLEET_REQUEST_CAPACITY_MANY.execute(self._coordinator(reqs[0].cluster), batch)).answers)
+
+    def _batcher(
+        self,
+        batchers: dict[str, Batcher[I, O]],
+        cluster: str,
+        many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
+        one: Callable[[I], Awaitable[O]],
+    ) -> Batcher[I, O]:
+        """The cluster's line for one kind of request (one coordinator per cluster)."""
+        if cluster not in batchers:
+            batchers[cluster] = Batcher(self._in_flight, many, one)
+        return batchers[cluster]
+
+    async def _listings(self) -> tuple[dict[str, NodeInfo], dict[str, dict[str, str]]]:
+        """Slurm's nodes and the Kubernetes Nodes' labels, listed at most once per
+        PLACEMENT_TTL_S by this worker, however many incidents arrive at once: sizes and
+        memberships change slowly, and a storm would otherwise list the whole fleet per incident."""
+        async with self._listing_lock:
+            now = time.monotonic()
+            if self._listing is None or now - self._listing[0] > PLACEMENT_TTL_S:
+                nodes = await self._slurm.nodes()
+                labels: dict[str, dict[str, str]] = {}
+                if self._core is not None:
+                    kube_nodes = (await call(self._core.list_node)).items
+                    labels = {n.metadata.name: n.metadata.labels or {} for n in kube_nodes}
+                elif self._topology is not None:
+                    labels = await self._topology()  # {"gpu01": {"switch": "leaf1"}}
+                self._listing = (now, nodes, labels)
+            return self._listing[1], self._listing[2]
+
+    async def _placement(self, node: str) -> Placement:
+        """The node's pool (Kubernetes label, else its first Slurm partition) and domains (the
+        configured node labels; without Kubernetes, Slurm's leaf switch and block), with the
+        sizes a share is of."""
+        nodes, labels = await self._listings()
+        info = nodes.get(node)
+        pool = info.partitions[0] if info is not None and info.partitions else "default"
+        pool_size = sum(1 for n in nodes.values() if pool in n.partitions) or 1
+        domains: dict[str, int] = {}
+        mine = labels.get(node, {})
+        if self._core is not None and POOL_LABEL in mine:
+            pool = mine[POOL_LABEL]
+            pool_size = sum(1 for lab in labels.values() if lab.get(POOL_LABEL) == pool)
+        for key in self._domain_labels if self._core is not None else SLURM_DOMAINS:
+            if key in mine:
+                size = sum(1 for lab in labels.values() if lab.get(key) == mine[key])
+                domains[f"{key}={mine[key]}"] = size
+        return Placement(node=node, cluster_size=max(1, len(nodes)), pool=pool, pool_size=pool_size, domains=domains)
+
+    async def _update(self, cluster: str, update: Update[I, O], arg: I) -> O:
+        """One update of the cluster's coordinator (confirm, contain, release: not the storm's
+        admissions and grants), within this worker's share of its in-flight limit; the activity
+        heartbeats while it waits its turn and the answer."""
+
+        async def in_turn() -> O:
+            async with self._in_flight:
+                return await update.execute(self._coordinator(cluster), arg)
+
+        return await beating(in_turn(), f"waiting for the coordinator ({update.name})")
+
+    @staticmethod
+    def _coordinator(cluster: str) -> WorkflowHandle[Any, Any]:
+        """The cluster's coordinator (its workflow id, one per cluster)."""
+        return activity.client().get_workflow_handle(ids.coordinator_id(cluster))
+
+    @implements(act.REQUEST_CAPACITY)
+    async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
+        line = self._batcher(
+            self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
+        )
+        return await line.ask(req)  # no heartbeat: workflows/incident/capacity.py says why
+
+    @implements(act.CONFIRM_CAPACITY)
+    async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:
+        """Before a replacement: does the grant still stand (no breaker tripped, no domain
+        incident opened since)?"""
+        return await self._update(req.cluster, FLEET_CONFIRM, req)
+
+    @implements(act.RELEASE_CAPACITY)
+    async def release_capacity(self, req: ReleaseRequest) -> str:
+        if not req.run_id:  # scheduled by an incident of an earlier release
+            return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
+        try:
+            return await self._update(req.cluster, FLEET_RELEASE_RUN, req)
+        except WorkflowUpdateFailedError as err:
+            # A worker of the release before runs the coordinator (a rollout half done): it knows
+            # only `release` (whatever the incident holds; a contained node counts as left).
+            if "not found" not in str(err.cause or err) or FLEET_RELEASE_RUN.name not in str(err.cause or err):
+                raise
+            return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
+
+    @implements(act.CONTAIN_WHILE_HELD)
+    async def contain_while_held(self, req: CapacityRequest) -> CapacityDecision:
+        """May this held incident drain its node so nothing new lands on it?"""
+        return await self._update(req.cluster, FLEET_CONTAIN, req)
+
+    # The coordinator's own look for closed runs needs nothing of a worker's but its client.
+    find_closed_runs = staticmethod(find_closed_runs)
+
+    @implements(act.FIND_NODES_LEFT_DRAINED)
+    async def find_nodes_left_drained(self, refs: RunRefs) -> RunRefs:
+        """Which of these closed runs' nodes Slurm still shows drained by their incident (its
+        drain reason names it): those stay counted against the budget."""
+        nodes, _ = await self._listings()
+        return RunRefs(
+            runs=tuple(
+                r
+                for r in refs.runs
+                if (n := nodes.get(r.node)) is not None and n.drained and policy.is_our_drain(n.reason, r.incident_id)
+            )
+        )
+
+    @implements(act.FIND_OPEN_INCIDENTS)
+    async def find_open_incidents(self, cluster: str) -> OpenIncidents:
+        """The cluster's running incidents (visibility), each with its stage and whether it
+        drained its node (its status query), and where its node sits. One that does not answer
+        counts as visibility shows it, contained if held: a rebuilt coordinator must over-count,
+        never under.
+        And how the coordinator's earlier run ended, if it had one."""
+        client = activity.client()
+        earlier = queries.where(
+            queries.eq(queries.WORKFLOW_ID, ids.coordinator_id(cluster)), queries.not_status("Running")
+        )
+        ended = [
+            f"{wf.status.name.title() if wf.status else '?'} at {wf.close_time:%Y-%m-%d %H:%M:%S}"
+            async for wf in client.list_workflows(earlier, limit=1)
+        ]
+        if not ended:  # the cluster's first coordinator: nothing to rebuild (and no race with its first incident)
+            return OpenIncidents()
+        query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
+        listed = [wf async for wf in client.list_workflows(query)]
+        asking = asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
+
+        async def where(wf: Any) -> OpenIncident | None:
+            node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
+            if node is None or stage not in {s.value for s in Stage}:
+                return None
+            # Its own status says where it is (visibility's Stage is the last stage entered: a
+            # held incident shows `drain` while and after it is contained) and whether its action
+            # takes capacity; one that does not answer is taken as visibility says, over-counted.
+            contained, takes = stage == Stage.HELD, True
+            try:
+                async with asking:
+                    status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
+                stage = status.stage.value
+                contained = stage == Stage.HELD and any(r.stage == Stage.DRAIN for r in status.stages)
+                plan = policy.plan_for(status.action) if status.action is not None else None
+                drained = any(r.stage == Stage.DRAIN for r in status.stages)
+                takes = plan is None or plan.drain or plan.repair is not None or drained
+            except Exception as err:
+                activity.logger.warning("%s did not answer its status (%s): counted as visibility shows it", wf.id, err)
+            return OpenIncident(
+                incident_id=wf.id,
+                run_id=wf.raw_info.first_run_id or wf.run_id,
+                placement=await self._placement(node),
+                stage=Stage(stage),
+                contained=contained,
+                takes_capacity=takes,
+            )
+
+        found = [o for o in await asyncio.gather(*(where(wf) for wf in listed)) if o is not None]
+        # Every node Slurm shows drained by its incident: the rebuild counts those that no open
+        # incident's grant or containment counts (one ended not granted, without capacity, or was
+        # terminated; one still running but closing, or a new run held on its node), as left.
+        nodes, _ = await self._listings()
+        left = []
+        for name, n in sorted(nodes.items()):
+            incident = ids.incident_id(cluster, name)
+            if n.drained and policy.is_our_drain(n.reason, incident):
+                where_ = await self._placement(name)
+                left.append(OpenIncident(incident_id=incident, run_id="", placement=where_, stage=Stage.DONE))
+        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0], left=tuple(left))
+
+    @implements(act.OPEN_DOMAIN_INCIDENT)
+    async def open_domain_incident(self, incident: DomainIncident) -> str:
+        try:
+            await activity.client().start_workflow(
+                DOMAIN_INCIDENT.name,
+                DomainIncidentInput(cluster=incident.cluster, incident=incident),
+                id=incident.incident_id,
+                task_queue=activity.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=f"Domain incident: {incident.domain} ({len(incident.nodes)} nodes)",
+            )
+        except WorkflowAlreadyStartedError:
+            return f"{incident.incident_id} already open"
+        return f"{incident.incident_id} opened"
+
+    @implements(act.DECIDE_DOMAIN)
+    async def decide_domain(self, d: DomainDecisionFor) -> str:
+        return await self._update(d.cluster, FLEET_DOMAIN_DECISION, d.decision)

@@ -1,0 +1,133 @@
+"""The disruption budget: nodes out at once (a count and a share, per cluster, pool and topology
+domain), containment, a rate, a cooldown per node, and whether a decision needs a human. Pure, no I/O:
+a function of the coordinator's state and the time it is given (tests/test_fleet.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gpuheal.core.fleet.breaker import escalated_domain
+from gpuheal.core.fleet.models import BudgetUse, CapacityRequest, FleetState, Placement
+from gpuheal.core.fleet.policy import Mode, limit_of
+from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.incident import ApprovalPolicy
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+def budget_uses(
+    state: FleetState, placement: Placement | None = None, asking: str = "", asking_node: str = ""
+) -> list[BudgetUse]:
+    """Use against every limit that applies: to `placement` (a decision), or, with none, to the
+    whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows)."""
+    b = state.policy.policy.budget
+    # Every node out of service because of gpuheal; the asking incident's own (contained) node is
+    # not in the way of its own grant.
+    out = (*state.grants.values(), *state.contained.values(), *state.left.values())
+    grants = [g for g in out if g.incident_id != asking and g.node != asking_node]
+    if placement is not None:
+        size, pools, domains = placement.cluster_size, {placement.pool: placement.pool_size}, placement.domains
+    else:
+        size = state.sizes.get("cluster", 1)
+        pools = {k.removeprefix("pool "): v for k, v in state.sizes.items() if k.startswith("pool ")}
+        domains = {k.removeprefix("domain "): v for k, v in state.sizes.items() if k.startswith("domain ")}
+    uses = [BudgetUse(name="cluster", used=len(grants), limit=limit_of(b.cluster, size))]
+    if b.per_pool is not None:
+        for pool, psize in sorted(pools.items()):
+            used = sum(1 for g in grants if g.pool == pool)
+            uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
+    if b.per_domain is not None:
+        for domain, dsize in sorted(domains.items()) if placement is None else domains.items():
+            used = sum(1 for g in grants if domain in g.domains)
+            uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
+    return uses
+
+
+def containment_use(state: FleetState, size: int | None = None) -> BudgetUse:
+    """Held incidents' nodes drained as containment, against their own bound."""
+    total = size if size is not None else state.sizes.get("cluster", 1)
+    limit = limit_of(state.policy.policy.containment_limit, total)
+    return BudgetUse(name="containment", used=len(state.containing), limit=limit)
+
+
+def containment_decision(state: FleetState, req: CapacityRequest, total_bound: bool = True) -> tuple[bool, str]:
+    """(drain, why): may a held incident drain its node so nothing new lands on it? Never while
+    the breaker is tripped (a storm of false alerts must not drain the fleet), never past the
+    containment bound, and only where the policy contains at all."""
+    policy = state.policy.policy
+    if policy.containment_while_held == "none":
+        return False, "the policy contains nothing while held (GPUHEAL_HELD_CONTAINMENT=none)"
+    if state.breaker.tripped:
+        return False, f"not contained: circuit breaker tripped ({state.breaker.why}); nothing new is drained"
+    domain = escalated_domain(state, req.placement)
+    if domain is not None:  # a suspected switch or power fault: its nodes are likely fine
+        return False, f"not contained: held by domain incident {domain.incident_id} ({domain.domain})"
+    use = containment_use(state, req.placement.cluster_size)
+    if use.used >= use.limit:
+        return False, f"not contained: {use.used} of {use.limit} held nodes drained already (containment bound)"
+    # Everything gpuheal has out (granted, contained, left drained by ended runs) stays within the
+    # budget plus the containment bound: a slot freed by a containment that ended with its node
+    # still drained (left) is not a slot to drain another node with.
+    cluster = budget_uses(state, req.placement)[0]
+    if total_bound and cluster.used + use.used >= cluster.limit + use.limit:
+        total = cluster.used + use.used
+        return (
+            False,
+            f"not contained: {total} nodes out, the budget plus the containment bound ({cluster.limit + use.limit})",
+        )
+    # A pool's or a domain's own budget bounds everything out in it, contained nodes too: the
+    # cluster-wide bound alone would let one pool be drained whole.
+    for b in budget_uses(state, req.placement)[1:]:
+        kind, name = b.name.split(" ", 1)
+        inside = sum(1 for g in state.containing.values() if (g.pool == name if kind == "pool" else name in g.domains))
+        if b.used + inside >= b.limit:
+            return False, f"not contained: {b.used + inside} of {b.limit} nodes out in {b.name}"
+    return True, "contained while held (nothing new lands on it)"
+
+
+def note_sizes(state: FleetState, placement: Placement) -> None:
+    """Remember the sizes a placement reports (the cluster, its pool, its domains)."""
+    state.sizes["cluster"] = placement.cluster_size
+    state.sizes[f"pool {placement.pool}"] = placement.pool_size
+    for domain, dsize in placement.domains.items():
+        state.sizes[f"domain {domain}"] = dsize
+
+
+def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) -> tuple[bool, str]:
+    """(granted, why): the breaker, the node's cooldown, the rate, then every budget limit."""
+    policy = state.policy.policy
+    if state.breaker.tripped:
+        return False, f"circuit breaker tripped ({state.breaker.why}); `gpuheal resume` resets it"
+    domain = escalated_domain(state, req.placement)
+    if domain is not None:
+        return (
+            False,
+            f"held by domain incident {domain.incident_id} ({domain.domain}: suspected switch, power or cooling)",
+        )
+    last = state.last_release.get(req.placement.node)
+    cooldown = policy.budget.node_cooldown_s
+    if last is not None and (now - last).total_seconds() < cooldown:
+        ready = last + timedelta(seconds=cooldown)
+        return False, f"{req.placement.node} is cooling down after its last remediation (until {ready:%H:%M:%S})"
+    recent = [t for t in state.remediations if (now - t).total_seconds() < policy.budget.rate_window_s]
+    if len(recent) >= policy.budget.rate:
+        return (
+            False,
+            f"rate: {len(recent)} remediations within {policy.budget.rate_window_s:g} s (limit {policy.budget.rate})",
+        )
+    if req.incident_id in state.contained:  # its node is out already: a grant takes no more capacity
+        return True, "its node is out of service already (taken back before; granted again)"
+    if req.placement.node in state.left:
+        return True, "its node is out of service already (left drained by an earlier incident; taken over)"
+    for use in budget_uses(state, req.placement, asking=req.incident_id, asking_node=req.placement.node):
+        if use.used >= use.limit:
+            return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
+    return True, "within the disruption budget"
+
+
+def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) -> bool:
+    """`approve` mode: every action class waits for a human; `auto`: those the policy names."""
+    if action == ActionClass.IGNORE:
+        return False
+    return mode == "approve" or action in approval.required_for

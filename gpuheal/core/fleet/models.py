@@ -1,0 +1,309 @@
+"""Fleet safety's messages and state: what incidents and operators send the cluster's
+coordinator, what it answers, and what it keeps (FleetState, carried across continue-as-new).
+Data only; the decisions over them are gpuheal.core.fleet, the coordinator's state changes
+gpuheal.core.fleet.coordination."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from gpuheal.core.fleet.policy import FleetPolicy, Mode, VersionedPolicy
+from gpuheal.core.models.base import ActionClass, Frozen, NodeName, OperatorName, Severity, Stage
+from gpuheal.core.models.incident import RemediationSettings
+
+
+class Placement(Frozen):
+    """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
+
+    node: NodeName
+    cluster_size: int = Field(ge=1)
+    pool: str = "default"
+    pool_size: int = Field(default=1, ge=1)
+    domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
+
+
+class AdmitRequest(Frozen):
+    incident_id: str
+    run_id: str = ""  # one incident of the node (its workflow id is the node's, run after run)
+    cluster: str
+    placement: Placement
+    action: ActionClass
+    what: str  # the failure, for the breaker's and the escalation's notices
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
+    seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
+
+
+class Admission(Frozen):
+    """What the cluster says to a new incident: its policy and what it knows of the node."""
+
+    policy: VersionedPolicy
+    repeat_offender: str | None = None  # why the node (or GPU) must be replaced this time
+    domain_incident: str | None = None  # the node's domain is failing as a whole: held there
+    breaker: str | None = None  # tripped: why
+
+
+class AdmitAsk(Frozen):
+    """An incident introducing itself to its cluster's coordinator."""
+
+    incident_id: str
+    run_id: str = ""
+    cluster: str
+    node: NodeName
+    action: ActionClass
+    what: str
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
+
+
+class AdmitAnswer(Frozen):
+    admission: Admission
+    settings: RemediationSettings  # the worker's (timeouts, grace, Kubernetes): not the policy
+    placement: Placement
+
+
+class CapacityRequest(Frozen):
+    cluster: str
+    incident_id: str
+    placement: Placement
+    action: ActionClass
+    # The incident's run (its first run id): what it holds is its run's, never its node's, so a
+    # later incident on the same node does not find an earlier, dead run's grant as its own.
+    run_id: str = ""
+
+
+# Requests in one batched update: 20 admissions (each answer carries the policy, ~1 KB) or
+# capacity requests stay far below Temporal's payload limit (2 MB) and decide in one short task:
+# a batch of 20 beside 950 held took 0.04 s (coordination.request_many serves the line once, and
+# only when something was freed), so well inside the SDK's 2 s deadlock bound even on a starved CPU.
+BATCH_MOST = 20
+
+
+class AdmitRequests(Frozen):
+    """Admissions one worker sends together: those that queued while its updates were in flight."""
+
+    requests: tuple[AdmitRequest, ...]
+
+
+class Admissions(Frozen):
+    answers: tuple[Admission, ...]  # in the requests' order
+
+
+class RunRef(Frozen):
+    """One incident run that holds something of the coordinator's (a grant, a place in line)."""
+
+    incident_id: str
+    run_id: str = ""  # "" for what coordinators of an earlier release recorded: the latest run
+    node: str = ""
+
+
+class RunRefs(Frozen):
+    runs: tuple[RunRef, ...] = ()
+
+
+class OpenIncident(Frozen):
+    """A running incident of the cluster, as visibility and its status query show it: what a
+    recreated coordinator rebuilds its grants and its line from."""
+
+    incident_id: str
+    run_id: str
+    placement: Placement
+    stage: Stage
+    contained: bool = False  # held, with its node drained as containment
+    takes_capacity: bool = True  # its action drains or repairs (an application restart takes none)
+
+
+class OpenIncidents(Frozen):
+    incidents: tuple[OpenIncident, ...] = ()
+    # How the coordinator's earlier run ended ("Terminated at 2026-12-01 12:00:00"), if it had
+    # one: then this one is a recreation, not the cluster's first.
+    earlier_run: str = ""
+    left: tuple[OpenIncident, ...] = ()  # nodes Slurm shows drained by an incident no longer open
+
+
+class ReleaseRequest(Frozen):
+    cluster: str
+    incident_id: str
+    run_id: str = ""  # "" from incidents of an earlier release: whatever the incident holds
+    left_drained: bool = False  # it ends with its node still drained by it: counted until back
+
+
+class CapacityDecision(Frozen):
+    granted: bool
+    reason: str
+    position: int | None = None  # in line, while held
+    already: bool = False
+
+
+class CapacityRequests(Frozen):
+    """Capacity requests one worker sends together (as AdmitRequests)."""
+
+    requests: tuple[CapacityRequest, ...]
+
+
+class CapacityDecisions(Frozen):
+    answers: tuple[CapacityDecision, ...]  # in the requests' order
+
+
+class Grant(Frozen):
+    incident_id: str
+    run_id: str = ""
+    node: str
+    pool: str
+    domains: tuple[str, ...]
+    at: datetime
+    override: str | None = None  # operator: reason, when granted past the budget
+
+
+class Held(Frozen):
+    incident_id: str
+    run_id: str = ""
+    node: str
+    placement: Placement
+    since: datetime
+    reason: str
+
+
+class Arrival(Frozen):
+    at: datetime
+    incident_id: str
+    run_id: str = ""
+    node: str
+    domains: tuple[str, ...]
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
+
+
+class Breaker(Frozen):
+    tripped: bool = False
+    at: datetime | None = None
+    why: str = ""
+    nodes: tuple[str, ...] = ()
+    by: str = ""  # "gpuheal" (it tripped) or the operator who paused or resumed
+
+
+class DomainIncident(Frozen):
+    cluster: str
+    domain: str
+    incident_id: str  # the domain incident's workflow id
+    nodes: tuple[str, ...]
+    opened_at: datetime
+    decided: Literal["", "release", "dismiss"] = ""
+    decided_at: datetime | None = None  # from then on it holds nothing, and only newer reports count
+
+
+class OperatorAction(Frozen):
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class Override(Frozen):
+    incident_id: str
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class DomainDecision(Frozen):
+    domain: str
+    decision: Literal["release", "dismiss"]
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class DomainDecisionFor(Frozen):
+    cluster: str
+    decision: DomainDecision
+
+
+class GrantNotice(Frozen):
+    """The coordinator to a held incident: go (granted), or stop (its domain incident dismissed it)."""
+
+    granted: bool
+    reason: str
+
+
+class BudgetUse(Frozen):
+    name: str
+    used: int
+    limit: int
+
+
+class FleetState(BaseModel):
+    """The coordinator's state: carried whole across continue-as-new."""
+
+    cluster: str
+    policy: VersionedPolicy
+    breaker: Breaker = Breaker()
+    grants: dict[str, Grant] = {}
+    # Grants taken back before a replacement (breaker, domain incident): the node stays drained
+    # and out of service, so it counts against every budget until its incident releases it.
+    contained: dict[str, Grant] = {}
+    # Held incidents' nodes drained as containment (nothing new lands on them): outside the
+    # budget, within a bound of their own (the policy's containment_limit), none while tripped.
+    containing: dict[str, Grant] = {}
+    queue: list[Held] = []
+    arrivals: list[Arrival] = []  # within the longest window that needs them
+    remediations: list[datetime] = []  # grants, for the rate
+    last_release: dict[str, datetime] = {}  # node -> when gpuheal last gave it back (cooldown)
+    domain_incidents: dict[str, DomainIncident] = {}
+    decisions: int = 0
+    # The sizes the shares are of, as the latest placements said ("cluster", "pool P", "domain D"),
+    # so that what the coordinator shows is computed on the real cluster, not on one node.
+    sizes: dict[str, int] = {}
+    reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
+    # Nodes closed runs left drained (node -> the grant): still out, still counted (gpuheal.core.fleet.reaping).
+    left: dict[str, Grant] = {}
+    configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
+
+    def books(self) -> tuple[dict[str, Grant], dict[str, Grant], dict[str, Grant]]:
+        """Where a run's hold on its node is kept (by incident id): granted, taken back, contained."""
+        return self.grants, self.contained, self.containing
+
+
+class FleetStatus(Frozen):
+    cluster: str
+    mode: Mode
+    policy_version: int
+    breaker: Breaker
+    out_of_service: tuple[Grant, ...]
+    held: tuple[Held, ...]
+    budget: tuple[BudgetUse, ...]
+    domain_incidents: tuple[DomainIncident, ...]
+    remediations_in_window: int
+    containment: BudgetUse | None = None  # held nodes drained as containment, and their bound
+    containing: tuple[Grant, ...] = ()
+    left: tuple[Grant, ...] = ()  # drained by incident runs that closed without giving back: counted
+
+
+Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, message
+
+
+# --- the workflows' inputs (their names and messages: gpuheal.core.messages; ids: gpuheal.core.ids)
+
+
+class CoordinatorInput(Frozen):
+    cluster: str
+    seed: FleetPolicy
+    # The starting worker's configuration digest (policy_file.digest, computed where the
+    # configuration was read: what it set, not its defaults), so a restart of it changes nothing.
+    seed_digest: str = ""
+    state: FleetState | None = None  # carried across continue-as-new
+    notes: tuple[Note, ...] = ()  # ... with the notices still on their way
+    domains: tuple[DomainIncident, ...] = ()  # ... and the domain incidents not yet opened
+
+
+class DomainIncidentInput(Frozen):
+    cluster: str
+    incident: DomainIncident
+    decide_within_s: float = 3600.0
+    default: Literal["release", "dismiss"] = "release"
+
+
+class DomainIncidentResult(Frozen):
+    domain: str
+    nodes: tuple[str, ...]
+    decision: DomainDecision
+    coordinator: str

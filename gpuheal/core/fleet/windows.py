@@ -1,0 +1,42 @@
+"""Time windows over the coordinator's books: what is recent, what is still counted, what time has
+freed. One test for the rate window and the cooldown (still_counted), used by forgetting and waking
+alike, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from gpuheal.core.fleet.models import Arrival, FleetState
+
+
+def within(arrivals: Iterable[Arrival], now: datetime, window_s: float) -> list[Arrival]:
+    return [a for a in arrivals if (now - a.at).total_seconds() <= window_s]
+
+
+def forget_before(state: FleetState, now: datetime) -> bool:
+    """Keep only what a window can still need (the state is carried across continue-as-new).
+    True when a remediation left the rate's window or a node's cooldown ended: a held incident
+    may go now."""
+    p = state.policy.policy
+    keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
+    state.arrivals = within(state.arrivals, now, keep_s)
+    freed = time_freed(state, now)
+    state.remediations, state.last_release = still_counted(state, now)
+    return freed
+
+
+def still_counted(state: FleetState, now: datetime) -> tuple[list[datetime], dict[str, datetime]]:
+    """The remediations still in the rate's window, and the nodes still cooling down, at `now`."""
+    b = state.policy.policy.budget
+    recent = [t for t in state.remediations if (now - t).total_seconds() < b.rate_window_s]
+    cooling = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < b.node_cooldown_s}
+    return recent, cooling
+
+
+def time_freed(state: FleetState, now: datetime) -> bool:
+    """Whether time has freed something forget_before has not yet forgotten: a remediation left
+    the rate's window, or a node's cooldown ended."""
+    recent, cooling = still_counted(state, now)
+    return len(recent) != len(state.remediations) or len(cooling) != len(state.last_release)

@@ -1,0 +1,190 @@
+"""HTTP endpoint for Alertmanager's webhook receiver: POST /alertmanager.
+
+It starts (or joins) one remediation per failing node. Because it can start remediations, every
+request must carry `Authorization: Bearer <GPUHEAL_WEBHOOK_TOKEN>`; the server will not start
+without a token. Bodies are limited in size and validated; a malformed body gets HTTP 400 with
+the reason and starts nothing. A simple token bucket limits the request rate.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from pydantic import ValidationError
+from temporalio.client import Client
+
+from gpuheal.clients.slurm import build_slurm
+from gpuheal.core.errors import describe_error
+from gpuheal.core.models.report import HealthReport
+from gpuheal.core.settings import Settings
+from gpuheal.triggers.alertmanager import AlertmanagerPayload, GiveBack, to_reports
+from gpuheal.triggers.start import (
+    AlreadyHandled,
+    NodeProbe,
+    already_handled,
+    give_back_borrowed,
+    slurm_probe,
+    start_or_join,
+)
+
+log = logging.getLogger("gpuheal.webhook")
+
+MAX_BODY_BYTES = 256 * 1024
+Starter = Callable[[HealthReport], Awaitable[str]]
+Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
+GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate, self.burst = rate_per_s, float(burst)
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+def make_app(
+    settings: Settings,
+    start: Starter,
+    *,
+    give_back: GiveBacker | None = None,
+    handled: Handled | None = None,
+    rate_per_s: float = 20.0,
+    burst: int = 40,
+) -> web.Application:
+    if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
+        raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
+    expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
+    cluster = settings.require_cluster()  # alerts without a cluster label belong to this one
+    bucket = TokenBucket(rate_per_s, burst)
+
+    async def alertmanager(request: web.Request) -> web.Response:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _error(401, "missing or wrong bearer token")
+        if not bucket.take():
+            return _error(429, "rate limit exceeded; retry later")
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        try:
+            raw = await request.content.read(MAX_BODY_BYTES + 1)
+        except Exception as err:
+            return _error(400, f"could not read body: {err}")
+        if len(raw) > MAX_BODY_BYTES:
+            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        try:
+            payload = AlertmanagerPayload.model_validate(json.loads(raw))
+        except json.JSONDecodeError as err:
+            return _error(400, f"body is not JSON: {err}")
+        except ValidationError as err:
+            return _error(400, f"not an Alertmanager v4 payload: {describe_error(err)}")
+        parsed = to_reports(payload, cluster)
+        if not parsed.reports and not parsed.give_backs and parsed.rejected:
+            return web.json_response(
+                {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},
+                status=400,
+            )
+        started = []
+        skipped = []
+
+        failed: list[dict[str, str]] = []
+        for report in parsed.reports:
+            try:
+                # the same alert, or the same failure while its node is out: starts nothing
+                by = await handled(report) if handled is not None else None
+                if by is None:
+                    workflow_id = await start(report)
+            except Exception as err:
+                # Neither a guess nor the whole payload: the other reports go on, and the 503 below
+                # makes Alertmanager send the group again (a started one is joined then).
+                log.error("could not check or start remediation for %s: %s", report.describe(), err)
+                failed.append({"report": report.describe(), "error": str(err)})
+                continue
+            if by is not None:
+                skipped.append({"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()})
+                continue
+            log.info("report %s -> %s", report.describe(), workflow_id)
+            started.append({"workflow_id": workflow_id, "report": report.describe()})
+        answers: list[str] = []
+        for request_ in parsed.give_backs:
+            if give_back is None:
+                return _error(501, "this webhook does not take give-back alerts")
+            answers.append(await give_back(request_))
+        answer = {
+            "started_or_joined": started,
+            "already_handled": skipped,
+            "give_back": answers,
+            "rejected": [r.model_dump() for r in parsed.rejected],
+            "resolved_ignored": parsed.resolved,
+        }
+        if failed:
+            return web.json_response({**answer, "error": "could not start remediation", "failed": failed}, status=503)
+        return web.json_response(answer)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/alertmanager", alertmanager)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def temporal_starter(client: Client, settings: Settings) -> Starter:
+    async def start(report: HealthReport) -> str:
+        handle = await start_or_join(client, settings, report)
+        return handle.id
+
+    return start
+
+
+def temporal_give_back(client: Client) -> GiveBacker:
+    async def give_back(request: GiveBack) -> str:
+        return await give_back_borrowed(client, request.cluster, request.node, "alertmanager", request.reason)
+
+    return give_back
+
+
+def temporal_handled(client: Client, settings: Settings) -> Handled:
+    """The duplicate check, with this process's duplicate window; where the webhook can reach
+    Slurm, Slurm says whether a node is back in service (else the incidents' records stand)."""
+    try:
+        probe: NodeProbe | None = slurm_probe(build_slurm(settings.slurm))
+    except ValueError as err:  # SettingsError: no slurmrestd address or token
+        log.info("the duplicate check will not ask Slurm whether a node is back in service: %s", err)
+        probe = None
+
+    async def handled(report: HealthReport) -> AlreadyHandled | None:
+        return await already_handled(client, settings, report, node_in_service=probe)
+
+    return handled
+
+
+async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
+    app = make_app(
+        settings,
+        temporal_starter(client, settings),
+        give_back=temporal_give_back(client),
+        handled=temporal_handled(client, settings),
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("webhook listening on http://%s:%d/alertmanager", host, port)
+    return runner

@@ -1,0 +1,326 @@
+"""The gpuheal worker: runs the remediation workflow and its activities.
+
+It builds every client once (Slurm, Kubernetes, the notifier, the provider GPUHEAL_PROVIDER
+names) and injects them into the activities; it refuses to start, naming the setting, when the
+provider or the cluster is not configured. It serves the SDK's Prometheus metrics (task
+latencies, activity failures, ...) on one port and the project's own (incidents open, stage
+durations, MTTR) on another. SIGTERM or SIGINT shut it down gracefully: it stops polling, lets
+running activities finish for a while, then exits; whatever was cut off is retried by Temporal
+on the next worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import start_http_server
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
+from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker, WorkerDeploymentConfig
+
+from gpuheal.activities.fleet import FleetActivities
+from gpuheal.activities.jobs import JobActivities
+from gpuheal.activities.remediation import RemediationActivities
+from gpuheal.activities.rma import RmaActivities
+from gpuheal.activities.validation import ValidationActivities
+from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
+from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
+from gpuheal.clients.slurm import build_slurm, wrapper
+from gpuheal.clients.slurm.burn_in import BurnIn
+from gpuheal.clients.slurm.cli import SlurmCli
+from gpuheal.clients.temporal import connect
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.errors import SettingsError
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet import view as fleet_view
+from gpuheal.core.fleet.policy import ConfiguredPolicy
+from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, FLEET_VIEW, INCIDENT
+from gpuheal.core.settings import Settings
+from gpuheal.providers import build_provider
+from gpuheal.providers.base import ProviderContext
+from gpuheal.workers import metrics
+from gpuheal.workflows.domain import DomainIncidentWorkflow
+from gpuheal.workflows.fleet import FleetCoordinator
+from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
+
+log = logging.getLogger("gpuheal.worker")
+MAX_CACHED_WORKFLOWS = 300
+
+
+def activity_list(settings: Settings) -> list[Callable[..., Any]]:
+    """Every activity this worker serves; the Kubernetes ones when a cluster is configured.
+    Raises SettingsError (naming the variable) when the provider cannot be built."""
+    settings.require_cluster()
+    slurm = build_slurm(settings.slurm)
+    kube_api = None
+    if settings.kubernetes_enabled:
+        from gpuheal.clients.kube import load_api
+
+        kube_api = load_api(settings.kubeconfig)
+    timeout_s = settings.remediation.provider_timeout_s
+    provider = build_provider(ProviderContext(settings.provider, timeout_s, slurm, kube_api))
+    notifier: Notifier = LogNotifier()
+    if settings.notify_url:
+        notifier = FanOut(notifier, WebhookNotifier(settings.notify_url))
+    # The burn-in and the topology speak Slurm's commands (reservations, sbatch, `scontrol show
+    # topology`), whichever backend asks the rest.
+    cli = slurm if isinstance(slurm, SlurmCli) else SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
+    sbatch_args = tuple(shlex.split(settings.slurm.validate_sbatch_args))
+    validation = ValidationActivities(slurm, BurnIn(cli, settings.slurm.validate_user, sbatch_args))
+    acts = RemediationActivities(slurm, provider, notifier, metrics.observe_incident, holder=validation.hold)
+    owners: OwnerNotifier = OwnerDelivery(settings.owners)
+    jobs = JobActivities(slurm, owners, settings.remediation.jobs)
+    rma = RmaActivities(settings.rma_hook)
+    fleet = FleetActivities(
+        slurm,
+        kube_api,
+        settings.fleet,
+        settings.remediation,
+        settings.domain_labels,
+        settings.coordinator_updates,
+        topology=cli.topology,
+    )
+    found: list[Callable[..., Any]] = [
+        acts.look_up_slurm_node,
+        acts.find_earlier_replacement,
+        acts.notify_operators,
+        acts.list_jobs_on_node,
+        acts.drain_slurm_node,
+        acts.repair_node,
+        acts.replace_node,
+        acts.check_node_health,
+        acts.resume_slurm_node,
+        acts.decommission_node,
+        acts.record_incident_metrics,
+        acts.adopt_borrowed_node,
+        acts.release_borrowed_node,
+        jobs.request_checkpoint,
+        jobs.wait_for_checkpoints,
+        jobs.find_jobs,
+        jobs.wait_for_node_empty,
+        jobs.requeue_slurm_job,
+        jobs.hold_slurm_job,
+        jobs.wait_for_job_resume,
+        jobs.notify_job_owner,
+        jobs.start_job_recovery,
+        jobs.job_recovery_history,
+        fleet.admit_incident,
+        fleet.request_capacity,
+        fleet.confirm_capacity,
+        fleet.release_capacity,
+        fleet.contain_while_held,
+        fleet.open_domain_incident,
+        fleet.decide_domain,
+        fleet.find_closed_runs,
+        fleet.find_open_incidents,
+        fleet.find_nodes_left_drained,
+        validation.validate_node_gpus,
+        rma.gather_rma_evidence,
+        rma.file_rma,
+    ]
+    if kube_api is not None:
+        from gpuheal.activities.kubernetes import KubernetesActivities
+
+        k = KubernetesActivities(kube_api)
+        found += [
+            k.map_kube_node,
+            k.cordon_and_taint_node,
+            k.evict_pods,
+            k.uncordon_node,
+            k.post_node_event,
+            k.borrow_inference_node,
+            k.give_back_node,
+        ]
+    return found
+
+
+WORKFLOWS: list[type] = [GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow]
+
+
+def deployment(settings: Settings) -> WorkerDeploymentConfig | None:
+    """With GPUHEAL_BUILD_ID: this worker as that build of its cluster's Worker Deployment. New
+    workflows start on the deployment's current build (`gpuheal rollout` sets it), and each is
+    pinned to the build it started on: an incident ends where it began, so a new build may change
+    it incompatibly; the old build's workers stay until `gpuheal versions` shows it drained. The
+    coordinator, which never ends, moves up by continuing as new (workflows/fleet.py).
+
+    (Declared here, not on each @workflow.defn: Temporal refuses a versioning behavior from an
+    unversioned worker, and unversioned is the default.)"""
+    if settings.build_id is None:
+        return None
+    version = WorkerDeploymentVersion(ids.deployment_name(settings.require_cluster()), settings.build_id)
+    return WorkerDeploymentConfig(
+        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
+
+
+def make_worker(
+    client: Client,
+    settings: Settings,
+    activities: list[Callable[..., Any]] | None = None,
+    workflows: list[type] | None = None,
+) -> Worker:
+    """`workflows`: the product's (WORKFLOWS) unless a test brings another build's."""
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=workflows if workflows is not None else WORKFLOWS,
+        activities=activities if activities is not None else activity_list(settings),
+        deployment_config=deployment(settings),
+        graceful_shutdown_timeout=timedelta(seconds=10),
+        # A held incident sleeps for minutes: evicted, it costs one short replay when it wakes,
+        # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
+        max_cached_workflows=MAX_CACHED_WORKFLOWS,
+    )
+
+
+async def _refresh_gauges(client: Client, cluster: str) -> None:
+    """Open incidents (visibility) and the fleet's state (its coordinator), every 15 s: right
+    across worker restarts and with several workers."""
+    query = queries.where(queries.of_type(INCIDENT), queries.status("Running"))
+    while True:
+        try:
+            metrics.INCIDENTS_OPEN.set((await client.count_workflows(query)).count)
+            handle = client.get_workflow_handle(ids.coordinator_id(cluster))
+            view = await FLEET_VIEW.read(handle)  # from the server: answers in a storm
+            if view is None:  # a coordinator of a release before the memo
+                view = fleet_view.view(await FLEET_STATUS.ask(handle), datetime.now(UTC))
+            metrics.observe_fleet(view)
+        except RPCError as err:
+            log.debug("fleet gauges not refreshed: %s", err)  # no coordinator before the first incident
+        except Exception as err:
+            log.warning("could not refresh the gauges: %s", err)
+        await asyncio.sleep(15)
+
+
+OFFER_ATTEMPTS = 8  # about four minutes of backoff: a worker starting beside a busy or restarting server
+
+
+async def offer_configuration(client: Client, settings: Settings) -> None:
+    """This worker's configured policy, to its cluster's coordinator: applied if the
+    configuration changed since the last one offered (steering.configure), else the cluster's
+    policy stands. Said loudly either way; no coordinator yet, the first incident seeds it."""
+    c = ConfiguredPolicy(
+        policy=settings.fleet,
+        digest=policy_file.digest(settings.fleet),
+        by=f"worker {socket.gethostname()} pid {os.getpid()}",
+    )
+    handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
+    for attempt in range(OFFER_ATTEMPTS):
+        try:
+            log.warning("cluster policy: %s", await FLEET_CONFIGURE.execute(handle, c))
+            return
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                log.info("no coordinator yet: the first incident starts it with this configuration (%s)", c.digest)
+                return
+            last: Exception = err
+        except Exception as err:  # an update refused (a coordinator still run by the release before)
+            last = err
+        await asyncio.sleep(2**attempt)
+    log.error("could not offer this worker's configuration (%s) to the cluster: %s", c.digest, last)
+
+
+async def say_if_no_current_build(client: Client, settings: Settings) -> None:
+    """A versioned worker gets nothing until its deployment has a current build (a first
+    install): incidents would wait unseen. Said loudly, with the command that ends it. (An
+    unversioned worker has no deployment: nothing to check.)"""
+    if settings.build_id is None:
+        return
+    await asyncio.sleep(5)  # this worker's first polls register its build
+    name = ids.deployment_name(settings.require_cluster())
+    try:
+        described = await client.workflow_service.describe_worker_deployment(
+            DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
+        )
+        current = described.worker_deployment_info.routing_config.current_deployment_version.build_id
+    except RPCError as err:
+        log.warning("could not read worker deployment %s: %s", name, err)
+        return
+    if not current:
+        log.error(
+            "worker deployment %s has no current build: no incident starts until one is set "
+            "(`gpuheal rollout %s --operator NAME --reason 'first install'`)",
+            name,
+            settings.build_id,
+        )
+
+
+async def check_queue_is_this_clusters(client: Client, settings: Settings) -> None:
+    """Refuse a task queue that another cluster's incidents run on: on one Temporal, each cluster
+    needs its own (GPUHEAL_TASK_QUEUE), or this worker would run their drains on its own Slurm."""
+    cluster = settings.require_cluster()
+    query = queries.where(
+        queries.eq(queries.TASK_QUEUE, settings.task_queue), queries.status("Running"), queries.ne(sa.CLUSTER, cluster)
+    )
+    if (await client.count_workflows(query)).count:
+        raise SettingsError(
+            f"task queue {settings.task_queue!r} runs open incidents of another cluster than {cluster!r}: "
+            "give each cluster its own GPUHEAL_TASK_QUEUE (README, Production: one Temporal, several clusters)"
+        )
+
+
+async def check_search_attributes(client: Client, namespace: str) -> None:
+    """Refuse to run against a namespace without the project's search attributes: every incident
+    would fail where it upserts one (and a job recovery could not start)."""
+    resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    missing = [k for k in sa.ALL if k.name not in resp.custom_attributes]
+    if missing:
+        create = "; ".join(
+            f"temporal operator search-attribute create --name {k.name} --type {sa.type_name(k)}" for k in missing
+        )
+        raise SettingsError(
+            f"Temporal namespace {namespace!r} lacks search attributes {', '.join(k.name for k in missing)}: {create}"
+        )
+
+
+async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
+    activities = activity_list(settings)  # refuse a bad configuration before anything listens
+    host = settings.metrics_host
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
+    client = await connect(settings.temporal, runtime)
+    await check_search_attributes(client, client.namespace)
+    await check_queue_is_this_clusters(client, settings)
+    start_http_server(metrics_port, addr=host)
+    worker = make_worker(client, settings, activities)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    refresher = asyncio.create_task(_refresh_gauges(client, settings.require_cluster()))
+    log.info(
+        "worker for cluster %r on task queue %r (%s) at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
+        settings.cluster,
+        settings.task_queue,
+        f"build {settings.build_id} of {ids.deployment_name(settings.cluster or '')}"
+        if settings.build_id
+        else "unversioned",
+        f"{client.service_client.config.target_host} (namespace {client.namespace})",
+        settings.provider.name,
+        settings.slurm.rest_url if settings.slurm.backend == "rest" else f"CLI, SLURM_CONF {settings.slurm.conf}",
+        metrics_port,
+        sdk_metrics_port,
+    )
+    async with worker:
+        offered = asyncio.create_task(offer_configuration(client, settings))
+        checked = asyncio.create_task(say_if_no_current_build(client, settings))
+        await stop.wait()
+        offered.cancel()
+        checked.cancel()
+        log.info("shutting down: finishing running tasks (up to 10 s)")
+    refresher.cancel()
+    log.info("worker stopped")

@@ -1,0 +1,94 @@
+"""The incident's state, in one model: what its handlers read and write, what `status` shows and
+what its close reports. The workflow holds one IncidentState; its helpers take it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from temporalio import workflow
+
+from gpuheal.workflows.incident.ledger import JobLedger
+
+with workflow.unsafe.imports_passed_through():
+    from gpuheal.core import policy, render
+    from gpuheal.core.fleet.models import GrantNotice, Placement
+    from gpuheal.core.fleet.policy import FleetPolicy, VersionedPolicy
+    from gpuheal.core.models.base import ActionClass, NodeAt, Stage
+    from gpuheal.core.models.incident import Decision, RecordedDecision, RemediationSettings
+    from gpuheal.core.models.kubernetes import BorrowedNode, CordonResult, KubeNodeRef
+    from gpuheal.core.models.replacement import EarlierReplacement, ReplacementResult
+    from gpuheal.core.models.report import HealthReport
+    from gpuheal.core.models.result import RemediationResult, StageRecord
+    from gpuheal.core.models.slurm import DrainResult, NodeRef, ValidationResult
+    from gpuheal.core.rma import RmaEvidence
+
+
+@dataclass
+class IncidentState:
+    ref: NodeRef
+    reports: list[HealthReport]
+    duplicates: int = 0  # reports received again (signal-with-start re-delivers the first)
+    notices: dict[str, int] = field(default_factory=dict)  # how often each event was told (its keys)
+
+    # Where it is: the stage now, every stage so far, and a line per stage for the UI.
+    stage: Stage = Stage.TRIAGE
+    stages: list[StageRecord] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    action: ActionClass | None = None  # set at triage; a later, more severe report escalates it
+
+    # Set when the coordinator admits the incident: the worker's settings, the cluster's policy
+    # (recorded in history by the admission's result), where the node sits, a repeat offender.
+    settings: RemediationSettings = field(default_factory=RemediationSettings)
+    policy: VersionedPolicy | None = None
+    placement: Placement | None = None
+    repeat: str | None = None
+    rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
+    kube: KubeNodeRef | None = None  # set when the node is also a Kubernetes node
+    earlier: EarlierReplacement | None = None  # a late report for a node gpuheal replaced
+
+    # Answers that handlers bring in (signals and updates).
+    grant: GrantNotice | None = None  # the coordinator: a held incident may go (or is dismissed)
+    held_for: str = ""
+    awaiting_approval: bool = False
+    decision: RecordedDecision | None = None
+    give_back_by: Decision | None = None  # an operator asked for the borrowed node back
+
+    # What it has done: the facts its close reports.
+    drain: DrainResult | None = None
+    cordon: CordonResult | None = None
+    jobs: JobLedger = field(default_factory=JobLedger)
+    replacement: ReplacementResult | None = None
+    new_node_verdict: ValidationResult | None = None  # the replacement's burn-in, where validation is on
+    rejected: tuple[str, ...] = ()  # new nodes whose GPUs failed validation: drained, never taken again
+    borrowed: BorrowedNode | None = None
+    capacity_back_at: datetime | None = None
+    node_at: NodeAt = render.UNTOUCHED
+    result: RemediationResult | None = None
+
+    @property
+    def first_report(self) -> HealthReport:
+        """The report that started the incident (its failure time is the MTTR's start)."""
+        return self.reports[0]
+
+    @property
+    def cluster_policy(self) -> FleetPolicy:
+        return self.policy.policy if self.policy is not None else FleetPolicy()
+
+    @property
+    def observing(self) -> bool:
+        return self.cluster_policy.mode == "observe"
+
+    def current_action(self) -> ActionClass:
+        if self.action is not None:
+            return self.action
+        action = policy.triage_all(self.reports).action
+        if self.repeat and action in policy.REPLACED_WHEN_REPEATED:
+            return ActionClass.REPLACE_NODE
+        return action
+
+    def reason(self) -> str:
+        verdict = policy.triage_all(self.reports)
+        if self.repeat and verdict.action != ActionClass.IGNORE:
+            return f"{self.repeat} (this time: {verdict.reason})"
+        return verdict.reason

@@ -1,0 +1,438 @@
+"""GpuRemediation: one durable workflow per failed node.
+
+Thin and deterministic: decisions come from gpuheal.core.policy and gpuheal.core.job_policy (pure
+functions), words from gpuheal.core.render, and every external action is an activity called
+through its typed reference (workflows/activity.py), so this module never loads a Slurm,
+Kubernetes or HTTP client. The incident's state is one model (workflows/incident/state.py); the
+coordinator's negotiation, the job ledger and borrowing are helpers beside it. `run` calls the
+stages in order, one method each:
+
+  triage (+ admission by the cluster's coordinator) -> [observe] -> [held] -> [drain, approval]
+         -> notify -> protect_progress -> drain -> requeue -> [evict] -> repair_or_replace
+         [-> borrow, awaiting_capacity, give_back] -> verify_resume -> return_to_service -> close
+
+The coordinator (workflows/fleet.py) admits the incident and grants it capacity before it takes
+the node out of service; a held incident waits in `held`, in line. In observe mode the incident
+records what it would do and touches nothing. protect_progress asks only the jobs that said they
+handle a signal to checkpoint; requeue hands every job on the node to its job recovery
+(workflows/job_recovery.py); verify_resume collects their answers. When policy asks for a human,
+the node is drained first (containment) and the workflow waits for `approve` / `abort`. No
+capacity for a replacement is a stage with a bound, then a named outcome (`no_capacity`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, jobs, node
+from gpuheal.workflows.incident.ledger import not_back
+from gpuheal.workflows.incident.result import result_for
+from gpuheal.workflows.incident.state import IncidentState
+from gpuheal.workflows.incident.timeline import in_stage, notify, set_action
+
+with workflow.unsafe.imports_passed_through():
+    from gpuheal.activities import interface as act
+    from gpuheal.core import job_policy, policy, render
+    from gpuheal.core import messages as m
+    from gpuheal.core import search_attributes as sa
+    from gpuheal.core.errors import UNKNOWN_NODE
+    from gpuheal.core.fleet import budget
+    from gpuheal.core.fleet.models import CapacityDecision, GrantNotice
+    from gpuheal.core.jobs import JobRecoveryResult
+    from gpuheal.core.models.base import ActionClass, NodeState, Outcome, Severity, Stage
+    from gpuheal.core.models.incident import Decision, RecordedDecision, RemediationInput
+    from gpuheal.core.models.kubernetes import MapNodeRequest
+    from gpuheal.core.models.report import HealthReport
+    from gpuheal.core.models.result import RemediationResult, RemediationStatus
+    from gpuheal.core.models.slurm import NodeRef
+
+# Stages during which a more severe report still changes what the incident will do.
+ESCALATABLE = frozenset({Stage.HELD, Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
+
+
+@workflow.defn(name=m.INCIDENT.name)
+class GpuRemediationWorkflow:
+    @workflow.init
+    def __init__(self, inp: RemediationInput) -> None:
+        ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
+        self._s = IncidentState(ref=ref, reports=[inp.report])
+
+    # --- run: the stages in order ---------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: RemediationInput) -> RemediationResult:
+        s = self._s
+        action = await self._triage()
+        if s.earlier is not None:
+            s.node_at = render.replaced_earlier_state(s.earlier)
+            return await self._close("already_replaced", render.replaced_earlier(s.earlier))
+        if action == ActionClass.IGNORE:
+            return await self._close("ignored", s.reason())
+        if s.observing:
+            return await self._observe(action)
+        plan = policy.plan_for(action)
+        asked = plan.drain or plan.repair is not None
+        if asked and not (await self._granted(await capacity.request(s))):
+            return await self._close_held()
+        if budget.needs_approval(s.cluster_policy.mode, s.current_action(), s.cluster_policy.approval):
+            decision = await self._approval_gate(s.current_action())
+            if decision.verdict == "abort":
+                return await self._close_aborted(decision)
+        await self._notify_remediating()
+        await self._protect_progress()
+        plan = policy.plan_for(s.current_action())  # a later report may have escalated it
+        if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
+            if not await self._granted(await capacity.request(s)):  # a drain takes a grant, however it came
+                return await self._close_held()
+        if plan.drain and s.drain is None:
+            await self._drain(s.reason())
+        if plan.requeue:
+            await self._requeue(plan.avoid_failed_node)
+        if s.kube is not None and plan.drain and (aborted := await self._evict_pods()) is not None:
+            return await self._close("aborted", aborted.reason)
+        if plan.repair is not None:
+            if not await self._granted(await capacity.confirm(s)):
+                return await self._close_held()
+            if not await self._repair_or_replace(plan.repair):
+                s.node_at = render.no_capacity_state(s.ref.node, s.jobs.accounts(s.ref.incident_id))
+                return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
+        if s.jobs.recoveries:
+            await self._verify_resume()
+        await self._return_to_service(plan.repair)
+        if s.node_at.state == NodeState.FAILED_VALIDATION:
+            return await self._close("failed_validation", f"{s.reason()}; {s.node_at.detail}")
+        if s.node_at.state == NodeState.AWAITING_REPLACEMENT and workflow.patched(node.NO_SPARE_IS_NOT_RESOLVED):
+            return await self._close("no_capacity", f"{s.reason()}; {s.node_at.detail}")
+        return await self._close("resolved", s.reason())
+
+    # --- stages ----------------------------------------------------------------------------
+
+    async def _triage(self) -> ActionClass:
+        """Fail fast on a node we cannot remediate, before anything is touched; then the cluster
+        admits the incident: its policy, and what it knows of the node (a repeat offender)."""
+        s = self._s
+        async with in_stage(s, Stage.TRIAGE) as rec:
+            try:
+                await act_run(act.LOOK_UP_SLURM_NODE, s.ref, summary="look up Slurm node")
+                verdict = policy.triage_all(s.reports)
+                if verdict.action != ActionClass.IGNORE:
+                    await capacity.admit(s, verdict.action, self._s.first_report.describe())
+                k8s = s.settings.kubernetes
+                if k8s is not None:
+                    req = MapNodeRequest(ref=s.ref, node_label=k8s.node_label)
+                    s.kube = await act_run(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
+            except ActivityError as err:
+                cause = err.cause if isinstance(err.cause, ApplicationError) else None
+                if cause is not None and cause.type == UNKNOWN_NODE:
+                    found = await act_run(act.FIND_EARLIER_REPLACEMENT, s.ref, summary="did gpuheal replace this node?")
+                    s.earlier = found.earlier
+                if s.earlier is not None:  # a late report: a named outcome, nothing touched
+                    rec.outcome = render.replaced_earlier(s.earlier)
+                    return s.current_action()
+                msg = cause.message if cause is not None else str(err)
+                raise ApplicationError(f"cannot remediate {self._s.first_report.describe()}: {msg}") from err
+            action = s.current_action()
+            set_action(s, action)
+            rec.outcome = render.triaged(action, s.reason()) + render.admitted(s.policy, s.placement)
+        return action
+
+    async def _observe(self, action: ActionClass) -> RemediationResult:
+        """Observe mode: the plan, as the actions it would take; nothing is touched."""
+        s = self._s
+        async with in_stage(s, Stage.OBSERVE) as rec:
+            jobs = await act_run(act.LIST_JOBS_ON_NODE, s.ref, summary="find jobs on node (read only)")
+            s.jobs.found(jobs.jobs)
+            asks = {j.job_id: job_policy.checkpoint_ask(j) for j in jobs.jobs}
+            would = render.would_do(s.ref.node, policy.plan_for(action), jobs.jobs, asks, s.kube, s.reason())
+            rec.outcome = "; ".join(would)
+        s.node_at = render.OBSERVED
+        return await self._close("observed", f"observe mode: {s.reason()}")
+
+    async def _granted(self, decision: CapacityDecision) -> bool:
+        """Granted at once, or after waiting in line in `held` (with the policy's containment)."""
+        if decision.granted:
+            return True
+        s = self._s
+        limit = s.cluster_policy.max_hold_s
+        async with in_stage(s, Stage.HELD) as rec:
+            s.held_for = f"{decision.reason} (number {decision.position} in line)"
+            contain, why = await capacity.may_contain(s) if s.drain is None else (False, "")
+            s.held_for += f"; {why}" if why and not contain else ""
+            await notify(self._s, "held", "warning", render.held(self._s.first_report, s.held_for))
+            if contain:
+                await self._drain(why)
+                s.stage = Stage.HELD
+            notice = await capacity.wait_for_grant(s, limit)
+            rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"
+            s.held_for = ""
+        return s.grant is not None and s.grant.granted  # a grant may still land while the stage closes
+
+    async def _close_held(self) -> RemediationResult:
+        """Never granted: not within the bound, or dismissed into its domain incident."""
+        s = self._s
+        await jobs.account_for_untouched(self._s)
+        if s.grant is not None:  # dismissed: its domain incident handles the node
+            s.node_at = render.escalated_state(s.ref.node, s.drain, s.grant.reason)
+            return await self._close("escalated", s.grant.reason)
+        s.node_at = render.aborted_node_state(s.ref.node, s.drain)
+        held = next(r for r in reversed(s.stages) if r.stage == Stage.HELD)  # a drain may have followed it
+        return await self._close("not_granted", held.outcome)
+
+    async def _approval_gate(self, action: ActionClass) -> RecordedDecision:
+        if policy.plan_for(action).drain:
+            await self._drain("contained while awaiting approval")
+        return await self._await_decision()
+
+    async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:
+        await jobs.account_for_untouched(self._s)
+        await notify(self._s, "aborted", "warning", render.abort_notice(decision))
+        self._s.node_at = render.aborted_node_state(self._s.ref.node, self._s.drain)
+        return await self._close("aborted", decision.reason)
+
+    async def _notify_remediating(self) -> None:
+        async with in_stage(self._s, Stage.NOTIFY) as rec:
+            rec.outcome = "operators notified"
+            msg = render.remediating(self._s.first_report, self._s.current_action(), self._s.reason())
+            await notify(self._s, "remediating", "critical", msg)
+
+    async def _protect_progress(self) -> None:
+        async with in_stage(self._s, Stage.PROTECT) as rec:
+            rec.outcome = await jobs.protect_progress(self._s)
+
+    async def _drain(self, why: str) -> None:
+        """Slurm first (eviction alone tells Slurm nothing), then the Kubernetes cordon."""
+        s = self._s
+        async with in_stage(s, Stage.DRAIN) as rec:
+            rec.outcome = await node.drain_in_slurm(s, why)
+        k8s = s.settings.kubernetes
+        if s.kube is not None and k8s is not None and s.cordon is None:
+            async with in_stage(s, Stage.CORDON) as rec:
+                rec.outcome = await node.cordon(s, k8s)
+
+    async def _requeue(self, avoid_failed_node: bool) -> None:
+        async with in_stage(self._s, Stage.REQUEUE) as rec:
+            rec.outcome = await jobs.requeue(self._s, avoid_failed_node)
+
+    async def _evict_pods(self) -> RecordedDecision | None:
+        """Pods a PDB still protects at the deadline wait for a human. Returns the human's
+        decision when it is to abort."""
+        s = self._s
+        async with in_stage(s, Stage.EVICT) as rec:
+            evicted = await node.evict(s)
+            rec.outcome = render.evicted(evicted)
+        if not evicted.blocked:
+            return None
+        decision = await self._await_decision(
+            f"pods {list(evicted.blocked)} are still protected by a PodDisruptionBudget"
+        )
+        if decision.verdict != "abort":
+            return None
+        s.node_at = render.blocked_node_state(evicted.blocked)
+        return decision
+
+    async def _repair_or_replace(self, repair: ActionClass) -> bool:
+        """False: no replacement (that passed its validation) came within the capacity bound."""
+        s = self._s
+        async with in_stage(s, Stage.REPAIR) as rec:
+            if repair != ActionClass.REPLACE_NODE:
+                repair, rec.outcome = await node.repair(s, repair)
+            if repair == ActionClass.REPLACE_NODE:
+                s.replacement = await node.replace(s)
+                new = s.replacement.new_node
+                rec.outcome = render.replaced(new, s.ref.node) if new else s.replacement.no_capacity
+        await self._validate_new_node()
+        got, first = True, True
+        while s.replacement is not None and s.replacement.new_node is None:
+            # No spare, or the new node's GPUs failed (it is drained, rejected): wait for another.
+            if len(s.rejected) >= node.MAX_REJECTED:
+                got = False
+                break
+            if first and s.settings.borrow is not None and s.kube is not None:
+                await self._borrow()  # a bridge until the replacement comes
+            first = False
+            if not await self._await_capacity():
+                got = False
+                break
+            await self._validate_new_node()
+        if s.borrowed is not None:
+            await self._give_back()  # its jobs move to the new node (validated), or wait in line
+        if not got:
+            return False
+        if s.capacity_back_at is None:
+            s.capacity_back_at = workflow.now()
+        return True
+
+    async def _validate_new_node(self) -> None:
+        """Where validation is on, a replacement takes jobs only once its GPUs passed; one that
+        failed leaves the replacement "no capacity" again (its reason says why)."""
+        s = self._s
+        if node.new_node_to_validate(s) is None:
+            return
+        async with in_stage(s, Stage.VALIDATE) as rec:
+            passed = await node.validate_new_node(s)
+            assert s.replacement is not None
+            rec.outcome = s.new_node_verdict.detail if passed and s.new_node_verdict else s.replacement.no_capacity
+
+    async def _borrow(self) -> None:
+        """No spare: take a node from the inference pool (never below its minimum) into Slurm."""
+        s = self._s
+        async with in_stage(s, Stage.BORROW) as rec:
+            rec.outcome = await borrowing.borrow(s)
+            if s.borrowed is not None:
+                await notify(s, "borrowed", "warning", rec.outcome)
+
+    async def _give_back(self) -> None:
+        async with in_stage(self._s, Stage.GIVE_BACK) as rec:
+            rec.outcome = await borrowing.give_back(self._s, partial(jobs.hand_over_from, self._s))
+
+    async def _await_capacity(self) -> bool:
+        """No spare now: say so once, retry on a slow cadence, give up at the bound."""
+        s, bound = self._s, self._s.settings.capacity_wait_s
+        # One bound for the whole search (from its first wait), however many new nodes failed
+        # their burn-in meanwhile.
+        waits = (r.started_at for r in s.stages if r.stage == Stage.AWAITING_CAPACITY)
+        started = next(waits, None) or workflow.now()
+        async with in_stage(s, Stage.AWAITING_CAPACITY) as rec:
+            assert s.replacement is not None
+            await notify(
+                s, "awaiting_capacity", "warning", render.awaiting_capacity(s.replacement.no_capacity, 0, bound)
+            )
+            replaced = await capacity.await_replacement(s, started, partial(node.replace, s))
+            waited = (workflow.now() - started).total_seconds()
+            rec.outcome = replaced or render.awaiting_capacity(s.replacement.no_capacity, waited, bound)
+        return replaced is not None
+
+    async def _verify_resume(self) -> None:
+        async with in_stage(self._s, Stage.VERIFY) as rec:
+            rec.outcome = await jobs.collect_answers(self._s)
+
+    async def _return_to_service(self, repair: ActionClass | None) -> None:
+        """Resume a repaired node only after its health check passes; a replaced node leaves."""
+        async with in_stage(self._s, Stage.RETURN) as rec:
+            self._s.node_at = await node.back_in_service(self._s, repair)
+            rec.outcome = self._s.node_at.detail
+
+    async def _await_decision(self, why: str = "policy asks for a human") -> RecordedDecision:
+        s = self._s
+        approval_policy = s.cluster_policy.approval
+        async with in_stage(s, Stage.APPROVAL) as rec:
+            msg = render.approval_needed(
+                s.first_report, s.action, why, approval_policy.timeout_s, approval_policy.default_on_timeout
+            )
+            approval.open(s)  # before the notice: a decision may come as soon as it is read
+            await notify(s, "approval_needed", "warning", msg)
+            decision = await approval.wait(s)
+            rec.outcome = render.decided(decision)
+            return decision
+
+    async def _close(self, outcome: Outcome, reason: str) -> RemediationResult:
+        s = self._s
+        async with in_stage(s, Stage.CLOSE) as rec:
+            await evidence.for_the_vendor(s)
+            result = result_for(s, outcome, reason)
+            severity: Severity = "warning" if outcome != "resolved" or not_back(result.jobs) else "info"
+            await notify(s, f"closed_{outcome}", severity, render.closed_notice(outcome, s.node_at.detail, result))
+            rec.outcome = outcome
+        s.stage = Stage.DONE
+        workflow.upsert_search_attributes([sa.STAGE.value_set(Stage.DONE.value)])
+        await capacity.release(s)
+        await act_run(act.RECORD_INCIDENT_METRICS, result, summary="record metrics")
+        s.result = result
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return result
+
+    # --- signals, updates, queries ---------------------------------------------------------
+
+    @workflow.signal(name=m.INCIDENT_REPORT.name)
+    def report(self, report: HealthReport) -> None:
+        """Another report for this node (signal-with-start delivers the first one again)."""
+        s = self._s
+        if report in s.reports:
+            s.duplicates += 1
+            return
+        s.reports.append(report)
+        if report.alert_key:  # the same alert re-sent after this incident closed starts nothing
+            keys = sorted({r.alert_key for r in s.reports if r.alert_key})
+            workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
+        if report.gpu_serial:  # a board's history follows its serial (`gpuheal history --serial`)
+            serials = sorted({r.gpu_serial for r in s.reports if r.gpu_serial})
+            workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(serials)])
+        # Before the node is repaired, a more severe report escalates the remediation.
+        if s.action is not None and s.stage in ESCALATABLE:
+            escalated = policy.triage_all(s.reports).action
+            if escalated != s.action:
+                set_action(s, escalated)
+
+    @workflow.signal(name=m.INCIDENT_CAPACITY.name)
+    def capacity(self, notice: GrantNotice) -> None:
+        """The coordinator: a held incident may go now (or its domain incident dismissed it)."""
+        self._s.grant = notice
+
+    @workflow.signal(name=m.INCIDENT_JOB_RECOVERED.name)
+    def job_recovered(self, result: JobRecoveryResult) -> None:
+        """A job recovery's answer for one of this incident's jobs."""
+        self._s.jobs.answered(result)
+
+    @workflow.update(name=m.INCIDENT_GIVE_BACK.name)
+    def give_back(self, d: Decision) -> str:
+        """Demand shifted back to inference: return the borrowed node now (its jobs move off)."""
+        s = self._s
+        s.give_back_by = d
+        assert s.borrowed is not None
+        return f"{s.borrowed.node} goes back to pool {s.borrowed.from_pool} ({d.operator}: {d.reason})"
+
+    @give_back.validator
+    def _validate_give_back(self, d: Decision) -> None:
+        if self._s.borrowed is None or self._s.stage != Stage.AWAITING_CAPACITY:
+            raise ValueError(f"incident has no borrowed node to give back (stage: {self._s.stage.value})")
+
+    def _check_decidable(self, d: Decision) -> None:
+        refusal = approval.refusal(self._s)
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    @workflow.update(name=m.INCIDENT_APPROVE.name)
+    def approve(self, d: Decision) -> str:
+        return approval.record(self._s, "approve", d)
+
+    @approve.validator
+    def _validate_approve(self, d: Decision) -> None:
+        self._check_decidable(d)
+
+    @workflow.update(name=m.INCIDENT_ABORT.name)
+    def abort(self, d: Decision) -> str:
+        return approval.record(self._s, "abort", d)
+
+    @abort.validator
+    def _validate_abort(self, d: Decision) -> None:
+        self._check_decidable(d)
+
+    @workflow.signal(name=m.INCIDENT_APPROVE_SIGNAL.name)
+    def approve_signal(self, d: Decision) -> None:
+        """Fire-and-forget approve; ignored unless the incident awaits a decision."""
+        if approval.refusal(self._s) is None:
+            approval.record(self._s, "approve", d)
+
+    @workflow.signal(name=m.INCIDENT_ABORT_SIGNAL.name)
+    def abort_signal(self, d: Decision) -> None:
+        if approval.refusal(self._s) is None:
+            approval.record(self._s, "abort", d)
+
+    @workflow.query(name=m.INCIDENT_STATUS.name)
+    def status(self) -> RemediationStatus:
+        s = self._s
+        return RemediationStatus(
+            incident_id=workflow.info().workflow_id,
+            stage=s.stage,
+            action=s.action,
+            awaiting_approval=s.awaiting_approval,
+            held=s.held_for or None,
+            stages=s.stages,
+            reports_received=len(s.reports) + s.duplicates,
+            done=s.done,
+            result=s.result,
+        )
