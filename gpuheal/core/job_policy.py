@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from gpuheal.core.jobs import (
     ABNORMAL_ENDS,
@@ -101,16 +102,19 @@ def job_cost(
     return JobCost(steps_lost=steps, gpu_seconds_lost=round(gpu_s, 1))
 
 
+def _account(job: JobSnapshot, **outcome: Any) -> JobAccount:
+    """A job's account: who it is comes from its snapshot, what became of it from the caller."""
+    return JobAccount(job_id=job.job_id, name=job.name, user=job.user, **outcome)
+
+
 def account_from_recovery(
     job: JobSnapshot, result: JobRecoveryResult, checkpoint: CheckpointOutcome | None, incident_id: str
 ) -> JobAccount:
     """The incident's record of a job its recovery answered for."""
     resumed = result.verify.resumed if result.verify is not None else None
     state = result.verify.state if result.verify is not None else (result.requeue.ended_state if result.requeue else "")
-    return JobAccount(
-        job_id=job.job_id,
-        name=job.name,
-        user=job.user,
+    return _account(
+        job,
         fate=result.fate,
         detail=result.detail,
         slurm_state=state,
@@ -130,19 +134,15 @@ def account_ended(job: JobSnapshot, now: JobSnapshot | None, checkpoint: Checkpo
         f" after gpuheal's SIG{checkpoint.signal}" if caused and checkpoint else ""
     )
     if now is not None and now.state not in ENDED_STATES:
-        return JobAccount(
-            job_id=job.job_id,
-            name=job.name,
-            user=job.user,
+        return _account(
+            job,
             fate=JobFate.NOT_REQUEUED,
             slurm_state=state,
             detail=f"no longer on the node: {state} ({now.state_reason}), moved by someone else",
             checkpoint=checkpoint,
         )
-    return JobAccount(
-        job_id=job.job_id,
-        name=job.name,
-        user=job.user,
+    return _account(
+        job,
         fate=JobFate.ENDED,
         slurm_state=state,
         detail=detail,
@@ -158,10 +158,8 @@ def signalled_then_failed(checkpoint: CheckpointOutcome | None, state: str) -> b
 
 
 def unanswered(job: JobSnapshot, recovery_id: str, checkpoint: CheckpointOutcome | None) -> JobAccount:
-    return JobAccount(
-        job_id=job.job_id,
-        name=job.name,
-        user=job.user,
+    return _account(
+        job,
         fate=JobFate.UNKNOWN,
         checkpoint=checkpoint,
         recovery_id=recovery_id,
@@ -176,10 +174,8 @@ def recoverable(job: JobSnapshot, now: JobSnapshot | None) -> bool:
 
 
 def untouched(job: JobSnapshot, checkpoint: CheckpointOutcome | None) -> JobAccount:
-    return JobAccount(
-        job_id=job.job_id,
-        name=job.name,
-        user=job.user,
+    return _account(
+        job,
         fate=JobFate.UNTOUCHED,
         checkpoint=checkpoint,
         detail="left running where it was (the incident ended before any requeue)",

@@ -37,6 +37,16 @@ COORDINATOR = timedelta(seconds=180)
 # 60 s and the call retried on another, not after the 180 s. (The SDK sends a heartbeat at most
 # every 0.8 x this, 48 s: 12 s of margin for a busy server's answer.)
 COORDINATOR_HEARTBEAT = timedelta(seconds=60)
+# An activity that waits up to a deadline of its own (a checkpoint grace, a drain, a provider, a
+# job's resume) gets that deadline plus this margin, so its own deadline always fires first and it
+# answers with what it saw, rather than being timed out with nothing; it heartbeats meanwhile.
+WAIT_MARGIN_S = 60.0
+WAIT_HEARTBEAT = timedelta(seconds=30)
+
+
+def past_deadline(deadline_s: float) -> timedelta:
+    """The start-to-close timeout of an activity that waits up to `deadline_s` itself."""
+    return timedelta(seconds=deadline_s + WAIT_MARGIN_S)
 
 
 async def run(
@@ -73,3 +83,8 @@ async def ask_coordinator(activity: Activity[I, O], arg: I, *, summary: str, att
     return await run(
         activity, arg, summary=summary, timeout=COORDINATOR, heartbeat=COORDINATOR_HEARTBEAT, attempts=attempts
     )
+
+
+async def run_waiting(activity: Activity[I, O], arg: I, *, summary: str, deadline_s: float) -> O:
+    """An activity that waits up to `deadline_s` itself, heartbeating: timed out only past it."""
+    return await run(activity, arg, summary=summary, timeout=past_deadline(deadline_s), heartbeat=WAIT_HEARTBEAT)

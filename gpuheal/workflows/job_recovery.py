@@ -22,7 +22,7 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
-from gpuheal.workflows.activity import run
+from gpuheal.workflows.activity import run, run_waiting
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
@@ -156,12 +156,11 @@ class JobRecoveryWorkflow:
             avoid_nodes=tuple(self._failed_nodes()),
             deadline_at=workflow.now().timestamp() + timeout,
         )
-        return await run(
+        return await run_waiting(
             act.WAIT_FOR_JOB_RESUME,
             request,
             summary=f"wait for job {requeue.job_id} to train past its checkpoint",
-            timeout=timedelta(seconds=timeout + 60),
-            heartbeat=timedelta(seconds=30),
+            deadline_s=timeout,
         )
 
     async def _tell_owner(self, event: OwnerEvent, message: str, **fields: object) -> None:

@@ -7,11 +7,11 @@ recovery), out of Slurm, back into its pool. The workflow wraps each in its stag
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 from temporalio import workflow
 
 from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.activity import run_waiting
 from gpuheal.workflows.incident import node
 from gpuheal.workflows.incident.state import IncidentState
 from gpuheal.workflows.incident.timeline import notify
@@ -38,12 +38,11 @@ async def borrow(s: IncidentState) -> str:
     pool = s.settings.borrow
     assert pool is not None and s.kube is not None
     req = BorrowRequest(incident_id=s.ref.incident_id, failed=s.kube, policy=pool)
-    got = await act_run(
+    got = await run_waiting(
         act.BORROW_INFERENCE_NODE,
         req,
         summary=f"borrow a node from pool {pool.pool}",
-        timeout=timedelta(seconds=req.deadline_s + 60),
-        heartbeat=timedelta(seconds=30),
+        deadline_s=req.deadline_s,
     )
     if got.node is None:
         return f"nothing to borrow from pool {pool.pool}: {got.why}"
@@ -91,10 +90,9 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
 
 async def _wait_empty(name: str, within_s: float, poll_s: float = 0.5) -> JobList:
     empty = NodeEmptyWait(node=name, deadline_at=workflow.now().timestamp() + within_s, poll_s=poll_s)
-    return await act_run(
+    return await run_waiting(
         act.WAIT_FOR_NODE_EMPTY,
         empty,
         summary=f"wait for the jobs to leave {name}",
-        timeout=timedelta(seconds=within_s + 60),
-        heartbeat=timedelta(seconds=30),
+        deadline_s=within_s,
     )

@@ -10,6 +10,7 @@ from temporalio import workflow
 
 from gpuheal.workflows import gate
 from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.activity import run_waiting
 from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
@@ -39,12 +40,11 @@ async def protect_progress(s: IncidentState) -> str:
             deadline_at=workflow.now().timestamp() + settings.checkpoint_grace_s,
             unconfirmed_wait_s=min(settings.checkpoint_unconfirmed_wait_s, settings.checkpoint_grace_s),
         )
-        confirmed = await act_run(
+        confirmed = await run_waiting(
             act.WAIT_FOR_CHECKPOINTS,
             wait,
             summary="wait for each job to confirm a checkpoint (or the grace)",
-            timeout=timedelta(seconds=settings.checkpoint_grace_s + 60),
-            heartbeat=timedelta(seconds=30),
+            deadline_s=settings.checkpoint_grace_s,
         )
         s.jobs.checkpoints.update({o.job_id: o for o in confirmed.outcomes})
     return render.checkpoints(len(jobs.jobs), [s.jobs.checkpoints[j.job_id] for j in jobs.jobs])

@@ -10,6 +10,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from gpuheal.workflows.activity import past_deadline, run_waiting
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident.state import IncidentState
 from gpuheal.workflows.incident.timeline import set_action
@@ -37,7 +38,7 @@ MAX_REJECTED = 3  # new nodes a run may find bad before it stops looking (no_cap
 def provider_timeout(s: IncidentState) -> timedelta:
     """A provider may wait up to provider_timeout_s (and heartbeats meanwhile): its activity gets
     that plus a margin, so the provider's own timeout always fires first."""
-    return timedelta(seconds=s.settings.provider_timeout_s + 60)
+    return past_deadline(s.settings.provider_timeout_s)
 
 
 async def drain_in_slurm(s: IncidentState, why: str) -> str:
@@ -60,12 +61,11 @@ async def evict(s: IncidentState) -> EvictResult:
     assert k8s is not None and node is not None
     delete = k8s.on_pdb_timeout == "delete"
     req = EvictRequest(node=node, deadline_s=k8s.drain_deadline_s, delete_when_blocked=delete)
-    return await act_run(
+    return await run_waiting(
         act.EVICT_PODS,
         req,
         summary=f"evict pods from {node.kube_node}",
-        timeout=timedelta(seconds=k8s.drain_deadline_s + 60),
-        heartbeat=timedelta(seconds=30),
+        deadline_s=k8s.drain_deadline_s,
     )
 
 
