@@ -21,15 +21,6 @@ from gpuheal.activities.validation import ValidationActivities
 from tests.fakes import FakeCluster
 
 
-def implementations(cls: type) -> dict[str, object]:
-    found = {}
-    for _, fn in inspect.getmembers(cls, inspect.isfunction):
-        defn = getattr(fn, "__temporal_activity_definition", None)
-        if defn is not None:
-            found[defn.name] = fn
-    return found
-
-
 @pytest.mark.parametrize(
     ("cls", "refs"),
     [
@@ -42,7 +33,7 @@ def implementations(cls: type) -> dict[str, object]:
     ],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:
-    impls = implementations(cls)
+    impls = act.implementations(cls)
     assert set(impls) == {r.name for r in refs}
     for ref in refs:
         hints = typing.get_type_hints(impls[ref.name])

@@ -98,6 +98,21 @@ def implements(ref: Activity[Any, Any]) -> Callable[[F], F]:
     return register
 
 
+def implementations(*served: object) -> dict[str, Callable[..., Any]]:
+    """Every activity the given objects (or classes) implement, by its Temporal name: collected from
+    their `@implements` methods, so a worker registers what its classes declare, never a hand list."""
+    found: dict[str, Callable[..., Any]] = {}
+    for obj in served:
+        for attr in dir(obj):
+            fn = getattr(obj, attr)
+            defn = getattr(fn, "__temporal_activity_definition", None)
+            if defn is not None:
+                if defn.name in found:
+                    raise ValueError(f"activity {defn.name} is implemented twice")
+                found[defn.name] = fn
+    return found
+
+
 # --- Slurm nodes, providers, notifications (activities/remediation.py) -----------------------
 LOOK_UP_SLURM_NODE = Activity("look_up_slurm_node", NodeRef, NodeInfo)
 FIND_EARLIER_REPLACEMENT = Activity("find_earlier_replacement", NodeRef, ReplacementLookup)
@@ -203,3 +218,5 @@ KUBERNETES = (
     GIVE_BACK_NODE,
 )
 ALL = REMEDIATION + JOBS + FLEET + KUBERNETES
+# What every worker serves; KUBERNETES only where a cluster is configured (GPUHEAL_KUBECONFIG).
+WORKER = REMEDIATION + JOBS + FLEET + VALIDATION + RMA

@@ -30,6 +30,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
+from gpuheal.activities import interface as act
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
@@ -94,58 +95,17 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         settings.coordinator_updates,
         topology=cli.topology,
     )
-    found: list[Callable[..., Any]] = [
-        acts.look_up_slurm_node,
-        acts.find_earlier_replacement,
-        acts.notify_operators,
-        acts.list_jobs_on_node,
-        acts.drain_slurm_node,
-        acts.repair_node,
-        acts.replace_node,
-        acts.check_node_health,
-        acts.resume_slurm_node,
-        acts.decommission_node,
-        acts.record_incident_metrics,
-        acts.adopt_borrowed_node,
-        acts.release_borrowed_node,
-        jobs.request_checkpoint,
-        jobs.wait_for_checkpoints,
-        jobs.find_jobs,
-        jobs.wait_for_node_empty,
-        jobs.requeue_slurm_job,
-        jobs.hold_slurm_job,
-        jobs.wait_for_job_resume,
-        jobs.notify_job_owner,
-        jobs.start_job_recovery,
-        jobs.job_recovery_history,
-        fleet.admit_incident,
-        fleet.request_capacity,
-        fleet.confirm_capacity,
-        fleet.release_capacity,
-        fleet.contain_while_held,
-        fleet.open_domain_incident,
-        fleet.decide_domain,
-        fleet.find_closed_runs,
-        fleet.find_open_incidents,
-        fleet.find_nodes_left_drained,
-        validation.validate_node_gpus,
-        rma.gather_rma_evidence,
-        rma.file_rma,
-    ]
+    served: list[object] = [acts, jobs, fleet, validation, rma]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities
 
-        k = KubernetesActivities(kube_api)
-        found += [
-            k.map_kube_node,
-            k.cordon_and_taint_node,
-            k.evict_pods,
-            k.uncordon_node,
-            k.post_node_event,
-            k.borrow_inference_node,
-            k.give_back_node,
-        ]
-    return found
+        served.append(KubernetesActivities(kube_api))
+    found = act.implementations(*served)
+    declared: tuple[act.Activity[Any, Any], ...] = act.WORKER + (act.KUBERNETES if kube_api is not None else ())
+    unserved = sorted({ref.name for ref in declared} - found.keys())
+    if unserved:  # a workflow would schedule them and wait for a worker that never comes
+        raise RuntimeError(f"this worker serves no implementation of the declared activities {unserved}")
+    return list(found.values())
 
 
 WORKFLOWS: list[type] = [GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow]
