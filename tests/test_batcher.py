@@ -1,4 +1,4 @@
-"""The worker's line to its coordinator (activities/fleet.py's Batcher): whatever the storm's
+"""The worker's line to its coordinator (activities/batching.py: the Batcher): whatever the storm's
 shape, every caller gets its own answer, within the worker's update slots, in batches of at most
 BATCH_MOST in arrival order; a refused batch fails only the request the coordinator refuses; an
 old coordinator without the batched update gets one request per update."""
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from gpuheal.activities import fleet
-from gpuheal.activities.fleet import Batcher
+from gpuheal.activities import batching
+from gpuheal.activities.batching import Batcher
 
 MANY = "request_capacity_many"
 
@@ -145,7 +145,7 @@ async def test_a_refused_batch_goes_alone_and_later_requests_are_batched_again()
 async def test_an_old_coordinator_gets_one_request_per_update_until_it_is_asked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fleet, "REPROBE_S", 0.5)
+    monkeypatch.setattr(batching, "REPROBE_S", 0.5)
     c = Coordinator(knows_many=False)
     gate = asyncio.Semaphore(1)
     line: Batcher[int, int] = Batcher(gate, (MANY, c.many), c.one, most=50)

@@ -129,7 +129,7 @@ INCIDENT_STATUS = Query("status", RemediationStatus)
 COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None))
 FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the first incident starts it
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
-# Many at once, decided in one workflow task, in order (a storm; activities/fleet.py's Batcher).
+# Many at once, decided in one workflow task, in order (a storm; activities/batching.py's Batcher).
 FLEET_ADMIT_MANY = Update("admit_many", AdmitRequests, Admissions)  # also sent with start
 FLEET_REQUEST_CAPACITY_MANY = Update("request_capacity_many", CapacityRequests, CapacityDecisions)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)

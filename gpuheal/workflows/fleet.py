@@ -8,84 +8,54 @@ a retried or replayed request never counts twice) and every decision comes from 
 (pure). Operators steer it with updates too: pause, resume, set the mode or the policy,
 override a hold. It continues as new when its history grows long, carrying its whole state.
 
-Its domain incidents are workflows/domain.py.
+Its parts (state, the rebuild and the look for closed runs, sending, the memo) are
+workflows/coordinator/; its domain incidents are workflows/domain.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows import gate
-from gpuheal.workflows.activity import run
+from gpuheal.workflows.coordinator import memo, reconcile, sending
+from gpuheal.workflows.coordinator.state import CoordinatorState
+from gpuheal.workflows.coordinator.versions import (
+    COORDINATOR_2,
+    COORDINATOR_3,
+    COUNTS_LEFT,
+    HISTORY_LIMIT,
+    KEEP_CONTAINED,
+    REBUILD,
+    SERVE_WHEN_FREED,
+    VIEW,
+)
 
 with workflow.unsafe.imports_passed_through():
-    from gpuheal.activities import interface as act
     from gpuheal.core import messages as m
     from gpuheal.core.fleet import coordination, reaping, steering
     from gpuheal.core.fleet import view as fleet_view
-    from gpuheal.core.fleet.coordination import Effects
     from gpuheal.core.fleet.models import (
         BATCH_MOST,
         Admission,
         Admissions,
         AdmitRequest,
         AdmitRequests,
-        Breaker,
         CapacityDecision,
         CapacityDecisions,
         CapacityRequest,
         CapacityRequests,
         CoordinatorInput,
         DomainDecision,
-        DomainIncident,
         FleetState,
         FleetStatus,
-        GrantNotice,
-        Note,
         OperatorAction,
         Override,
         ReleaseRequest,
-        RunRef,
-        RunRefs,
     )
     from gpuheal.core.fleet.policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
-    from gpuheal.core.models.result import Notification
-
-# Coordinators started before this release waited only for events (a held incident freed by time
-# alone waited for the next one), awaited each notice in their loop (a notice receiver down failed
-# them), served no one when a grant was taken back, and sent a grant notice to an incident that
-# had its grant in the answer already. They keep doing so until they continue as new
-# (workflow.patched: one id for all of it), so their histories replay.
-COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
-# Coordinators started before this release never looked for closed runs (a run terminated while
-# granted kept its grant); they keep so until they continue as new.
-COORDINATOR_3 = "coordinator-3-reaps-closed-runs"
-# Nor did they rebuild from the open incidents when started afresh (their own marker: a start
-# is one moment, the reaping a way of running).
-REBUILD = "coordinator-rebuilds-from-the-open-incidents"
-# Nor did they keep their view in their memo (gpuheal.core.fleet.view): `gpuheal fleet` asks
-# their query until they continue as new.
-VIEW = "coordinator-keeps-its-view-in-its-memo"
-# Nor did they count a node contained while held once its incident ended (it stays drained).
-KEEP_CONTAINED = "coordinator-counts-a-contained-node-after-its-incident"
-# Nor did they bound containment by everything out (grants, containments and left nodes against
-# the budget plus the containment bound), nor keep a terminated run's node counted when its
-# incident's next run asked.
-COUNTS_LEFT = "coordinator-bounds-containment-by-all-out-and-keeps-a-dead-runs-node"
-# Nor did they serve the line only when something frees (a request that freed nothing, in a
-# storm, served a line of a thousand); they serve at every request until they continue as new.
-SERVE_WHEN_FREED = "coordinator-serves-the-line-when-something-frees"
-HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
-
-
-# A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
-LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
 
 
 @workflow.defn(name=m.COORDINATOR.name)
@@ -99,42 +69,33 @@ class FleetCoordinator:
             reason="the worker's configuration, when the first incident came",
             at=workflow.now(),
         )
-        self._s = inp.state or FleetState(cluster=inp.cluster, policy=seed, configured=inp.seed_digest)
-        self._seed = inp.seed
-        self._signals: list[tuple[str, GrantNotice]] = []  # to held incidents
-        self._notes: list[Note] = []  # to the operators
-        self._domains: list[DomainIncident] = list(inp.domains)  # domain incidents to open
-        self._notes += list(inp.notes)  # carried across continue-as-new, still to go out
-        self._on_way: dict[asyncio.Future[None], Note | DomainIncident] = {}  # running beside the loop
-        self._undelivered: list[str] = []  # what could not be done, for the UI's details
-        self._reaping = False  # a look for closed runs is on its way
-        self._look: asyncio.Future[None] | None = None
-        # A fresh start may be a recreation: nothing is granted until it has rebuilt (run()).
-        self._rebuilding = inp.state is None
-        self._reap_now = False  # a grant notice found its incident gone: look at once
-        self._changed = True  # the memo's view is to be written (_show)
-        self._showing: asyncio.Future[None] | None = None  # _show, for coordinators with VIEW
+        self._c = CoordinatorState(
+            fleet=inp.state or FleetState(cluster=inp.cluster, policy=seed, configured=inp.seed_digest),
+            seed=inp.seed,
+            notes=list(inp.notes),  # carried across continue-as-new, still to go out
+            domains=list(inp.domains),
+            rebuilding=inp.state is None,  # a fresh start may be a recreation: rebuild first (run())
+        )
+
+    @property
+    def _s(self) -> FleetState:
+        """The cluster's state, which every decision takes (continue-as-new carries it)."""
+        return self._c.fleet
 
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
         if workflow.patched(VIEW):
-            self._showing = asyncio.ensure_future(self._show())  # beside the loop, for the whole run
-        if self._rebuilding and workflow.patched(REBUILD):
-            await self._rebuild()
-        self._rebuilding = False
+            self._c.showing = asyncio.ensure_future(memo.show(self._c))  # beside the loop, for the whole run
+        if self._c.rebuilding and workflow.patched(REBUILD):
+            await reconcile.rebuild(self._c)
+        self._c.rebuilding = False
         while True:
             await self._wait()
-            await self._send()
-            if self._long() and not self._pending():
+            await sending.send(self._c)
+            if self._long() and not self._c.pending():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._pending():  # what is still on its way goes on in the next run
-                    notes = tuple(x for x in self._on_way.values() if not isinstance(x, DomainIncident))
-                    domains = tuple(x for x in self._on_way.values() if isinstance(x, DomainIncident))
-                    if self._reaping:  # a look on its way is not carried: the next run looks soon
-                        self._s.reaped_at = None
-                    carried = CoordinatorInput(
-                        cluster=self._s.cluster, seed=self._seed, state=self._s, notes=notes, domains=domains
-                    )
+                if not self._c.pending():  # what is still on its way goes on in the next run
+                    carried = self._c.carried()
                     # A new current build (gpuheal rollout): the next run starts on it. Pinned
                     # to its build like every workflow of a versioned worker, the coordinator
                     # moves up this way, its state carried, whatever the new build changed.
@@ -151,18 +112,18 @@ class FleetCoordinator:
         cooldown ends, the rate's window slides): then the line is served again. A handler that
         moves that moment (a new hold, a release) wakes the loop to set its timer anew."""
         if not workflow.patched(COORDINATOR_2):
-            await workflow.wait_condition(lambda: self._pending() or self._long())
+            await workflow.wait_condition(lambda: self._c.pending() or self._long())
             return
         if workflow.patched(SERVE_WHEN_FREED) and coordination.frees_due(self._s, workflow.now()):
             # A moment that passed while the loop was away (sending notices): next_wake no longer
             # sees it, and requests serve only what they free themselves.
-            self._apply(coordination.serve_freed(self._s, workflow.now()))
+            self._c.apply(coordination.serve_freed(self._s, workflow.now()))
             return
         reaps = workflow.patched(COORDINATOR_3)
 
         def wakes() -> tuple[datetime | None, datetime | None]:
             serve = coordination.next_wake(self._s, workflow.now())
-            return serve, (self._reap_at() if reaps else None)
+            return serve, (reconcile.reap_at(self._c) if reaps else None)
 
         serve, reap = wakes()
         times = [t for t in (serve, reap) if t is not None]
@@ -171,72 +132,19 @@ class FleetCoordinator:
             return wakes() != (serve, reap)
 
         if not times:
-            await workflow.wait_condition(lambda: self._pending() or self._long() or moved())
+            await workflow.wait_condition(lambda: self._c.pending() or self._long() or moved())
             return
         if min(times) > workflow.now():
             await gate.wait_for(
-                lambda: True if self._pending() or self._long() or moved() else None,
+                lambda: True if self._c.pending() or self._long() or moved() else None,
                 within=min(times) - workflow.now(),
                 summary="a held incident's cooldown or rate window ends, or a look for closed runs",
             )
         now = workflow.now()  # however the wait ended (an admit may land just after the moment)
         if serve is not None and now >= serve:
-            self._apply(coordination.serve_queue(self._s, now))
-        if reap is not None and now >= reap and not self._reaping:
-            self._reap(reaping.start_reap(self._s, now))
-
-    async def _rebuild(self) -> None:
-        """Started afresh: incidents of the cluster may be open already (this coordinator was
-        terminated by hand, or its namespace restored). What they hold is rebuilt from them
-        (gpuheal.core.fleet.reaping.rebuild); one that cannot be listed trips the breaker too."""
-        try:
-            found = await run(
-                act.FIND_OPEN_INCIDENTS, self._s.cluster, summary="rebuild from the open incidents", attempts=5
-            )
-        except ActivityError as err:
-            why = (
-                f"could not list the open incidents to rebuild from ({err.cause or err}): check them (`gpuheal fleet`)"
-            )
-            self._s.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
-            self._notes.append(("coordinator_rebuilt", "critical", why))
-            return
-        self._apply(Effects(notes=reaping.rebuild(self._s, found, workflow.now())))
-
-    def _reap_at(self) -> datetime | None:
-        if self._reaping:
-            return None
-        return workflow.now() if self._reap_now else reaping.reap_due(self._s, workflow.now())
-
-    def _reap(self, runs: list[RunRef]) -> None:
-        """Look for closed runs among those holding something, beside the loop, and give back
-        what they hold (gpuheal.core.fleet.reaping.reap): their nodes that Slurm still shows drained
-        by them stay counted. A look that fails is said in the details and made again at the
-        next one; it never fails the coordinator."""
-        self._reaping, self._reap_now = True, False
-
-        async def look() -> None:
-            try:
-                closed = await run(
-                    act.FIND_CLOSED_RUNS, RunRefs(runs=tuple(runs)), summary="look for closed runs", **LOOK
-                )
-                check = RunRefs(runs=(*closed.runs, *reaping.left_refs(self._s)))
-                try:
-                    drained = check
-                    if check.runs:
-                        drained = await run(act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK)
-                except ActivityError:  # Slurm not answering: every node counts as still drained
-                    drained = check
-                self._apply(coordination.reap(self._s, closed.runs, drained.runs, workflow.now()))
-            except ActivityError as err:
-                self._undelivered.append(f"look for closed runs failed: {err.cause or err}")
-                self._details()
-            finally:
-                self._reaping = False
-
-        self._look = asyncio.ensure_future(look())
-
-    def _pending(self) -> bool:
-        return bool(self._signals or self._notes or self._domains)
+            self._c.apply(coordination.serve_queue(self._s, now))
+        if reap is not None and now >= reap and not self._c.reaping:
+            reconcile.reap(self._c, reaping.start_reap(self._s, now))
 
     def _long(self) -> bool:
         """Time for a new run: a long history, or a new current build to move to (versioned
@@ -248,71 +156,7 @@ class FleetCoordinator:
             or info.is_target_worker_deployment_version_changed()
         )
 
-    async def _send(self) -> None:
-        """What the updates decided, done: domain incidents, signals to held incidents, notices."""
-        background = workflow.patched(COORDINATOR_2)
-        while self._domains:
-            domain = self._domains.pop(0)
-            opening = run(act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}")
-            if background:
-                self._in_background(domain, opening, f"domain incident {domain.domain} not opened")
-            else:
-                await opening
-        while self._signals:
-            incident, notice = self._signals.pop(0)
-            try:
-                await m.INCIDENT_CAPACITY.send(workflow.get_external_workflow_handle(incident), notice)
-            except Exception as err:  # the incident ended meanwhile: what it holds is reaped
-                workflow.logger.info("incident %s not told (%s)", incident, err)
-                self._reap_now = True
-        while self._notes:
-            item = self._notes.pop(0)
-            event, severity, message = item
-            note = Notification(
-                incident_id=workflow.info().workflow_id,
-                event=event,
-                severity=severity,
-                message=message,
-                node="-",
-                cluster=self._s.cluster,
-                # The coordinator lives on: the same event recurs, each occurrence its own notice.
-                key=f"{workflow.info().workflow_id}:{event}:{workflow.now().isoformat()}:{len(self._notes)}",
-            )
-            delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
-            if background:
-                self._in_background(item, delivery, f"notice {event} undelivered")
-            else:
-                await delivery
-        self._details()
-
-    def _in_background(self, item: Note | DomainIncident, call: Awaitable[object], failed: str) -> None:
-        """Run an activity beside the loop: it retries on its own, and when it gives up the
-        coordinator says so and goes on (a notice receiver down must never fail it: the breaker,
-        the grants and the line would be lost with it). A domain incident that could not be
-        opened is tried again: its rack's incidents wait for it."""
-
-        async def attempt() -> None:
-            try:
-                await call
-            except ActivityError as err:
-                self._undelivered.append(f"{failed}: {err.cause or err}")
-                workflow.logger.warning("%s: %s", failed, err.cause or err)
-                if isinstance(item, DomainIncident):
-                    self._domains.append(item)
-                self._details()
-
-        task = asyncio.ensure_future(attempt())
-        self._on_way[task] = item
-        task.add_done_callback(lambda done: self._on_way.pop(done, None))
-
     # --- incidents (each handler one pure state change, gpuheal.core.fleet.coordination) ------------
-
-    def _apply(self, out: Effects) -> None:
-        """What a state change asked for, queued for the loop to do (outside the handler)."""
-        self._signals += out.signals
-        self._notes += out.notes
-        self._domains += out.domains
-        self._details()
 
     @workflow.update(name=m.FLEET_ADMIT.name)
     def admit(self, req: AdmitRequest) -> Admission:
@@ -333,15 +177,15 @@ class FleetCoordinator:
         answer, out = coordination.admit(
             self._s, req, workflow.now(), serve_when_freed=workflow.patched(SERVE_WHEN_FREED)
         )
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     async def _rebuilt(self) -> None:
         """Capacity is decided only once a fresh coordinator has rebuilt what the open incidents
         hold (else the incident that started it could be granted past a budget it does not
         know is used). Coordinators of earlier releases never wait here: no await, as before."""
-        if self._rebuilding:
-            await workflow.wait_condition(lambda: not self._rebuilding)
+        if self._c.rebuilding:
+            await workflow.wait_condition(lambda: not self._c.rebuilding)
 
     @workflow.update(name=m.FLEET_REQUEST_CAPACITY.name)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
@@ -363,7 +207,7 @@ class FleetCoordinator:
             counts_left=self._counts(),
             serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
-        self._apply(out)
+        self._c.apply(out)
         return CapacityDecisions(answers=tuple(answers))
 
     @request_capacity_many.validator
@@ -379,7 +223,7 @@ class FleetCoordinator:
             counts_left=self._counts(),
             serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_CONFIRM.name)
@@ -390,7 +234,7 @@ class FleetCoordinator:
         answer, out = coordination.confirm(
             self._s, req, workflow.now(), contain=not old, tell_requester=old, counts_left=self._counts()
         )
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_CONTAIN.name)
@@ -398,7 +242,7 @@ class FleetCoordinator:
         """May a held incident drain its node as containment? Within its bound, never while tripped."""
         await self._rebuilt()
         answer, out = coordination.contain(self._s, req, workflow.now(), counts_left=self._counts())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     def _counts(self) -> bool:
@@ -410,7 +254,7 @@ class FleetCoordinator:
         """The incident gave its node back: budget frees, the next in line may go. Idempotent."""
         keep = workflow.patched(KEEP_CONTAINED)
         answer, out = coordination.release(self._s, incident_id, workflow.now(), keep_contained=keep)
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_RELEASE_RUN.name)
@@ -420,7 +264,7 @@ class FleetCoordinator:
         answer, out = coordination.release(
             self._s, req.incident_id, workflow.now(), req.run_id, left_drained=req.left_drained
         )
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     # --- operators --------------------------------------------------------------------------
@@ -433,7 +277,7 @@ class FleetCoordinator:
     def pause(self, by: OperatorAction) -> str:
         """Trip the breaker by hand: new incidents are held, nothing is replaced."""
         answer, out = steering.pause(self._s, by, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @pause.validator
@@ -445,7 +289,7 @@ class FleetCoordinator:
     def resume(self, by: OperatorAction) -> str:
         """Reset the breaker (it never resets by itself); held incidents go on, within the budget."""
         answer, out = steering.resume(self._s, by, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @resume.validator
@@ -458,13 +302,13 @@ class FleetCoordinator:
         old = self._s.policy.policy.mode
         new = self._s.policy.policy.model_copy(update={"mode": change.mode})
         _, out = steering.set_policy(self._s, new, change.operator, change.reason, workflow.now(), serve=False)
-        self._apply(out)
+        self._c.apply(out)
         return f"mode {old} -> {change.mode} (policy version {self._s.policy.version})"
 
     @workflow.update(name=m.FLEET_SET_POLICY.name)
     def set_policy(self, change: PolicyChange) -> str:
         answer, out = steering.set_policy(self._s, change.policy, change.operator, change.reason, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @set_policy.validator
@@ -480,14 +324,14 @@ class FleetCoordinator:
     def configure(self, c: ConfiguredPolicy) -> str:
         """A worker started: its configuration applies if it changed since the last one offered."""
         answer, out = steering.configure(self._s, c, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_OVERRIDE.name)
     def override(self, o: Override) -> str:
         """Let one held incident go now, past the budget (the operator answers for it)."""
         answer, out = steering.override(self._s, o, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     @override.validator
@@ -500,7 +344,7 @@ class FleetCoordinator:
         """A domain incident's operator decided: release its node incidents (within the budget)
         or dismiss them (they end, the domain is handled as one)."""
         answer, out = steering.domain_decision(self._s, d, workflow.now())
-        self._apply(out)
+        self._c.apply(out)
         return answer
 
     # --- seeing it --------------------------------------------------------------------------
@@ -512,31 +356,6 @@ class FleetCoordinator:
     @workflow.query(name=m.FLEET_POLICY.name)
     def current_policy(self) -> VersionedPolicy:
         return self._s.policy
-
-    def _details(self) -> None:
-        """A state change: the view is drawn anew, by _show once for all the changes of this
-        workflow task (a storm's task carries many); coordinators before VIEW draw it here."""
-        if self._showing is None:
-            workflow.set_current_details(fleet_view.details(self._view(), self._undelivered))
-        self._changed = True
-
-    def _view(self) -> fleet_view.FleetView:
-        return fleet_view.view(fleet_view.status(self._s, workflow.now()), workflow.now())
-
-    async def _show(self) -> None:
-        """The view in the memo and the UI's details, written anew after state changes: `gpuheal
-        fleet` reads the memo from the server, so it answers while this coordinator is too busy
-        for a query (a storm). The memo only when a figure changed (each write is a history event)."""
-        shown: dict[str, Any] | None = None
-        while True:
-            await workflow.wait_condition(lambda: self._changed)
-            self._changed = False
-            view = self._view()
-            workflow.set_current_details(fleet_view.details(view, self._undelivered))
-            figures = view.model_dump(exclude={"at"})
-            if figures != shown:
-                workflow.upsert_memo({m.FLEET_VIEW.key: view})
-                shown = figures
 
 
 def _validate_batch(cluster: str, clusters: list[str]) -> None:

@@ -1,0 +1,144 @@
+"""A worker's line to a workflow's updates: `Batcher` sends requests that queued meanwhile
+together, as one batched update, within the worker's update slots (a semaphore it shares).
+
+Generic over the update's input and output: activities/fleet.py keeps one per cluster and kind
+of request (admissions, capacity requests) to the cluster's coordinator, and its docstring says
+why a storm needs it (Temporal accepts at most 10 updates in flight per workflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from temporalio.client import WorkflowUpdateFailedError
+
+from gpuheal.core.fleet.models import BATCH_MOST
+
+REPROBE_S = 60.0  # a coordinator found without the batched update is asked again after this
+I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
+O = TypeVar("O")  # noqa: E741
+
+
+def unknown_update(err: WorkflowUpdateFailedError, name: str) -> bool:
+    """The coordinator runs on a worker of an earlier release, which lacks this update."""
+    why = str(err.cause or err)
+    return "not found" in why and name in why
+
+
+class Batcher(Generic[I, O]):
+    """One worker's requests to its coordinator, sent together: each caller waits for one of the
+    worker's update slots, and whoever gets one sends the front of the line (at most `most`
+    requests) as one batched update; each caller gets its own answer, first come first decided.
+
+    A request goes alone, in its own update and slot: when it is all there is; when the
+    coordinator lacks the batched update (a worker of the release before runs it; asked again
+    after REPROBE_S); when it was in a batch the coordinator refused as a whole (each of that
+    batch then goes alone, so a refusal is only its own request's). A sender cancelled mid-send
+    puts its batch back at the front of the line; a caller cancelled while its request is in
+    another's batch is dropped from it (every decision is idempotent per incident run, so a
+    request sent again is answered as before)."""
+
+    def __init__(
+        self,
+        gate: asyncio.Semaphore,
+        many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
+        one: Callable[[I], Awaitable[O]],
+        most: int = BATCH_MOST,
+    ) -> None:
+        self._gate, (self._name, self._many), self._one, self._most = gate, many, one, most
+        self._line: list[tuple[I, asyncio.Future[O]]] = []
+        self._came: dict[asyncio.Future[O], int] = {}  # each request's place in arrival order
+        self._arrivals = itertools.count()
+        self._alone: set[asyncio.Future[O]] = set()  # requests of a refused batch
+        self._back = asyncio.Event()  # set when requests go back in line
+        self._singly_until = 0.0  # monotonic: the coordinator lacked the batched update
+
+    async def ask(self, item: I) -> O:
+        mine: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        self._came[mine] = next(self._arrivals)
+        self._line.append((item, mine))
+        try:
+            while not mine.done():
+                if self._queued(mine):
+                    async with self._gate:
+                        if self._queued(mine):  # not taken by another sender meanwhile
+                            await self._send()
+                    continue
+                # On its way in another caller's update: its answer, or back in line.
+                back: asyncio.Future[Any] = asyncio.ensure_future(self._back.wait())
+                try:
+                    await asyncio.wait([mine, back], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    back.cancel()
+            return await mine
+        finally:
+            self._line = [(i, f) for i, f in self._line if f is not mine]
+            self._alone.discard(mine)
+            self._came.pop(mine, None)
+            if not mine.done():  # cancelled: a sender drops it, nobody waits for its answer
+                mine.cancel()
+
+    @property
+    def batched(self) -> bool:
+        return time.monotonic() >= self._singly_until
+
+    def _queued(self, mine: asyncio.Future[O]) -> bool:
+        return not mine.done() and any(f is mine for _, f in self._line)
+
+    def _take(self) -> list[tuple[I, asyncio.Future[O]]]:
+        """The front of the line: a batch of requests that may go together, or one alone."""
+        live = [(i, f) for i, f in self._line if not f.done()]
+        n = 1
+        if self.batched:
+            while n < min(len(live), self._most) and not {live[0][1], live[n][1]} & self._alone:
+                n += 1
+        batch, self._line = live[:n], live[n:]
+        return batch
+
+    def _requeue(self, batch: list[tuple[I, asyncio.Future[O]]]) -> None:
+        """Back in line, in the order they came (batches in flight come back in any order, and the
+        coordinator's line, first come first decided, follows the order they are sent in)."""
+        back = [(i, f) for i, f in batch if not f.done()] + self._line
+        self._line = sorted(back, key=lambda entry: self._came.get(entry[1], -1))
+        self._back.set()  # wakes the callers whose requests were in it
+        self._back = asyncio.Event()
+
+    async def _send(self) -> None:
+        batch = self._take()
+        try:
+            if len(batch) > 1:
+                try:
+                    answers = await self._many([i for i, _ in batch])
+                except WorkflowUpdateFailedError as err:
+                    if unknown_update(err, self._name):
+                        self._singly_until = time.monotonic() + REPROBE_S
+                    else:
+                        self._alone.update(f for _, f in batch)
+                    self._requeue(batch)
+                    return
+                for (_, f), a in zip(batch, answers, strict=True):
+                    if not f.done():
+                        f.set_result(a)
+                return
+            for i, f in batch:
+                try:
+                    answer = await self._one(i)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # its caller's activity fails with it
+                    if not f.done():
+                        f.set_exception(err)
+                else:
+                    if not f.done():
+                        f.set_result(answer)
+        except asyncio.CancelledError:
+            self._requeue(batch)
+            raise
+        except Exception as err:  # the batch failed on its way: each caller's activity retries
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(err)

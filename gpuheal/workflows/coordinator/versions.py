@@ -1,0 +1,31 @@
+"""The coordinator's versions: each workflow.patched marker names a change, and coordinators
+started before it keep the old way until they continue as new, so their histories replay
+(tests/histories/). The ids are recorded in histories: never rename one."""
+
+from __future__ import annotations
+
+# Coordinators started before this release waited only for events (a held incident freed by time
+# alone waited for the next one), awaited each notice in their loop (a notice receiver down failed
+# them), served no one when a grant was taken back, and sent a grant notice to an incident that
+# had its grant in the answer already. They keep doing so until they continue as new
+# (workflow.patched: one id for all of it), so their histories replay.
+COORDINATOR_2 = "coordinator-2-wakes-for-time-notices-beside-the-loop-serves-after-a-revoke"
+# Coordinators started before this release never looked for closed runs (a run terminated while
+# granted kept its grant); they keep so until they continue as new.
+COORDINATOR_3 = "coordinator-3-reaps-closed-runs"
+# Nor did they rebuild from the open incidents when started afresh (their own marker: a start
+# is one moment, the reaping a way of running).
+REBUILD = "coordinator-rebuilds-from-the-open-incidents"
+# Nor did they keep their view in their memo (gpuheal.core.fleet.view): `gpuheal fleet` asks
+# their query until they continue as new.
+VIEW = "coordinator-keeps-its-view-in-its-memo"
+# Nor did they count a node contained while held once its incident ended (it stays drained).
+KEEP_CONTAINED = "coordinator-counts-a-contained-node-after-its-incident"
+# Nor did they bound containment by everything out (grants, containments and left nodes against
+# the budget plus the containment bound), nor keep a terminated run's node counted when its
+# incident's next run asked.
+COUNTS_LEFT = "coordinator-bounds-containment-by-all-out-and-keeps-a-dead-runs-node"
+# Nor did they serve the line only when something frees (a request that freed nothing, in a
+# storm, served a line of a thousand); they serve at every request until they continue as new.
+SERVE_WHEN_FREED = "coordinator-serves-the-line-when-something-frees"
+HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
