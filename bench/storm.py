@@ -17,8 +17,8 @@ The breaker and the rate are opened wide (a storm this size would trip the break
 default, which is the point of the breaker but not of this benchmark). XID 79 (replace): granted
 incidents drain their node and wait for a spare, so grants stay put while the storm is admitted.
 With --temporal cluster, the Temporal cluster (temporal-server on PostgreSQL, mTLS) instead of the
-dev server; its figures ("Temporal" = the server and PostgreSQL together) size the README's
-Production section. Writes bench/results/storm.md (storm-cluster.md). Figures, not assertions, but
+dev server; its figures ("Temporal" = the server and PostgreSQL together) size docs/production.md
+(sizing per 1,000 nodes). Writes bench/results/storm.md (storm-cluster.md). Figures, not assertions, but
 self-checked: every report started its own incident run in the run's fresh server, and every
 incident has its own grant latency.
 """
@@ -210,7 +210,8 @@ async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
 
 async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_by_one: bool, workers: int = 1) -> Run:
     print(f"{name}: {len(nodes)} reports, {workers} worker(s)", flush=True)
-    # Temporal takes 10 updates in flight per workflow: the workers share 8 (README: GPUHEAL_COORDINATOR_UPDATES)
+    # Temporal takes 10 updates in flight per workflow: the workers share 8
+    # (docs/configuration.md: GPUHEAL_COORDINATOR_UPDATES)
     sb.extra_env["GPUHEAL_COORDINATOR_UPDATES"] = str(max(1, 8 // workers))
     sb.start_slurm(clean=True)
     sb.stop_temporal()

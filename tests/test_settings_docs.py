@@ -1,7 +1,8 @@
 """The settings' documentation and the Helm chart agree with the declarations
-(gpuheal.core.envvars): every declared variable has its README row with its default, no row names
-a variable that does not exist, and every value the chart sets is the declared default unless it
-is one of the chart's own choices listed here."""
+(gpuheal.core.envvars): every declared variable has its row, with its default, in the docs'
+Configuration page (docs/configuration.md), no row names a variable that does not exist, every
+default the README or a docs page quotes in its prose is the declared one, and every value the
+chart sets is the declared default unless it is one of the chart's own choices listed here."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuheal.core import policy_file
 from gpuheal.core import settings as settings_module
 from gpuheal.core.envvars import Var, shown_default, variables
-from gpuheal.core.fleet_policy import FleetPolicy
+from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.settings import Settings, readme_table, with_tables
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+CONFIGURATION = DOCS / "configuration.md"  # the generated tables' page
+TABLES = CONFIGURATION.read_text()
+REGENERATE = "run `python -m gpuheal.core.settings --readme docs/configuration.md`"
+# Every page whose prose may quote a default: the README and the docs site.
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 CHART = REPO / "infra" / "helm" / "gpuheal"
 DECLARED = variables(Settings)
 BY_NAME = {v.name: v for v in DECLARED}
@@ -33,40 +40,57 @@ POLICY_CHOICES = {
 }
 
 
-def readme_rows(group: str) -> dict[str, str]:
-    """The README's rows of one generated table: variable -> its default cell."""
-    block = re.search(rf"<!-- settings: {group} -->\n(.*?)\n<!-- /settings -->", README, re.S)
-    assert block, f"README.md has no <!-- settings: {group} --> block"
+def documented_rows(group: str) -> dict[str, str]:
+    """docs/configuration.md's rows of one generated table: variable -> its default cell."""
+    block = re.search(rf"<!-- settings: {group} -->\n(.*?)\n<!-- /settings -->", TABLES, re.S)
+    assert block, f"docs/configuration.md has no <!-- settings: {group} --> block"
     rows = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| (.*?) \| .* \|$", block.group(1), re.M)
     return dict(rows)
 
 
 @pytest.mark.parametrize("group", ["worker", "policy"])
-def test_the_readme_documents_each_declared_variable_with_its_default(group: str) -> None:
-    rows = readme_rows(group)
+def test_the_docs_document_each_declared_variable_with_its_default(group: str) -> None:
+    rows = documented_rows(group)
     declared = {v.name: shown_default(v) for v in DECLARED if (v.path[0] == "fleet") == (group == "policy")}
-    assert not declared.keys() - rows.keys(), f"declared, without a README row: {sorted(declared.keys() - rows.keys())}"
-    assert not rows.keys() - declared.keys(), f"README rows for no declared variable: {sorted(rows.keys() - declared)}"
+    assert not declared.keys() - rows.keys(), f"declared, without a docs row: {sorted(declared.keys() - rows.keys())}"
+    assert not rows.keys() - declared.keys(), f"docs rows for no declared variable: {sorted(rows.keys() - declared)}"
     differ = {name: (rows[name], declared[name]) for name in rows if rows[name] != declared[name]}
-    assert not differ, f"README default differs from the declaration (README, declared): {differ}"
-    assert readme_table(group) in README, "run `python -m gpuheal.core.settings --readme README.md`"
+    assert not differ, f"docs default differs from the declaration (docs, declared): {differ}"
+    assert readme_table(group) in TABLES, REGENERATE
 
 
-def test_the_readme_is_what_the_generator_writes() -> None:
-    assert with_tables(README) == README, "run `python -m gpuheal.core.settings --readme README.md`"
+def test_the_configuration_page_is_what_the_generator_writes() -> None:
+    assert with_tables(TABLES) == TABLES, REGENERATE
 
 
-def test_defaults_quoted_in_the_readme_prose_are_the_declared_ones() -> None:
+def test_only_the_configuration_page_holds_the_tables() -> None:
+    """One place for the tables: a copy elsewhere would go stale unchecked."""
+    others = [p.relative_to(REPO) for p in PAGES if p != CONFIGURATION and "<!-- settings:" in p.read_text()]
+    assert not others, f"generated settings tables outside docs/configuration.md: {others}"
+
+
+def test_defaults_quoted_in_the_prose_are_the_declared_ones() -> None:
     units = {None: 1, "": 1, "s": 1, "min": 60, "h": 3600}
-    quoted = re.findall(r"`(GPUHEAL_[A-Z0-9_]+)` \((\d+(?:\.\d+)?)(?: (s|min|h))?\)", README)
-    assert quoted, "the prose quotes no default: the pattern is stale"
-    for name, number, unit in quoted:
-        assert name in BY_NAME, f"README quotes {name}, which is not declared"
-        assert float(number) * units[unit] == BY_NAME[name].default, f"README: {name} ({number} {unit})"
+    seen = 0
+    for page in PAGES:
+        quoted = re.findall(r"`(GPUHEAL_[A-Z0-9_]+)` \((\d+(?:\.\d+)?)(?: (s|min|h))?\)", page.read_text())
+        seen += len(quoted)
+        where = page.relative_to(REPO)
+        for name, number, unit in quoted:
+            assert name in BY_NAME, f"{where} quotes {name}, which is not declared"
+            assert float(number) * units[unit] == BY_NAME[name].default, f"{where}: {name} ({number} {unit})"
+    assert seen, "the prose quotes no default: the pattern is stale"
 
 
-def test_the_settings_module_points_to_the_readme_instead_of_a_second_table() -> None:
-    assert settings_module.__doc__ and "README" in settings_module.__doc__
+def test_the_readmes_relative_links_lead_to_files() -> None:
+    links = re.findall(r"\]\(((?!https?:|#)[^)#\s]+)(?:#[^)\s]*)?\)", README.read_text())
+    assert any(link.startswith("docs/") for link in links), "the README links to no docs page: the pattern is stale"
+    missing = [link for link in links if not (REPO / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_the_settings_module_points_to_the_docs_instead_of_a_second_table() -> None:
+    assert settings_module.__doc__ and "docs/configuration.md" in settings_module.__doc__
     assert "| GPUHEAL_" not in settings_module.__doc__
 
 

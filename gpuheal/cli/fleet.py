@@ -2,7 +2,7 @@
 
 Every command that steers (pause, resume, mode, override, domain) is an update on the
 cluster's coordinator (or a domain incident), with the operator and the reason in its history;
-the same updates work from the plain `temporal` CLI (README, "Fleet safety").
+the same updates work from the plain `temporal` CLI (docs/fleet-safety.md).
 """
 
 from __future__ import annotations

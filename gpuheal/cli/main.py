@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--operator", required=True)
     dm.add_argument("--reason", required=True)
     sub.add_parser("versions", help="the cluster's worker builds: which is current, which still have open incidents")
-    ro = sub.add_parser("rollout", help="make a worker build current: new incidents start on it (README, Production)")
+    ro = sub.add_parser("rollout", help="make a worker build current: new incidents start on it (docs/production.md)")
     ro.add_argument("build_id", help="the build (its workers' GPUHEAL_BUILD_ID)")
     ro.add_argument("--operator", required=True)
     ro.add_argument("--reason", required=True)

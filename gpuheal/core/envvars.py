@@ -6,9 +6,9 @@ the model field that holds the value, and one loader walks those declarations.
 `setting` is pydantic's Field with the variable's name in `json_schema_extra` and its meaning as
 the field's description. The models that carry these values into workflows (RemediationSettings,
 FleetPolicy, ...) stay plain frozen models: nothing here reads the environment by itself, and a
-workflow that builds `FleetPolicy()` gets the same defaults the loader falls back to. The README's
-tables are generated from the same walk (`python -m gpuheal.core.settings --readme README.md`) and
-tests/test_settings_docs.py holds the README and the Helm chart to it.
+workflow that builds `FleetPolicy()` gets the same defaults the loader falls back to. The docs'
+tables are generated from the same walk (`python -m gpuheal.core.settings --readme docs/configuration.md`)
+and tests/test_settings_docs.py holds docs/configuration.md and the Helm chart to it.
 
 How a variable's text becomes a value follows from the field's type: a tuple is a comma list, a
 bool a "1" flag, a Path is resolved; anything else goes to pydantic as text (numbers, literals and
@@ -178,7 +178,7 @@ def load(model: type[M], env: Mapping[str, str]) -> M:
 
 
 def shown_default(var: Var) -> str:
-    """The default as the README shows it."""
+    """The default as docs/configuration.md shows it."""
     if var.unset is not None:
         return var.unset
     value = var.default

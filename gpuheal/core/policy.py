@@ -2,8 +2,8 @@
 
 No I/O and no clocks here: the workflow passes in what it knows, so every decision is
 replay-safe and unit-tested (tests/test_policy.py). The XID facts come from NVIDIA's XID
-catalogue (https://docs.nvidia.com/deploy/xid-errors/) and field experience; README.md, "The
-workflow", says what each action class does to a node.
+catalogue (https://docs.nvidia.com/deploy/xid-errors/) and field experience; docs/workflow.md says
+what each action class does to a node.
 """
 
 from __future__ import annotations

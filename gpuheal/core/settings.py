@@ -208,7 +208,7 @@ class Settings(BaseModel):
         "GPUHEAL_BUILD_ID",
         None,
         "this worker's build: turns on Worker Versioning in the deployment `gpuheal-CLUSTER`, an incident stays on "
-        "the build it started on (README, Production: upgrades)",
+        "the build it started on (docs/production.md: upgrades)",
         unset="unversioned: every worker serves every incident",
     )
     slurm: SlurmSettings = SlurmSettings()

@@ -230,7 +230,7 @@ async def check_queue_is_this_clusters(client: Client, settings: Settings) -> No
     if (await client.count_workflows(query)).count:
         raise SettingsError(
             f"task queue {settings.task_queue!r} runs open incidents of another cluster than {cluster!r}: "
-            "give each cluster its own GPUHEAL_TASK_QUEUE (README, Production: one Temporal, several clusters)"
+            "give each cluster its own GPUHEAL_TASK_QUEUE (docs/production.md: one Temporal, several clusters)"
         )
 
 

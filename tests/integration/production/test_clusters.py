@@ -1,6 +1,6 @@
 """Two gpuheal clusters on one Temporal cluster: the 22.05 sandbox and the 26.05 sandbox, each
-with its own worker, task queue, coordinator and policy, in one shared namespace (the README's
-Production section says why). A storm that trips one cluster's breaker never holds, drains or
+with its own worker, task queue, coordinator and policy, in one shared namespace (docs/production.md
+says why). A storm that trips one cluster's breaker never holds, drains or
 counts against the other; `gpuheal` commands name the cluster they act on and say it back."""
 
 from __future__ import annotations
