@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench bench-slurm bench-detection bench-storm bench-kube bench-simulate histories k8s stop clean
+.PHONY: demo test check setup lint bench bench-slurm bench-detection bench-storm bench-kube bench-simulate histories k8s stop clean
 
 $(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
@@ -28,12 +28,20 @@ test: $(STAMP) lint
 	bash infra/slurm/roots.sh build 26.05 >/dev/null
 	$(VENV)/bin/pytest
 
-# ruff (lint + format), mypy (strict), and the import contracts (pyproject.toml: the floors)
+# The inner loop: lint, then every test that needs no daemon (unit, property, time-skipping
+# workflow tests), spread over processes: their time is mostly waiting on the test server.
+check: $(STAMP) lint
+	$(VENV)/bin/pytest -m "not integration" -n 4 -q
+
+# ruff (lint + format), mypy (strict), the import contracts (pyproject.toml: the floors),
+# shellcheck over infra's scripts, and the docs site built strictly (a broken link fails)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/shellcheck -x $$(git ls-files '*.sh')
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q --site-dir .run/site
 
 bench: $(STAMP)
 	$(PY) -m bench.mttr $(BENCH_ARGS)

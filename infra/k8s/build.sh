@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes sandbox's binaries once into a cache directory; later runs reuse them.
-#   kube-apiserver, kube-controller-manager,  from k8s.io/kubernetes $K8S_VERSION (this module),
-#   kube-scheduler                            stamped with that version (clients see v1.36.3,
-#                                             not v0.0.0-master: Helm's kubeVersion checks use it)
+#   kube-apiserver, kube-controller-manager,  from k8s.io/kubernetes $K8S_VERSION (go.mod's),
+#   kube-scheduler                            stamped with that version (clients see it, not
+#                                             v0.0.0-master: Helm's kubeVersion checks use it)
 #   etcd                                      go.etcd.io/etcd/server/v3, the version go.mod resolves
 #   kwok                                      from sigs.k8s.io/kwok $KWOK_VERSION
 #   helm                                      from helm.sh/helm/v3 $HELM_VERSION (the chart's tests)
@@ -13,11 +13,13 @@
 #   build.sh --print-bin  print the cache's bin directory
 set -euo pipefail
 
-K8S_VERSION=v1.36.3   # keep in step with go.mod
-KWOK_VERSION=v0.7.0
+HERE=$(cd "$(dirname "$0")" && pwd)
+# k8s.io/kubernetes's version: go.mod is the one place it is written (a require, not a replace).
+K8S_VERSION=$(awk '{ f = $1 == "require" ? 2 : 1 } $f == "k8s.io/kubernetes" && $(f + 1) != "=>" { print $(f + 1); exit }' "$HERE/go.mod")
+[ -n "$K8S_VERSION" ] || { echo "k8s-build: no k8s.io/kubernetes in $HERE/go.mod" >&2; exit 1; }
+KWOK_VERSION=v0.7.0   # kwok and helm are not in go.mod: `go install MODULE@VERSION`, their own builds
 HELM_VERSION=v3.22.0
 BUILD=2               # bump when what is built (or how) changes: a new cache, built afresh
-HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${GPUHEAL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuheal/k8s-$K8S_VERSION-kwok-$KWOK_VERSION-b$BUILD}
 BIN="$CACHE/bin"
 
@@ -49,8 +51,8 @@ for target in etcd=go.etcd.io/etcd/server/v3 \
   cmd=${target%%=*} pkg=${target#*=}
   if [ ! -x "$BIN/$cmd" ]; then
     log "building $cmd from $pkg (first time only; kube-* take about 5 minutes each on 2 cores)"
-    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w$VERSION_FLAGS" -o "$BIN/$cmd.tmp" "$pkg")
-    mv "$BIN/$cmd.tmp" "$BIN/$cmd"
+    (cd "$HERE" && GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w$VERSION_FLAGS" -o "$BIN/$cmd.tmp.$$" "$pkg")
+    mv "$BIN/$cmd.tmp.$$" "$BIN/$cmd"
     built=1
   fi
 done

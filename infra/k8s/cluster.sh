@@ -19,6 +19,8 @@ ETCD_PEER=$((PORT + 2))
 BIN=$("$HERE/build.sh" --print-bin)
 
 log() { printf 'k8s-sandbox: %s\n' "$*" >&2; }
+# shellcheck source=SCRIPTDIR/../lib/pids.sh
+. "$HERE/../lib/pids.sh"
 
 pid_alive() { [ -s "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
 
@@ -28,14 +30,17 @@ spawn() {
   echo $! >"$DIR/$name.pid"
 }
 
-stop_one() {
-  local name=$1 pid
+binary() {  # the binary `spawn` ran for NAME
+  case "$1" in
+    etcd | kwok) echo "$BIN/$1" ;;
+    *) echo "$BIN/kube-$1" ;;
+  esac
+}
+
+stop_one() {  # only our process: its binary, and this sandbox's DIR on its command line
+  local name=$1
   [ -s "$DIR/$name.pid" ] || return 0
-  pid=$(cat "$DIR/$name.pid")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$DIR/$name.pid"
+  pid_stop "k8s-sandbox: $name" "$DIR/$name.pid" 50 "$(binary "$name") " "$DIR/" || true
 }
 
 certs() {

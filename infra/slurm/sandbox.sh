@@ -46,6 +46,8 @@ PATHS=/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF="$CONF"
 
 log() { printf 'slurm-sandbox: %s\n' "$*" >&2; }
+# shellcheck source=SCRIPTDIR/../lib/pids.sh
+. "$REPO/infra/lib/pids.sh"
 
 valid_node() {
   [[ "$1" =~ ^[A-Za-z][A-Za-z0-9-]{0,62}$ ]] || { log "invalid node name: '$1'"; exit 2; }
@@ -109,7 +111,7 @@ root_pids() {  # processes whose root directory is this root
 }
 
 release_root() {
-  local m pids
+  local m pids=()
   mountpoint -q "$ROOT$DIR" && { umount "$ROOT$DIR" 2>/dev/null || umount -l "$ROOT$DIR"; }
   rm -f "$(users_dir)/$(user_token)"
   local entry other
@@ -120,9 +122,14 @@ release_root() {
     mountpoint -q "$ROOT$other" && { umount "$ROOT$other" 2>/dev/null || umount -l "$ROOT$other"; }
     rm -f "$entry"
   done
-  pids=$(root_pids)  # munged, and anything a job left
-  # shellcheck disable=SC2086
-  [ -n "$pids" ] && { kill $pids 2>/dev/null || true; sleep 0.5; kill -9 $(root_pids) 2>/dev/null || true; }
+  # munged, and anything a job left: processes known by their root directory, not a pid file
+  mapfile -t pids < <(root_pids)
+  if [ "${#pids[@]}" -gt 0 ]; then
+    kill "${pids[@]}" 2>/dev/null || true
+    sleep 0.5
+    mapfile -t pids < <(root_pids)
+    [ "${#pids[@]}" -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
+  fi
   for m in "$REPO" /sys /dev /proc; do
     mountpoint -q "$ROOT$m" || continue
     for _ in $(seq 20); do umount "$ROOT$m" 2>/dev/null && break; sleep 0.25; done
@@ -205,7 +212,8 @@ CONF
     [ "$i" -ge "$first_spare" ] && state=" State=FUTURE"
     echo "NodeName=$(node_name "$i") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 100 + i)) CPUs=4 RealMemory=1000$state" >>"$CONF"
   done
-  local members="gpu[01-$(printf '%02d' "$total")]"
+  local members
+  members="gpu[01-$(printf '%02d' "$total")]"
   for i in $(seq 1 "$INFERENCE"); do
     printf 'NodeName=inf%02d NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=4 RealMemory=1000 Features=inference State=FUTURE\n' \
       "$i" $((PORT + 100 + total + i)) >>"$CONF"
@@ -243,14 +251,12 @@ start_node() {
   slurm slurmd -N "$1" -f "$CONF"
 }
 
+# Every daemon of this sandbox (slurmctld, slurmd, slurmrestd) runs with `-f $CONF` and no other
+# sandbox's does: that is how its process is told from one that was given a reused PID.
 stop_pidfile() {
-  local pidf=$1 pid
-  pid=$(pid_of "$pidf")
-  { [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; } || { rm -f "$pidf"; return 0; }
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$pidf"
+  local name
+  name=$(basename "$1" .pid)
+  pid_stop "slurm-sandbox: $name" "$1" 50 "${name%%-*} " "-f $CONF " || true
 }
 
 wait_idle() {
@@ -302,7 +308,7 @@ kill_forked_daemons() {
   # minutes; no pid file names that child. Find this sandbox's by the config on its command line.
   local p
   for p in $(pgrep -x slurmd || true); do
-    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "-f $CONF " || continue
+    pid_ours "$p" "-f $CONF " || continue
     kill -9 "$p" 2>/dev/null || true
   done
 }
@@ -314,9 +320,9 @@ cmd_stop() {
   if pid_alive "$DIR/run/slurmctld.pid" && { [ -z "$ROOT" ] || mountpoint -q "$ROOT/proc"; }; then
     ctld_up && slurm scancel --quiet --full --user=root 2>/dev/null || true
   fi
-  # Signal every daemon first, then wait: stopping them one by one takes seconds each.
-  for f in "$DIR"/run/*.pid; do pid_alive "$f" && kill "$(pid_of "$f")" 2>/dev/null || true; done
-  for f in "$DIR"/run/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
+  # Every daemon at once: stopping them one by one takes seconds each.
+  for f in "$DIR"/run/*.pid; do [ -e "$f" ] && stop_pidfile "$f" & done
+  wait
   kill_job_steps
   kill_forked_daemons
   [ -n "$ROOT" ] && release_root

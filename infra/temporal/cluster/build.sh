@@ -9,9 +9,11 @@
 #   build.sh --print-bin  print the cache's bin directory
 set -euo pipefail
 
-TEMPORAL_VERSION=v1.32.0   # keep in step with go.mod
-BUILD=1                    # bump when what is built (or how) changes: a new cache, built afresh
 HERE=$(cd "$(dirname "$0")" && pwd)
+# go.temporal.io/server's version: go.mod is the one place it is written (a require, not a replace).
+TEMPORAL_VERSION=$(awk '{ f = $1 == "require" ? 2 : 1 } $f == "go.temporal.io/server" && $(f + 1) != "=>" { print $(f + 1); exit }' "$HERE/go.mod")
+[ -n "$TEMPORAL_VERSION" ] || { echo "temporal-build: no go.temporal.io/server in $HERE/go.mod" >&2; exit 1; }
+BUILD=1                    # bump when what is built (or how) changes: a new cache, built afresh
 CACHE=${GPUHEAL_TEMPORAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuheal/temporal-$TEMPORAL_VERSION-b$BUILD}
 BIN="$CACHE/bin"
 
@@ -30,8 +32,8 @@ for target in temporal-server=go.temporal.io/server/cmd/server \
     log "building $cmd from $pkg $TEMPORAL_VERSION (first time only)"
     # disable_grpc_modules: leaves out cloud storage's gRPC client (archival to GCS), as upstream does
     (cd "$HERE" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags disable_grpc_modules \
-      -ldflags='-s -w' -o "$BIN/$cmd.tmp" "$pkg")
-    mv "$BIN/$cmd.tmp" "$BIN/$cmd"
+      -ldflags='-s -w' -o "$BIN/$cmd.tmp.$$" "$pkg")
+    mv "$BIN/$cmd.tmp.$$" "$BIN/$cmd"
     built=1
   fi
 done

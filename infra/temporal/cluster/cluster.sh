@@ -41,6 +41,8 @@ CLI_TLS=(--tls-ca-path "$TLS/ca.pem" --tls-cert-path "$TLS/gpuheal.pem" --tls-ke
 
 umask 077  # logs, config and the password file: root's alone
 log() { printf 'temporal-cluster: %s\n' "$*" >&2; }
+# shellcheck source=SCRIPTDIR/../../lib/pids.sh
+. "$HERE/../../lib/pids.sh"
 if [ "$MEMBER" -gt 32763 ]; then
   log "GPUHEAL_TEMPORAL_MEMBERSHIP_PORT=$MEMBER: must be below 32764 (PostgreSQL keeps it as a smallint)"
   exit 2
@@ -73,6 +75,7 @@ pg_start() {
     # initdb reads the superuser's password from a file only postgres can read, then it is removed
     local pw="$PGDATA.pw"
     cp "$DIR/pg-password" "$pw" && chown postgres "$pw"
+    # shellcheck disable=SC2064  # expanded now on purpose: pw is local, gone by the time of EXIT
     trap "rm -f '$pw'" EXIT
     runuser -u postgres -- "$PG_BIN/initdb" -D "$PGDATA" -U postgres --auth-local=peer \
       --auth-host=scram-sha-256 --pwfile="$pw" >"$DIR/initdb.log" 2>&1
@@ -102,9 +105,11 @@ schemas() {
   for pair in temporal=postgresql/v12/temporal temporal_visibility=postgresql/v12/visibility; do
     db=${pair%%=*} schema=${pair#*=}
     local sql=("$BIN/temporal-sql-tool" --plugin postgres12 --ep 127.0.0.1 -p "$PG_PORT" -u postgres --db "$db")
-    "${sql[@]}" create >>"$DIR/schema.log" 2>&1
-    "${sql[@]}" setup-schema -v 0.0 >>"$DIR/schema.log" 2>&1
-    "${sql[@]}" update-schema --schema-name "$schema" >>"$DIR/schema.log" 2>&1
+    {
+      "${sql[@]}" create
+      "${sql[@]}" setup-schema -v 0.0
+      "${sql[@]}" update-schema --schema-name "$schema"
+    } >>"$DIR/schema.log" 2>&1
   done
   unset SQL_PASSWORD
 }
@@ -172,11 +177,9 @@ EOF
   )
 }
 
-ours() {
-  local pid
-  [ -s "$PIDF" ] && pid=$(cat "$PIDF") && [ -r "/proc/$pid/cmdline" ] &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$BIN/temporal-server --config-file $DIR/config.yaml"
-}
+# What our server's command line holds: this build's binary and this DIR's config.
+SERVER="$BIN/temporal-server --config-file $DIR/config.yaml "
+ours() { [ -s "$PIDF" ] && pid_ours "$(cat "$PIDF")" "$SERVER"; }
 
 healthy() {
   "$CLI" operator cluster health --address "127.0.0.1:$PORT" "${CLI_TLS[@]}" >/dev/null 2>&1
@@ -209,13 +212,7 @@ server_start() {
 }
 
 server_stop() {
-  ours || { rm -f "$PIDF"; return 0; }
-  local pid
-  pid=$(cat "$PIDF")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$PIDF"
+  pid_stop "temporal-cluster: server" "$PIDF" 100 "$SERVER" || true
 }
 
 namespace_and_attributes() {
