@@ -27,34 +27,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.common import check, cpu_s, distinct, pct, peak_rss_mb
+from bench.common import check, cpu_s, distinct, peak_rss_mb
+from bench.storm_report import Run, report
 from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet.view import FleetView
-from gpuheal.core.messages import (
-    FLEET_ADMIT,
-    FLEET_ADMIT_MANY,
-    FLEET_REQUEST_CAPACITY,
-    FLEET_REQUEST_CAPACITY_MANY,
-    FLEET_VIEW,
-    INCIDENT,
-)
+from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY, FLEET_VIEW, INCIDENT
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -68,30 +58,6 @@ VIEW_TIMEOUT = timedelta(seconds=5)
 GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
 AFTER_S = 60  # samples (1 s apart) the drained count must hold still before the watch ends
 AFTER_MAX_S = 900  # ... at most this long after every incident is decided
-
-
-@dataclass
-class Run:
-    name: str
-    reports: int
-    starts_ms: list[float] = field(default_factory=list)
-    grants_ms: list[float] = field(default_factory=list)
-    send_s: float = 0.0
-    all_decided_s: float = 0.0
-    granted: int = 0
-    held: int = 0
-    worker_mb: float = 0.0
-    temporal_mb: float = 0.0
-    history_events: int = 0
-    history_kb: float = 0.0
-    coordinator_runs: int = 0
-    workers: int = 1
-    skipped: int = 0  # reports answered "already handled": the run would not be what it claims
-    worker_cpu_s: float = 0.0  # all worker processes, with the Slurm commands they ran
-    temporal_cpu_s: float = 0.0
-    coordinator_tasks: int = 0  # the coordinator's workflow tasks over all its runs
-    updates: dict[str, int] = field(default_factory=dict)  # updates the coordinator accepted, by name
-    watch: Watch | None = None
 
 
 def node_names(n: int) -> list[str]:
@@ -323,119 +289,6 @@ async def self_check(client: Client, cluster: str, nodes: list[str], run: Run, s
     check(all(wf.start_time >= since for wf in found), f"{run.name}: an incident started before the run")
 
 
-def table(runs: list[Run]) -> list[str]:
-    watches = [r.watch for r in runs if r.watch is not None]
-
-    def ms(v: list[float]) -> str:
-        return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} ms" if v else "n/a"
-
-    def line(measure: str, cells: Iterable[str], target: str = "") -> str:
-        return f"| {measure} | " + " | ".join(cells) + f" | {target} |"
-
-    def updates(r: Run) -> str:
-        u = r.updates.get
-
-        def pair(one: str, many: str) -> str:
-            return f"{u(one, 0)} + {u(many, 0)}"
-
-        admits = pair(FLEET_ADMIT.name, FLEET_ADMIT_MANY.name)
-        return f"{admits} / {pair(FLEET_REQUEST_CAPACITY.name, FLEET_REQUEST_CAPACITY_MANY.name)}"
-
-    def rate(r: Run) -> str:
-        return f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)"
-
-    lines = [
-        line("measure", (f"{r.name} ({r.reports} reports)" for r in runs), "target"),
-        "|---|" + "---|" * len(runs) + "---|",
-        line("report -> workflow started, p50 / p99", (ms(r.starts_ms) for r in runs), "p99 < 200 ms"),
-        line("coordinator grant latency, p50 / p99", (ms(r.grants_ms) for r in runs), "p99 < 1 s"),
-        line("all reports sent", (f"{r.send_s:.1f} s" for r in runs)),
-        line("every incident granted or held", (f"{r.all_decided_s:.1f} s" for r in runs)),
-        line("granted / held", (f"{r.granted} / {r.held}" for r in runs)),
-        line("worker peak RSS", (f"{r.worker_mb:.0f} MB" for r in runs), "< 300 MB"),
-        line("Temporal server peak RSS", (f"{r.temporal_mb:.0f} MB" for r in runs)),
-        line("coordinator history (this run)", (f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)),
-        line("coordinator runs (continue-as-new)", (str(r.coordinator_runs) for r in runs)),
-        line("worker processes (coordinator updates each)", (f"{r.workers} ({max(1, 8 // r.workers)})" for r in runs)),
-        line(
-            "workers' CPU per incident (with their Slurm commands)",
-            (f"{r.worker_cpu_s * 1000 / r.reports:.0f} ms" for r in runs),
-        ),
-        line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
-        line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
-        line("coordinator updates: admit + admit_many / request + request_many", (updates(r) for r in runs)),
-        line("`gpuheal fleet`'s read (memo), p50 / max", (peak(w.read_ms) for w in watches), "max < 1 s"),
-        line(
-            "`gpuheal fleet` command (with Python's start), p50 / max",
-            (peak(w.command_ms) for w in watches),
-            "max < 1 s",
-        ),
-        line(
-            "fleet reads unanswered / commands failed",
-            (f"{len(w.unanswered)} / {len(w.command_failed)}" for w in watches),
-            "0 / 0",
-        ),
-        line(
-            "most reported nodes drained at once (Slurm, every 1 s) / bound",
-            (f"{max(w.drained, default=0)} / {w.bound} ({len(w.drained)} samples)" for w in watches),
-            "at most the bound",
-        ),
-    ]
-    return lines
-
-
-def scaling(storms: list[Run]) -> list[str]:
-    """What the figures say for a bigger machine: the per-core cost of one incident and the
-    coordinator's task rate, the two ceilings (worker CPU, one workflow's task rate)."""
-    cores = os.cpu_count() or 1
-    lines = ["Scaling (this machine: " + f"{cores} cores):", ""]
-    for r in storms:
-        per = r.worker_cpu_s * 1000 / r.reports
-        rate = r.coordinator_tasks / max(r.all_decided_s, 0.1)
-        lines.append(
-            f"- {r.workers} worker(s): {per:.0f} CPU-ms of workers per incident and "
-            f"{r.temporal_cpu_s * 1000 / r.reports:.0f} of the server; {r.reports / max(r.all_decided_s, 0.1):.1f} "
-            f"incidents decided per second; the coordinator ran {rate:.1f} workflow tasks a second "
-            f"({r.reports / max(r.coordinator_tasks, 1):.2f} incidents per task)."
-        )
-    r = storms[-1]
-    per = (r.worker_cpu_s + r.temporal_cpu_s) / r.reports
-    lines += [
-        "",
-        f"On paper, for 32 cores at the last storm's cost ({per * 1000:.0f} CPU-ms per incident, workers and server): "
-        f"{32 / per:.0f} incidents a second if the CPU were the only limit; one coordinator's task rate "
-        "(above) is the other, and more workers do not raise it.",
-    ]
-    return lines
-
-
-def peak(v: list[float]) -> str:
-    return f"{statistics.median(v):.0f} / {max(v):.0f} ms ({len(v)} reads)" if v else "n/a"
-
-
-def goals(r: Run) -> list[str]:
-    """Each goal beside its figure, met or missed, said plainly."""
-    w = r.watch
-    assert w is not None
-    checks = [
-        ("report -> workflow started p99 < 200 ms", pct(r.starts_ms, 0.99) < 200),
-        ("coordinator grant p99 < 1 s", pct(r.grants_ms, 0.99) < 1000),
-        ("`gpuheal fleet` read within 1 s every time", bool(w.read_ms) and max(w.read_ms) < 1000 and not w.unanswered),
-        (
-            "`gpuheal fleet` command within 1 s every time",
-            bool(w.command_ms) and max(w.command_ms) < 1000 and not w.command_failed,
-        ),
-        ("never more drained than the bound", bool(w.drained) and 0 < w.bound and max(w.drained) <= w.bound),
-    ]
-    lines = [f"- {r.name}: {what}: **{'met' if ok else 'MISSED'}**" for what, ok in checks]
-    lines += [f"  - read unanswered: {e}" for e in w.unanswered]
-    lines += [f"  - command failed: {e!r}" for e in w.command_failed]
-    return lines
-
-
-SERVERS = {"dev": "Temporal dev server", "cluster": "Temporal cluster (temporal-server v1.32 on PostgreSQL 15, mTLS)"}
-
-
 def database_cpu_s(sb: Sandbox) -> float:
     """The cluster's PostgreSQL: its postmaster and every backend it runs now (those that ended
     count in the postmaster's own children's time); nothing for the dev server (in its process)."""
@@ -482,31 +335,7 @@ async def main() -> int:
     runs = [await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True)]
     for n in counts:
         runs.append(await one_run(sb, f"storm, {n} worker(s)", nodes, args.in_flight, one_by_one=False, workers=n))
-    base = runs[0]
-    lines = [
-        f"# Failure storm: the coordinator under {args.reports:,} reports",
-        "",
-        f"Written by `make bench-storm` (bench/storm.py) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{len(nodes)}-node Slurm sandbox (host Slurm), "
-        f"{SERVERS[args.temporal]}, "
-        f"budget {args.budget}, "
-        f"{args.in_flight} reports in flight, breaker and rate opened wide. Figures, self-checked (bench/storm.py).",
-        "",
-        *table(runs),
-        "",
-        *[
-            f"{r.name} / baseline: start p99 x{pct(r.starts_ms, 0.99) / pct(base.starts_ms, 0.99):.1f}, "
-            f"grant p99 x{pct(r.grants_ms, 0.99) / pct(base.grants_ms, 0.99):.1f}, "
-            f"worker RSS x{r.worker_mb / base.worker_mb:.2f}, Temporal RSS x{r.temporal_mb / base.temporal_mb:.2f}."
-            for r in runs[1:]
-        ],
-        "",
-        *scaling(runs[1:]),
-        "",
-        "Goals (each storm):",
-        *[line for r in runs[1:] for line in goals(r)],
-        "",
-    ]
+    lines = report(runs, args, len(nodes))
     results.write_text("\n".join(lines))
     print("\n".join(lines))
     print(f"written to {results.relative_to(REPO)}")

@@ -54,7 +54,7 @@ def test_the_wheel_installs_one_import_name_with_every_floor_inside(installed: P
     assert top == {"gpuheal"}, f"the wheel installs more than one top-level name: {sorted(top)}"
     floors = {p.split("/")[1] for p in paths if p.startswith("gpuheal/") and p.count("/") >= 2} - {"__pycache__"}
     assert floors == FLOORS
-    # The floors linked in from the checkout's top level arrive as real files, not links.
+    # The floors are real files in the package (the checkout's top-level names only link in).
     module = site / "gpuheal" / "workflows" / "remediation.py"
     assert module.is_file() and not module.is_symlink() and not module.parent.is_symlink()
 
