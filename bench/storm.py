@@ -38,7 +38,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from bench.common import check, cpu_s, distinct, peak_rss_mb
-from bench.storm_report import Run, report
+from bench.storm_report import Run, Watched, report
 from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
@@ -84,7 +84,7 @@ async def decided(client: Client, cluster: str) -> tuple[int, FleetView | None]:
     return s.out + s.held + closed.count, s
 
 
-class Watch:
+class Watch(Watched):
     """Throughout a run: how long `gpuheal fleet`'s read takes (every second, in process, and the
     command itself every 15 s), and how many of the reported nodes Slurm shows drained (every
     second), beside the bound the coordinator computes (cluster budget + containment bound)."""

@@ -9,15 +9,22 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from bench.common import pct
 from gpuheal.core.messages import FLEET_ADMIT, FLEET_ADMIT_MANY, FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY
 
-if TYPE_CHECKING:
-    from bench.storm import Watch
-
 SERVERS = {"dev": "Temporal dev server", "cluster": "Temporal cluster (temporal-server v1.32 on PostgreSQL 15, mTLS)"}
+
+
+class Watched:
+    """What a run's watch saw (bench.storm.Watch takes it, every second): all the report reads of it."""
+
+    read_ms: list[float]  # `gpuheal fleet`'s read, in process
+    command_ms: list[float]  # the command itself
+    unanswered: list[str]  # reads that failed or timed out once a coordinator existed
+    command_failed: list[str]  # `gpuheal fleet` that exited non-zero
+    drained: list[int]  # the reported nodes Slurm shows drained, each sample
+    bound: int  # cluster budget + containment bound, as the coordinator computes it
 
 
 @dataclass
@@ -41,7 +48,7 @@ class Run:
     temporal_cpu_s: float = 0.0
     coordinator_tasks: int = 0  # the coordinator's workflow tasks over all its runs
     updates: dict[str, int] = field(default_factory=dict)  # updates the coordinator accepted, by name
-    watch: Watch | None = None
+    watch: Watched | None = None
 
 
 def table(runs: list[Run]) -> list[str]:

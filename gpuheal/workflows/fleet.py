@@ -20,7 +20,7 @@ from datetime import datetime
 from temporalio import workflow
 
 from gpuheal.workflows import gate
-from gpuheal.workflows.coordinator import memo, reconcile, sending
+from gpuheal.workflows.coordinator import reconcile, sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
 from gpuheal.workflows.coordinator.versions import (
     COORDINATOR_2,
@@ -85,7 +85,7 @@ class FleetCoordinator:
     @workflow.run
     async def run(self, inp: CoordinatorInput) -> None:
         if workflow.patched(VIEW):
-            self._c.showing = asyncio.ensure_future(memo.show(self._c))  # beside the loop, for the whole run
+            self._c.showing = asyncio.ensure_future(self._c.show())  # beside the loop, for the whole run
         if self._c.rebuilding and workflow.patched(REBUILD):
             await reconcile.rebuild(self._c)
         self._c.rebuilding = False

@@ -12,7 +12,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run
-from gpuheal.workflows.coordinator import memo
 from gpuheal.workflows.coordinator.state import CoordinatorState
 
 with workflow.unsafe.imports_passed_through():
@@ -67,7 +66,7 @@ def reap(c: CoordinatorState, runs: list[RunRef]) -> None:
             c.apply(coordination.reap(c.fleet, closed.runs, drained.runs, workflow.now()))
         except ActivityError as err:
             c.undelivered.append(f"look for closed runs failed: {err.cause or err}")
-            memo.details(c)
+            c.view_changed()
         finally:
             c.reaping = False
 

@@ -11,7 +11,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run
-from gpuheal.workflows.coordinator import memo
 from gpuheal.workflows.coordinator.state import CoordinatorState
 from gpuheal.workflows.coordinator.versions import COORDINATOR_2
 
@@ -57,7 +56,7 @@ async def send(c: CoordinatorState) -> None:
             in_background(c, item, delivery, f"notice {event} undelivered")
         else:
             await delivery
-    memo.details(c)
+    c.view_changed()
 
 
 def in_background(c: CoordinatorState, item: Note | DomainIncident, call: Awaitable[object], failed: str) -> None:
@@ -74,7 +73,7 @@ def in_background(c: CoordinatorState, item: Note | DomainIncident, call: Awaita
             workflow.logger.warning("%s: %s", failed, err.cause or err)
             if isinstance(item, DomainIncident):
                 c.domains.append(item)
-            memo.details(c)
+            c.view_changed()
 
     task = asyncio.ensure_future(attempt())
     c.on_way[task] = item

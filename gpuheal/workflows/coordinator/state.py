@@ -1,17 +1,21 @@
 """The coordinator run's state, in one object: the cluster's FleetState (every decision takes it,
-continue-as-new carries it) and what the handlers queued for the loop to do outside them. The
-workflow (workflows/fleet.py) holds one CoordinatorState; its parts beside it take it."""
+continue-as-new carries it), what the handlers queued for the loop to do outside them, and what it
+shows: its view (gpuheal.core.fleet.view) in its memo and the UI's details, drawn anew after state
+changes (`gpuheal fleet` reads the memo from the server, so it answers while the coordinator is too
+busy for a query: a storm). The workflow (workflows/fleet.py) holds one CoordinatorState; its parts
+beside it take it."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio import workflow
 
-from gpuheal.workflows.coordinator import memo
-
 with workflow.unsafe.imports_passed_through():
+    from gpuheal.core import messages as m
+    from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.coordination import Effects
     from gpuheal.core.fleet.models import CoordinatorInput, DomainIncident, FleetState, GrantNotice, Note
     from gpuheal.core.fleet.policy import FleetPolicy
@@ -31,8 +35,8 @@ class CoordinatorState:
     # A fresh start may be a recreation: nothing is granted until it has rebuilt (reconcile.rebuild).
     rebuilding: bool = False
     reap_now: bool = False  # a grant notice found its incident gone: look at once
-    changed: bool = True  # the memo's view is to be written (memo.show)
-    showing: asyncio.Future[None] | None = None  # memo.show, for coordinators with VIEW
+    changed: bool = True  # the memo's view is to be written (show)
+    showing: asyncio.Future[None] | None = None  # show, for coordinators with VIEW
 
     def pending(self) -> bool:
         return bool(self.signals or self.notes or self.domains)
@@ -42,7 +46,7 @@ class CoordinatorState:
         self.signals += out.signals
         self.notes += out.notes
         self.domains += out.domains
-        memo.details(self)
+        self.view_changed()
 
     def carried(self) -> CoordinatorInput:
         """The next run's input: the state, and what is still on its way (it goes on there)."""
@@ -53,3 +57,27 @@ class CoordinatorState:
         return CoordinatorInput(
             cluster=self.fleet.cluster, seed=self.seed, state=self.fleet, notes=notes, domains=domains
         )
+
+    def view_changed(self) -> None:
+        """A state change: the view is drawn anew, by show() once for all the changes of this
+        workflow task (a storm's task carries many); coordinators before VIEW draw it here."""
+        if self.showing is None:
+            workflow.set_current_details(fleet_view.details(self.view(), self.undelivered))
+        self.changed = True
+
+    def view(self) -> fleet_view.FleetView:
+        return fleet_view.view(fleet_view.status(self.fleet, workflow.now()), workflow.now())
+
+    async def show(self) -> None:
+        """The view in the memo and the UI's details, written anew after state changes, beside the
+        loop for the whole run. The memo only when a figure changed (each write is a history event)."""
+        shown: dict[str, Any] | None = None
+        while True:
+            await workflow.wait_condition(lambda: self.changed)
+            self.changed = False
+            v = self.view()
+            workflow.set_current_details(fleet_view.details(v, self.undelivered))
+            figures = v.model_dump(exclude={"at"})
+            if figures != shown:
+                workflow.upsert_memo({m.FLEET_VIEW.key: v})
+                shown = figures
