@@ -28,7 +28,8 @@ from gpuheal.core import ids
 from gpuheal.core.settings import Settings
 from infra.sandbox import REPO, RUN
 from infra.sandbox.monitoring import Monitoring
-from infra.sandbox.stack import BIN, Sandbox
+from infra.sandbox.processes import BIN
+from infra.sandbox.stack import Sandbox
 
 LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
 AGENT_PORT = 24410

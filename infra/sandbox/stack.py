@@ -2,12 +2,12 @@
 
 Used by the demo, the benchmarks and the integration tests, so all of them run the same stack the
 same way: `Sandbox.named("tests", root)` and friends. Each use has its own run directory and
-ports (PORTS), so a test run, a benchmark and a demo can coexist.
+ports (PORTS), so a test run, a benchmark and a demo can coexist. The worker's and webhook's
+processes (pid files, `make stop`) are handled in processes.py, Slurm's jobs and burn-in in slurm.py.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +24,10 @@ from typing import Any
 from gpuheal.clients.slurm.parsers import parse_jobs, parse_nodes
 from gpuheal.core.models.slurm import JobProgress, JobSnapshot, NodeInfo
 from gpuheal.triggers.alertmanager import firing_payload
-from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TRAIN_JOB
+from infra.sandbox import HOST_SLURM, REPO, SLURM_ROOTS_SCRIPT, SLURM_SCRIPT, SLURM_VERSIONS, TRAIN_JOB, processes
+from infra.sandbox.processes import BIN, SandboxError
+from infra.sandbox.slurm import progress_bar, root_path, sbatch_argv, write_burn_in
 from infra.sandbox.temporal import DIRS, TemporalKind, TemporalSandbox
-
-BIN = Path(sys.executable).parent
-
-
-class SandboxError(RuntimeError):
-    pass
-
-
-@functools.cache
-def _root_path(version: str) -> Path:
-    out = subprocess.run([str(SLURM_ROOTS_SCRIPT), "path", version], capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
 
 
 @dataclass(frozen=True)
@@ -109,7 +100,7 @@ class Sandbox:
     @property
     def slurm_root(self) -> Path | None:
         """The Debian root this version runs in (None: the host's Slurm)."""
-        return None if self.slurm_version == HOST_SLURM else _root_path(self.slurm_version)
+        return None if self.slurm_version == HOST_SLURM else root_path(self.slurm_version)
 
     @property
     def slurm_port(self) -> int:
@@ -193,7 +184,7 @@ class Sandbox:
             self.run(SLURM_ROOTS_SCRIPT, "build", self.slurm_version, timeout=900)  # once, then reused
         self.run(SLURM_SCRIPT, "start", *(["--clean"] if clean else []), timeout=180)
         self.fault_dir.mkdir(parents=True, exist_ok=True)
-        self._write_burn_in()
+        write_burn_in(self.validate_job, self.fault_dir)
         if self.slurm_backend == "rest":
             self.run(SLURM_SCRIPT, "start-rest")
             self.run(SLURM_SCRIPT, "token")
@@ -226,82 +217,25 @@ class Sandbox:
     def stop_slurm(self) -> None:
         self.run(SLURM_SCRIPT, "stop", check=False)
 
-    def _ours(self, pid: int) -> bool:
-        """Whether `pid` is still a gpuheal process of this sandbox (PIDs are reused: a pid file
-        alone proves nothing). Its command line runs gpuheal, its environment names this run
-        directory."""
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        # Either kind's: `make stop` does not know which one the demo ran.
-        mine = {f"GPUHEAL_TEMPORAL_DIR={self.root / d}".encode() for d in DIRS.values()}
-        return any(a.endswith(b"/gpuheal") for a in argv[:2]) and bool(mine & set(environ))
-
     def stop_recorded(self, name: str, sig: int = signal.SIGTERM) -> str:
         """Stop the `name` process (worker, webhook) this sandbox recorded, if it is still ours,
         and forget its pid file. Says what it did."""
-        pidfile = self.root / f"{name}.pid"
-        try:
-            pid = int(pidfile.read_text())
-        except (OSError, ValueError):
-            return f"{name}: not running"
-        said = f"{name}: pid {pid} is no longer ours; left alone"
-        if self._ours(pid):
-            os.kill(pid, sig)
-            for _ in range(150):
-                if not self._ours(pid):
-                    break
-                time.sleep(0.1)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            said = f"{name}: stopped (pid {pid})"
-        pidfile.unlink(missing_ok=True)
-        return said
-
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
-        self.stop_recorded(name)  # a leftover from an interrupted run would serve old code
-        log = open(self.root / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            [str(BIN / "gpuheal"), *argv],
-            env=self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        (self.root / f"{name}.pid").write_text(str(proc.pid))
-        return proc
+        return processes.stop_recorded(self.root, name, sig)
 
     def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
         """The worker (`index` > 0: one more on the same task queue, its own log and ports)."""
         port = self.metrics_port + 10 * index
         name = "worker" if index == 0 else f"worker-{index}"
-        return self._spawn(name, "worker", "--metrics-port", str(port), "--sdk-metrics-port", str(port + 1))
+        argv = ["worker", "--metrics-port", str(port), "--sdk-metrics-port", str(port + 1)]
+        return processes.spawn(self.root, name, argv, self.env())
 
     def start_webhook(self) -> subprocess.Popen[bytes]:
-        proc = self._spawn("webhook", "webhook", "--port", str(self.webhook_port))
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.webhook_port}/healthz", timeout=1)
-                return proc
-            except OSError:
-                if proc.poll() is not None:
-                    raise SandboxError(f"webhook exited; see {self.root / 'webhook.log'}") from None
-                time.sleep(0.2)
-        raise SandboxError("webhook did not answer within 20 s")
+        proc = processes.spawn(self.root, "webhook", ["webhook", "--port", str(self.webhook_port)], self.env())
+        url = f"http://127.0.0.1:{self.webhook_port}/healthz"
+        processes.wait_healthy(proc, "webhook", url, self.root / "webhook.log")
+        return proc
 
-    @staticmethod
-    def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    stop_process = staticmethod(processes.stop_process)
 
     # --- Slurm helpers for scenarios -----------------------------------------------------
 
@@ -351,21 +285,7 @@ class Sandbox:
     ) -> int:
         jobs = self.slurm_dir / "jobs"  # inside the sandbox's directory: seen from its root too
         jobs.mkdir(parents=True, exist_ok=True)
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={name}",
-            f"--output={jobs}/{name}-%j.out",
-            "--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]),
-            "--requeue" if requeue else "--no-requeue",
-            f"--nodes={nodes}",
-        ]
-        if nodelist:
-            argv.append(f"--nodelist={nodelist}")
-        if exclusive:
-            argv.append("--exclusive")
-        argv.extend(extra)
-        argv.append(f"--wrap={wrap}")
+        argv = sbatch_argv(name, wrap, exports, jobs, requeue, nodelist, nodes, exclusive, extra)
         return int(self.slurm(*argv).strip().split(";")[0])
 
     def spares_out_of_stock(self, out: bool = True) -> None:
@@ -398,8 +318,7 @@ class Sandbox:
             p = j.progress if j else None
             done = min(step, p.step if p else 0)
             if show and done != shown:
-                bar = "█" * (done * 20 // step) + "░" * (20 - done * 20 // step)
-                print(f"\r  training job {job_id}: step {done:>3}/{step} {bar}", end="", flush=True)
+                print(progress_bar(job_id, done, step), end="", flush=True)
                 shown = done
             if j and p and p.step >= step and j.state == "RUNNING":
                 if show:
@@ -413,17 +332,6 @@ class Sandbox:
         """The sandbox's burn-in script (GPUHEAL_VALIDATE_JOB): its "GPU" fails while a fault is
         marked, the one a repair clears or a lasting one (inject_lasting_fault)."""
         return self.slurm_dir / "burn-in.sh"
-
-    def _write_burn_in(self) -> None:
-        faults = self.fault_dir
-        self.validate_job.write_text(
-            "#!/bin/sh\n"
-            f'for f in "{faults}/$SLURMD_NODENAME" "{faults}/$SLURMD_NODENAME.lasting"; do\n'
-            '  if [ -e "$f" ]; then echo "GPU fault on $SLURMD_NODENAME" >&2; exit 1; fi\n'
-            "done\n"
-            'echo "GPUs of $SLURMD_NODENAME pass"\n'
-        )
-        self.validate_job.chmod(0o755)
 
     def inject_lasting_fault(self, node: str) -> None:
         """A GPU no reset or reboot mends (an HBM with remapping exhausted): jobs stop, and the
@@ -464,10 +372,4 @@ class Sandbox:
 
 
 if __name__ == "__main__":  # `make stop`: python -m infra.sandbox.stack stop RUN_DIR
-    if len(sys.argv) != 3 or sys.argv[1] != "stop":
-        sys.exit("usage: python -m infra.sandbox.stack stop RUN_DIR")
-    run_dir = Path(sys.argv[2])
-    if run_dir.is_dir():
-        sandbox = Sandbox(run_dir)
-        for process in ("webhook", "worker"):
-            print(f"sandbox: {sandbox.stop_recorded(process)}")
+    processes.main(sys.argv[1:])
