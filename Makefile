@@ -40,7 +40,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/shellcheck -x $$(git ls-files '*.sh')
+	$(VENV)/bin/shellcheck -x $$(git ls-files '*.sh' 2>/dev/null || find infra tests -name '*.sh')
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q --site-dir .run/site
 
 bench: $(STAMP)

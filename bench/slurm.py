@@ -116,11 +116,14 @@ def old_client(sb: Sandbox) -> Any:
         ["git", "show", f"{BEFORE}:activities/slurm.py"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     path = Path(tempfile.mkdtemp()) / "slurm_before.py"
-    # Its modules have moved since (gpuheal.X -> gpuheal.core.X); nothing else of it changes.
+    # Its modules have moved since (gpuheal.X -> gpuheal.core.X, the models split by subject);
+    # nothing else of it changes.
     path.write_text(
-        source.replace("from gpuheal.models import", "from gpuheal.core.models import").replace(
-            "from gpuheal.progress import", "from gpuheal.core.progress import"
-        )
+        source.replace(
+            "from gpuheal.models import NODE_NAME_PATTERN, JobSnapshot, NodeInfo",
+            "from gpuheal.core.models.base import NODE_NAME_PATTERN\n"
+            "from gpuheal.core.models.slurm import JobSnapshot, NodeInfo",
+        ).replace("from gpuheal.progress import", "from gpuheal.core.progress import")
     )
     spec = importlib.util.spec_from_file_location("slurm_before", path)
     assert spec is not None and spec.loader is not None

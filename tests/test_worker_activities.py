@@ -10,6 +10,7 @@ import pytest
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.validation import ValidationActivities
+from gpuheal.core.errors import SettingsError
 from gpuheal.core.settings import Settings
 from gpuheal.workers import main as worker
 
@@ -39,7 +40,7 @@ def test_a_worker_missing_an_implementation_refuses_to_start(
 ) -> None:
     # as if the validation activity had lost its @implements: the worker's classes no longer declare it
     monkeypatch.delattr(ValidationActivities, "validate_node_gpus")
-    with pytest.raises(RuntimeError, match="validate_node_gpus"):
+    with pytest.raises(SettingsError, match="validate_node_gpus"):
         worker.activity_list(settings)
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Required, TypedDict, Unpack
 
 from gpuheal.core.jobs import (
     ABNORMAL_ENDS,
@@ -21,7 +21,7 @@ from gpuheal.core.jobs import (
     RetryBudget,
     VerifyOutcome,
 )
-from gpuheal.core.models.result import JobAccount, JobFate
+from gpuheal.core.models.result import JobAccount, JobFate, ResumedJob
 from gpuheal.core.models.slurm import CheckpointAsk, CheckpointOutcome, JobSnapshot, RequeueResult
 
 # sbatch --signal=[{R|B}:]<sig_num>[@sig_time]: what the job asked Slurm to send before its end.
@@ -102,7 +102,21 @@ def job_cost(
     return JobCost(steps_lost=steps, gpu_seconds_lost=round(gpu_s, 1))
 
 
-def _account(job: JobSnapshot, **outcome: Any) -> JobAccount:
+class _Outcome(TypedDict, total=False):
+    """What became of a job: JobAccount's fields but who it is (typed here so each caller's fields
+    are checked; their defaults stay on the model)."""
+
+    fate: Required[JobFate]
+    detail: Required[str]
+    slurm_state: str
+    caused_by_gpuheal: bool
+    checkpoint: CheckpointOutcome | None
+    recovery_id: str | None
+    joined: bool
+    resumed: ResumedJob | None
+
+
+def _account(job: JobSnapshot, **outcome: Unpack[_Outcome]) -> JobAccount:
     """A job's account: who it is comes from its snapshot, what became of it from the caller."""
     return JobAccount(job_id=job.job_id, name=job.name, user=job.user, **outcome)
 

@@ -104,7 +104,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     declared: tuple[act.Activity[Any, Any], ...] = act.WORKER + (act.KUBERNETES if kube_api is not None else ())
     unserved = sorted({ref.name for ref in declared} - found.keys())
     if unserved:  # a workflow would schedule them and wait for a worker that never comes
-        raise RuntimeError(f"this worker serves no implementation of the declared activities {unserved}")
+        raise SettingsError(f"this worker serves no implementation of the declared activities {unserved}")
     return list(found.values())
 
 

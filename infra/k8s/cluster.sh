@@ -37,10 +37,12 @@ binary() {  # the binary `spawn` ran for NAME
   esac
 }
 
-stop_one() {  # only our process: its binary, and this sandbox's DIR on its command line
+stop_one() {  # only our process: its binary's name, and this sandbox's DIR on its command line
   local name=$1
   [ -s "$DIR/$name.pid" ] || return 0
-  pid_stop "k8s-sandbox: $name" "$DIR/$name.pid" 50 "$(binary "$name") " "$DIR/" || true
+  # The binary's name, not its cache path: a process started from an earlier cache (go.mod's
+  # version bumped since, another HOME) is still ours to stop.
+  pid_stop "k8s-sandbox: $name" "$DIR/$name.pid" 50 "/$(basename "$(binary "$name")") " "$DIR/" || true
 }
 
 certs() {

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Processes recorded in pid files, signalled only while they are ours. A pid file alone proves
 # nothing: the process may be gone and its PID given to another (the Python side's rule is
-# infra/sandbox/stack.py's Sandbox.stop_recorded). Sourced by infra's scripts, each by its path
+# infra/sandbox/processes.py's stop_recorded). Sourced by infra's scripts, each by its path
 # from the script's own directory (k8s/cluster.sh: `. "$HERE/../lib/pids.sh"`).
 #
 #   pid_ours PID PATTERN...       whether PID runs now and its command line (arguments joined by
@@ -14,7 +14,9 @@
 #                                 on stderr). Status 0: ours was stopped; 1: nothing of ours ran.
 #
 # PATTERN is what the caller can state of its own process: its binary and the config or data path
-# of this instance (two sandboxes run the same binaries side by side).
+# of this instance (two sandboxes run the same binaries side by side). Between a spawn's fork and
+# its exec the command line is still the shell's: a stop in those few milliseconds finds nothing
+# of ours (no caller stops what it has just started without waiting for it to answer first).
 
 pid_ours() {
   local pid=$1 cmdline pattern
