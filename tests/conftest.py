@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from gpuheal.core import search_attributes as sa
 from infra.sandbox import REPO
 
 BIN = Path(sys.executable).parent
+TEST_SERVER_STARTUP = timedelta(seconds=60)
 
 # Property-based tests run the same examples every time (a flaky suite is a defect, and CI must
 # not find a new example by chance); HYPOTHESIS_PROFILE=explore searches afresh, with more of them.
@@ -50,6 +52,9 @@ async def start_time_skipping() -> WorkflowEnvironment:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(require_binary("temporal-test-server")),
         data_converter=DATA_CONVERTER,
+        # The SDK waits 5 s by default for the server to answer; make check starts one per process,
+        # on 2 cores and beside whatever else runs: a slow start is not a failed test.
+        test_server_startup_timeout=TEST_SERVER_STARTUP,
     )
     await env.client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(
