@@ -92,12 +92,9 @@ class Watch(Watched):
     def __init__(self, sb: Sandbox, client: Client, cluster: str, nodes: list[str]) -> None:
         self.sb, self.client, self.cluster, self.nodes = sb, client, cluster, set(nodes)
         self.handle = client.get_workflow_handle(ids.coordinator_id(cluster))
-        self.read_ms: list[float] = []
-        self.command_ms: list[float] = []
-        self.unanswered: list[str] = []  # reads that failed or timed out once a coordinator existed
-        self.command_failed: list[str] = []  # `gpuheal fleet` that exited non-zero
-        self.drained: list[int] = []
-        self.bound = 0
+        # the figures, declared (with what each means) on Watched
+        self.read_ms, self.command_ms, self.unanswered, self.command_failed = [], [], [], []
+        self.drained, self.bound = [], 0
         self.on = True
 
     def slurm(self) -> None:  # a thread: sinfo blocks
