@@ -25,6 +25,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from gpuheal.activities import validation
+from gpuheal.core import policy
 from gpuheal.core.fleet import coordination, reaping, steering
 from gpuheal.core.fleet.models import (
     AdmitRequest,
@@ -32,11 +34,13 @@ from gpuheal.core.fleet.models import (
     CapacityRequest,
     DomainDecision,
     FleetState,
+    NodeReturn,
     OpenIncident,
     OpenIncidents,
     OperatorAction,
     Override,
     Placement,
+    RunRef,
 )
 from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy, limit_of
 from gpuheal.core.models.base import ActionClass, Stage
@@ -74,13 +78,17 @@ class Coordinator(RuleBasedStateMachine):
         self.runs = 0
         self.live: dict[str, tuple[str, str]] = {}  # node -> its incident run (asked, not yet released)
         self.dead: dict[tuple[str, str], datetime] = {}  # runs terminated (nothing given back) -> when
-        # What Slurm shows drained by gpuheal, whatever the coordinator's books say: the truth
-        # they must count (a node is drained when granted or contained; it comes back when its
-        # incident returns or replaces it, or an operator resumes it).
-        self.drained: set[str] = set()
+        # What Slurm shows drained by gpuheal (node -> the drain reason it wrote), whatever the
+        # coordinator's books say: the truth they must count (a node is drained when granted or
+        # contained; it comes back when its incident returns or replaces it, or an operator
+        # resumes it). The looks and the rebuild read it through gpuheal's own predicate.
+        self.slurm: dict[str, str] = {}
+        self.foreign: set[str] = set()  # drained by someone else (their reason): not gpuheal's
+        self.look_on_way: tuple[list[RunRef], list[RunRef] | None, list[RunRef]] | None = None
         self.resumed = False
         self.granted_ever: set[tuple[str, str]] = set()  # incident runs
         self.recreated = False
+        self.looks_again = False  # a recreated coordinator that found nothing looks again
 
     # --- what happens ---------------------------------------------------------------------
 
@@ -167,15 +175,85 @@ class Coordinator(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(sorted(self.live)))
         self.dead[self.live.pop(node)] = self.now
 
+    @property
+    def drained(self) -> set[str]:
+        return set(self.slurm)
+
     @precondition(lambda self: bool(self.s.left))
     @rule(data=st.data())
     def an_operator_returns_a_node_a_closed_run_left_drained(self, data: st.DataObject) -> None:
-        self.drained.discard(data.draw(st.sampled_from(sorted(self.s.left))))
+        """With a bare `scontrol update state=resume`: the books learn it at the next look."""
+        self.slurm.pop(data.draw(st.sampled_from(sorted(self.s.left))), None)
 
+    @precondition(lambda self: bool(self.s.left))
+    @rule(data=st.data())
+    def an_operator_returns_a_node_with_gpuheal_return(self, data: st.DataObject) -> None:
+        """`gpuheal return`: Slurm resumes it, and the coordinator frees its slot at once."""
+        node = data.draw(st.sampled_from(sorted(self.s.left)))
+        if steering.holder_of(self.s, node) is not None:
+            return  # refused (the update's validator): an open incident holds it
+        self.slurm.pop(node, None)
+        self.step(lambda: steering.return_node(self.s, NodeReturn(node=node, operator="olga", reason="ok"), self.now))
+        assert node not in self.s.left, "a returned node still counted"
+
+    @precondition(lambda self: bool(self.slurm or self.foreign))
+    @rule(data=st.data())
+    def an_operator_resumes_any_drained_node(self, data: st.DataObject) -> None:
+        """A person resumes a node in Slurm, whoever drained it and whatever holds it."""
+        node = data.draw(st.sampled_from(sorted(self.drained | self.foreign)))
+        self.slurm.pop(node, None)
+        self.foreign.discard(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def someone_else_drains_a_node(self, node: str) -> None:
+        """An admin drains a node with their own reason (over gpuheal's, if it had one): from
+        then on it is theirs, and gpuheal's looks must not take it for their incident's."""
+        self.slurm.pop(node, None)
+        self.foreign.add(node)
+
+    @precondition(lambda self: self.look_on_way is None)
     @precondition(lambda self: (due := reaping.reap_due(self.s, self.now)) is not None and due <= self.now)
     @rule()
     def the_coordinator_looks_for_closed_runs(self) -> None:
         self.look()
+
+    @precondition(lambda self: self.look_on_way is None)
+    @precondition(lambda self: (due := reaping.reap_due(self.s, self.now)) is not None and due <= self.now)
+    @rule()
+    def a_look_for_closed_runs_starts(self) -> None:
+        """Beside the loop: its activities take a while, and everything else goes on meanwhile."""
+        runs = reaping.start_reap(self.s, self.now)
+        self.look_on_way = ([r for r in runs if (r.incident_id, r.run_id) in self.dead], None, [])
+
+    @precondition(lambda self: self.look_on_way is not None and self.look_on_way[1] is None)
+    @rule()
+    def slurm_answers_the_look(self) -> None:
+        """Its second activity: the left nodes as the books hold them now, asked of Slurm."""
+        assert self.look_on_way is not None
+        closed = self.look_on_way[0]
+        asked = [*closed, *reaping.left_refs(self.s)]
+        self.look_on_way = (closed, asked, self.answer(asked))
+
+    @precondition(lambda self: self.look_on_way is not None and self.look_on_way[1] is not None)
+    @rule()
+    def the_look_ends(self) -> None:
+        assert self.look_on_way is not None
+        closed, asked, drained = self.look_on_way
+        self.look_on_way = None
+        self.step(lambda: coordination.reap(self.s, closed, asked or [], drained, self.now))
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def an_incident_asks_again(self, data: st.DataObject) -> None:
+        """A held incident asks again (every REASK_S): one a rebuilt coordinator could not see is
+        decided afresh; one it knows gets the same answer."""
+        node = data.draw(st.sampled_from(sorted(self.live)))
+        self.step(lambda: coordination.request(self.s, self.capacity(node), self.now, serve_when_freed=True))
+
+    def answer(self, asked: list[RunRef]) -> list[RunRef]:
+        """What Slurm shows of these nodes, read as find_nodes_left_drained reads it: drained by
+        the incident, by its drain reason (gpuheal.core.policy.is_our_drain)."""
+        return [r for r in asked if r.node in self.slurm and policy.is_our_drain(self.slurm[r.node], r.incident_id)]
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -186,18 +264,24 @@ class Coordinator(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
     def an_incident_closes(self, data: st.DataObject) -> None:
-        self.close(data.draw(st.sampled_from(sorted(self.live))), returned=data.draw(st.booleans()))
+        node = data.draw(st.sampled_from(sorted(self.live)))
+        self.close(node, returned=data.draw(st.booleans()), burn_in_failed=data.draw(st.booleans()))
 
-    def close(self, node: str, returned: bool) -> None:
+    def close(self, node: str, returned: bool, burn_in_failed: bool = False) -> None:
         """An incident ends and releases. One that drained its node (granted, taken back, or
         contained while held) either gave it back (returned or replaced) or ends with it still
-        drained (not granted, no capacity, aborted after the drain) and says so."""
+        drained (not granted, no capacity, aborted after the drain, or its burn-in failed: then
+        the drain's reason is the burn-in's) and says so."""
         incident, run = self.live.pop(node)
-        drained_it = any(incident in b and b[incident].run_id == run for b in self.s.books())
+        drained_it = node in self.slurm and any(incident in b and b[incident].run_id == run for b in self.s.books())
         if drained_it and returned:
-            self.drained.discard(node)
+            self.slurm.pop(node, None)
+        elif drained_it and burn_in_failed:
+            self.slurm[node] = validation.failed_reason(incident, "burn-in failed: XID 79 under load")
         left = drained_it and not returned
-        self.step(lambda: coordination.release(self.s, incident, self.now, run, left_drained=left))
+        self.step(
+            lambda: coordination.release(self.s, incident, self.now, run, left_drained=left, placement=placement(node))
+        )
 
     @precondition(lambda self: bool(self.dead))
     @rule(data=st.data())
@@ -205,9 +289,13 @@ class Coordinator(RuleBasedStateMachine):
         """Its activity was on its way when the run was terminated: it must not free a later
         run's grant of the same node (releases are per run)."""
         incident, run = data.draw(st.sampled_from(sorted(self.dead)))
+        node = incident.removeprefix("gpuheal-c-")
         live = set(self.live.values())
         before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
-        self.step(lambda: coordination.release(self.s, incident, self.now, run, left_drained=True))
+        left = node in self.slurm and policy.is_our_drain(self.slurm[node], incident)
+        self.step(
+            lambda: coordination.release(self.s, incident, self.now, run, left_drained=left, placement=placement(node))
+        )
         after = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
         assert before <= after, f"a late release freed a live run's hold: {before - after}"
 
@@ -259,8 +347,10 @@ class Coordinator(RuleBasedStateMachine):
         closed runs (and gives back what they held)."""
         end = self.now + timedelta(seconds=seconds)
         while True:
-            serve, reap = coordination.next_wake(self.s, self.now), reaping.reap_due(self.s, self.now)
-            wake = min((t for t in (serve, reap) if t is not None), default=None)
+            serve = coordination.next_wake(self.s, self.now)
+            reap = reaping.reap_due(self.s, self.now) if self.look_on_way is None else None
+            left = reaping.left_check_due(self.s, self.now) if self.look_on_way is None else None
+            wake = min((t for t in (serve, reap, left) if t is not None), default=None)
             if wake is None or wake > end:
                 break
             self.now = max(self.now, wake)
@@ -268,6 +358,8 @@ class Coordinator(RuleBasedStateMachine):
                 self.step(lambda: ((), coordination.serve_queue(self.s, self.now)))
             if reap is not None and self.now >= reap:
                 self.look()
+            elif left is not None and self.now >= left:  # a held incident: are the left nodes back?
+                self.check_left()
         self.now = end
 
     @rule(seconds=st.sampled_from([1, 30, 121, 301, 601, 3600]), then=st.sampled_from([*NODES, "loop"]))
@@ -280,7 +372,7 @@ class Coordinator(RuleBasedStateMachine):
         elif coordination.frees_due(self.s, self.now):  # the loop back at its wait (workflows/fleet.py)
             self.step(lambda: ((), coordination.serve_freed(self.s, self.now)))
         reap = reaping.reap_due(self.s, self.now)
-        if reap is not None and self.now >= reap:  # and its look for closed runs, late
+        if reap is not None and self.now >= reap and self.look_on_way is None:  # and its look, late
             self.look()
 
     def look(self) -> None:
@@ -290,24 +382,32 @@ class Coordinator(RuleBasedStateMachine):
         runs = reaping.start_reap(self.s, self.now)
         closed = [r for r in runs if (r.incident_id, r.run_id) in self.dead]
         asked = [*closed, *reaping.left_refs(self.s)]
-        drained = [r for r in asked if r.node in self.drained]
-        self.step(lambda: coordination.reap(self.s, closed, drained, self.now))
+        self.step(lambda: coordination.reap(self.s, closed, asked, self.answer(asked), self.now))
         assert set(self.s.left) <= self.drained, "a node back in service still counted"
         still = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & set(self.dead)
         assert not still, f"closed runs still hold something after a look: {still}"
 
-    @precondition(lambda self: not self.recreated)  # once: it trips the breaker, and little else happens then
-    @rule()
-    def the_coordinator_is_terminated_and_recreated(self) -> None:
-        """By hand; the next incident starts a fresh one, which rebuilds from the open incidents
-        as visibility shows them (a closed run is not among them)."""
+    def check_left(self) -> None:
+        """A held incident's check of the left nodes (no look for closed runs)."""
+        asked = reaping.start_left_check(self.s, self.now)
+        self.step(lambda: coordination.reap(self.s, [], asked, self.answer(asked), self.now))
+
+    @rule(data=st.data())
+    def the_coordinator_is_terminated_and_recreated(self, data: st.DataObject) -> None:
+        """By hand, at any step; the next incident starts a fresh one within a second, which
+        rebuilds from the open incidents as visibility shows them (a closed run is not among
+        them; the earlier run's close may not show yet, nor a held incident that just started:
+        it asks again later) and from gpuheal's drains that Slurm shows."""
+        self.look_on_way = None  # the terminated run's look went with it
         live = set(self.live.values())
+        seen = {run for run in live if data.draw(st.booleans(), label=f"visible {run}")}
         before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
+        granted_before = {(g.incident_id, g.run_id) for g in self.s.grants.values()} & live
         found = []
         for node, (incident, run) in self.live.items():
             if incident in self.s.grants:
-                stage = Stage.REPAIR
-            elif any(h.incident_id == incident for h in self.s.queue):
+                stage = Stage.REPAIR  # granted long since: visible, and its status answers
+            elif any(h.incident_id == incident for h in self.s.queue) and (incident, run) in seen:
                 stage = Stage.HELD
             else:
                 continue  # closed, or it has not asked yet
@@ -317,18 +417,44 @@ class Coordinator(RuleBasedStateMachine):
                     incident_id=incident, run_id=run, placement=placement(node), stage=stage, contained=drained
                 )
             )
-        # Slurm shows every node drained by its incident (drain reasons), whatever is open.
+        # Slurm shows every node drained by its incident, read as find_open_incidents reads it.
         left = tuple(
             OpenIncident(incident_id=f"gpuheal-c-{n}", run_id="", placement=placement(n), stage=Stage.DONE)
-            for n in sorted(self.drained)
+            for n, reason in sorted(self.slurm.items())
+            if policy.is_our_drain(reason, f"gpuheal-c-{n}")
         )
+        earlier = "Terminated at 2026-12-01 12:00:00" if data.draw(st.booleans(), label="earlier run visible") else ""
         self.recreated = True
         self.s = FleetState(cluster="c", policy=self.s.policy)
-        found_all = OpenIncidents(incidents=tuple(found), earlier_run="Terminated", left=left)
+        found_all = OpenIncidents(incidents=tuple(found), earlier_run=earlier, left=left)
         reaping.rebuild(self.s, found_all, self.now)
-        assert {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} == before, "a hold forgotten"
-        assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
+        after = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)}
+        assert granted_before <= after, "a grant forgotten"
+        assert {run for run in before if run in seen} <= after, "a visible hold forgotten"
+        if earlier or found or left:
+            assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
+        else:  # it found nothing: it looks again once visibility has caught up (reconcile.VISIBILITY_LAG_S)
+            self.looks_again = True
         self.dead.clear()  # what closed runs held went with the terminated coordinator (their nodes: left)
+
+    @precondition(lambda self: self.looks_again)
+    @rule()
+    def the_rebuild_looks_again(self) -> None:
+        """Its second look: the earlier run shows now, and what else is open or drained."""
+        self.looks_again = False
+        found = [
+            OpenIncident(incident_id=i, run_id=r, placement=placement(n), stage=Stage.REPAIR)
+            for n, (i, r) in self.live.items()
+            if i in self.s.grants
+        ]
+        left = tuple(
+            OpenIncident(incident_id=f"gpuheal-c-{n}", run_id="", placement=placement(n), stage=Stage.DONE)
+            for n, reason in sorted(self.slurm.items())
+            if policy.is_our_drain(reason, f"gpuheal-c-{n}")
+        )
+        found_all = OpenIncidents(incidents=tuple(found), earlier_run="Terminated at 2026-12-01 12:00:00", left=left)
+        self.step(lambda: ((), coordination.Effects(notes=reaping.rebuild(self.s, found_all, self.now))))
+        assert self.s.breaker.tripped, "a recreated coordinator must be tripped once its earlier run shows"
 
     @rule()
     def it_continues_as_new(self) -> None:
@@ -350,7 +476,10 @@ class Coordinator(RuleBasedStateMachine):
         out_before = left_before | {g.node for b in self.s.books() for g in b.values()}
         drained_before = set(self.drained)
         change()  # type: ignore[operator]
-        self.drained |= {g.node for b in self.s.books() for g in b.values()}  # granted or contained: drained
+        for b in self.s.books():  # granted or contained: drained, with the incident's reason
+            for g in b.values():
+                if g.node not in self.foreign and g.node not in self.slurm:
+                    self.slurm[g.node] = policy.drain_reason(g.incident_id, "XID 79")
         by_operator = {g.node for g in self.s.grants.values() if g.override is not None}
         if self.drained - drained_before - by_operator - out_before:  # gpuheal drained more (an override: a person's)
             p = self.s.policy.policy
@@ -385,7 +514,9 @@ class Coordinator(RuleBasedStateMachine):
 
     @invariant()
     def the_breaker_resets_only_by_a_person(self) -> None:
-        if getattr(self, "_was_tripped", False) and not self.s.breaker.tripped:
+        """(Save while a coordinator that found nothing at all waits for its second look: a pause
+        is all it could have forgotten, and the second look trips it again.)"""
+        if getattr(self, "_was_tripped", False) and not self.s.breaker.tripped and not self.looks_again:
             assert self.resumed, "the breaker reset itself"
         self._was_tripped = self.s.breaker.tripped
         self.resumed = False
@@ -404,9 +535,12 @@ class Coordinator(RuleBasedStateMachine):
                 assert not h.reason.startswith("disruption budget"), h.reason
 
     @invariant()
-    def every_node_gpuheal_drained_is_counted(self) -> None:
+    def every_node_gpuheal_drained_is_counted_once(self) -> None:
         counted = {g.node for b in self.s.books() for g in b.values()} | set(self.s.left)
         assert self.drained <= counted, f"drained, not counted: {self.drained - counted}"
+        books = [g.node for b in self.s.books() for g in b.values()] + list(self.s.left)
+        twice = {n for n in books if books.count(n) > 1}
+        assert not twice, f"counted twice: {twice}"
 
     @invariant()
     def each_grant_counts_once_against_the_rate(self) -> None:

@@ -62,6 +62,7 @@ class Receiver:
         self.up, self.attempts, self.delivered = up, 0, list[str]()
         self.open = OpenIncidents()  # what visibility shows open when a coordinator starts
         self.drained: set[str] = set()  # nodes Slurm shows drained by their incident
+        self.listing_fails = 0  # the next listings of the open incidents that fail (a loaded server)
 
     def activities(self) -> list[object]:
         @implements(act.NOTIFY_OPERATORS)
@@ -85,6 +86,9 @@ class Receiver:
 
         @implements(act.FIND_OPEN_INCIDENTS)
         async def find_open(cluster: str) -> OpenIncidents:
+            if self.listing_fails:
+                self.listing_fails -= 1
+                raise ApplicationError("visibility: deadline exceeded")
             if self.open.earlier_run:
                 await asyncio.sleep(1)  # a slow visibility: requests arrive before the answer
             return self.open

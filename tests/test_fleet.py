@@ -307,16 +307,16 @@ def test_a_node_a_terminated_run_left_drained_stays_counted_until_it_is_back() -
     a = ask("gpu01").model_copy(update={"run_id": "r1"})
     assert coordination.request(s, a, T0)[0].granted
     dead = RunRef(incident_id="i-gpu01", run_id="r1", node="gpu01")
-    out = coordination.reap(s, [dead], [dead], T0)  # terminated; Slurm: still drained by it
+    out = coordination.reap(s, [dead], [dead], [dead], T0)  # terminated; Slurm: still drained by it
     assert not s.grants and list(s.left) == ["gpu01"] and "counted against the budget" in out.notes[0][2]
     held, _ = coordination.request(s, ask("gpu02").model_copy(update={"run_id": "r2"}), T0)
     assert not held.granted and "disruption budget: 1 of 1" in held.reason
-    out = coordination.reap(s, [], [], T0)  # the next look: an operator resumed gpu01
+    out = coordination.reap(s, [], reaping.left_refs(s), [], T0)  # the next look: an operator resumed gpu01
     assert not s.left and [i for i, _ in out.signals] == ["i-gpu02"]  # the line moves
     # A node's next incident takes over what the closed run left: no second slot.
     t = state(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
     coordination.request(t, a, T0)
-    coordination.reap(t, [dead], [dead], T0)
+    coordination.reap(t, [dead], [dead], [dead], T0)
     again, _ = coordination.request(t, ask("gpu01").model_copy(update={"run_id": "r3"}), T0)
     assert again.granted and "taken over" in again.reason and not t.left and list(t.grants) == ["i-gpu01"]
 

@@ -4,6 +4,7 @@ the chart sees."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -108,3 +109,53 @@ def test_a_changed_configuration_applies_and_a_restart_never_undoes_an_operators
     assert [n[0] for n in out.notes] == ["policy_changed"]
     said, _ = steering.configure(s, offered(upgraded), T0)  # the second replica of the same rollout
     assert "unchanged" in said and s.policy.version == 3
+
+
+def test_an_older_worker_restarting_mid_rollout_never_brings_back_its_configuration() -> None:
+    """A, then B (a Helm upgrade), then A again (a stale pod of the old ReplicaSet restarting):
+    B's policy stands, and B's own pods restarting change nothing either."""
+    a = FleetPolicy()
+    b = a.model_copy(update={"budget": BudgetPolicy(cluster="5%")})
+    s = FleetState(
+        cluster="c",
+        policy=VersionedPolicy(version=1, policy=a, changed_by="gpuheal", reason="seed", at=T0),
+        configured=policy_file.digest(a),
+    )
+    said, _ = steering.configure(s, offered(b), T0)
+    assert "applied as policy version 2" in said and s.policy.policy == b
+    said, out = steering.configure(s, offered(a), T0)  # the stale pod
+    assert "was offered before" in said and "gpuheal policy apply" in said
+    assert s.policy.policy == b and s.policy.version == 2 and out.notes == []
+    assert s.configured == policy_file.digest(b) and s.configured_before == [policy_file.digest(a)]
+    said, _ = steering.configure(s, offered(b), T0)  # a pod of the new rollout restarting
+    assert "unchanged" in said and s.policy.version == 2
+    # A coordinator's history from the release before replays as it answered then (it applied A again).
+    said, _ = steering.configure(s, offered(a), T0, refuse_earlier=False)
+    assert "applied as policy version 3" in said and s.policy.policy == a
+
+
+def test_the_configurations_offered_before_are_kept_within_their_bound() -> None:
+    policies = [FleetPolicy(budget=BudgetPolicy(cluster=str(n))) for n in range(1, steering.CONFIGURED_BEFORE_MOST + 5)]
+    s = FleetState(
+        cluster="c",
+        policy=VersionedPolicy(version=1, policy=policies[0], changed_by="gpuheal", reason="seed", at=T0),
+        configured=policy_file.digest(policies[0]),
+    )
+    for p in policies[1:]:
+        steering.configure(s, offered(p), T0)
+    digests = [policy_file.digest(p) for p in policies]
+    assert s.configured == digests[-1]
+    assert s.configured_before == digests[-1 - steering.CONFIGURED_BEFORE_MOST : -1]  # the newest, oldest first
+
+
+def test_a_coordinators_state_from_before_the_record_of_earlier_configurations_loads() -> None:
+    """Carried across continue-as-new as JSON by the release before: no configured_before."""
+    s = FleetState(
+        cluster="c",
+        policy=VersionedPolicy(version=1, policy=FleetPolicy(), changed_by="gpuheal", reason="seed", at=T0),
+        configured="abc",
+    )
+    old = s.model_dump(mode="json")
+    del old["configured_before"]
+    back = FleetState.model_validate_json(json.dumps(old))
+    assert back.configured == "abc" and back.configured_before == []

@@ -1,13 +1,24 @@
 """A repaired node takes jobs only after its GPUs pass validation; a failed validation, or a failed
-health check with no spare, is a named outcome, never `resolved` (time-skipping server, fakes)."""
+health check with no spare, is a named outcome, never `resolved` (time-skipping server, fakes).
+The validation activity itself runs against Slurm as scontrol shows the node (below)."""
 
 from __future__ import annotations
 
-import pytest
-from temporalio.testing import WorkflowEnvironment
+import asyncio
 
+import pytest
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from gpuheal.activities import validation
+from gpuheal.activities.validation import ValidationActivities
+from gpuheal.clients.slurm.base import NodeState as SlurmNodeState
+from gpuheal.clients.slurm.base import SlurmError
+from gpuheal.clients.slurm.burn_in import BurnIn
+from gpuheal.clients.slurm.cli import SlurmCli
+from gpuheal.clients.slurm.parsers import parse_node_line
+from gpuheal.core import policy
 from gpuheal.core.models.base import NodeState
-from gpuheal.core.models.slurm import ValidationResult
+from gpuheal.core.models.slurm import NodeInfo, NodeRef, ValidateRequest, ValidationResult
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.incident.node import MAX_REJECTED
 from tests.fakes import FakeCluster
@@ -75,3 +86,147 @@ async def test_new_nodes_that_all_fail_end_no_capacity_after_the_bound(env: Work
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert result.outcome == "no_capacity" and "gpu09, gpu10, gpu11 failed GPU validation" in result.reason
     assert len(fake.replace_requests) == MAX_REJECTED and "decommission" not in fake.calls
+
+
+# --- the activity, against Slurm as scontrol shows the node ---------------------------------------
+
+INCIDENT = "gpuheal-prod-gpu01"
+OURS = f"{INCIDENT}: XID 48: double-bit ECC error: reset the GPU"  # the incident's drain, as Slurm shows it
+# `scontrol -o show node gpu01` on 22.05 (the sandbox's, shortened): Reason last, with who and when.
+SHOW_NODE = (
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=4 CPUTot=4 State={state} "
+    "ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu,debug  "
+    "BootTime=2026-11-30T13:37:30 SlurmdStartTime=2026-11-30T17:43:39{reason}"
+)
+
+
+class SlurmShowing(SlurmCli):
+    """The node as `scontrol -o show node` prints it, read by the real parser; drained and
+    resumed as `scontrol update` does (a resume clears the reason)."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__()
+        self.reason = reason
+        self.drains: list[str] = []
+
+    async def node(self, name: str) -> NodeInfo:
+        shown = f" Reason={self.reason} [gpuheal@2026-11-30T17:44:22]" if self.reason else ""
+        info = parse_node_line(SHOW_NODE.format(state="IDLE+DRAIN" if self.reason else "IDLE", reason=shown))
+        assert info is not None and info.name == name
+        return info
+
+    async def update_node(self, name: str, state: SlurmNodeState, reason: str | None = None) -> None:
+        if state == "drain":
+            assert reason
+            self.drains.append(reason)
+        self.reason = (reason or "") if state == "drain" else ""
+
+
+class BurnInJob(BurnIn):
+    """Burn-in job 90: it ends `ends`, or (None) runs until cancelled and is gone `linger` polls
+    later. The reservation's delete fails `delete_fails` times (slurmctld unreachable)."""
+
+    def __init__(self, ends: tuple[str, str] | None = ("FAILED", "1:0"), linger: int = 0, delete_fails: int = 0):
+        super().__init__(SlurmCli(), user="gpuheal")
+        self.ends, self.linger, self.delete_fails = ends, linger, delete_fails
+        self.reserved: set[str] = set()
+        self.submits = 0
+        self.cancelled = asyncio.Event()
+
+    async def reserve(self, name: str, node: str, timeout_s: float) -> None:
+        self.reserved.add(name)
+
+    async def unreserve(self, name: str) -> None:
+        if self.delete_fails:
+            self.delete_fails -= 1
+            raise SlurmError("scontrol delete reservationname=... failed (exit 1): Unable to contact slurm controller")
+        self.reserved.discard(name)
+
+    async def submit(self, script: str, name: str, node: str) -> int:
+        self.submits += 1
+        return 90
+
+    async def state(self, job_id: int) -> tuple[str, str] | None:
+        if self.ends is not None:
+            return self.ends
+        if not self.cancelled.is_set():
+            return None
+        self.linger -= 1
+        return ("CANCELLED", "0:15") if self.linger < 0 else None
+
+    async def cancel(self, job_id: int) -> None:
+        self.cancelled.set()
+
+
+def validating(
+    slurm: SlurmShowing, burn_in: BurnInJob, timeout_s: float = 60, env: ActivityEnvironment | None = None
+) -> asyncio.Future[ValidationResult]:
+    """One attempt of the activity (a retry is another call: the same run, so the same reservation)."""
+    ref = NodeRef(cluster="prod", node="gpu01", incident_id=INCIDENT)
+    req = ValidateRequest(node=ref, job=BURN_IN, timeout_s=timeout_s)
+    attempt = (env or ActivityEnvironment()).run(ValidationActivities(slurm, burn_in).validate_node_gpus, req)
+    return asyncio.ensure_future(attempt)
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validation, "POLL_S", 0.001)
+
+
+async def test_a_failed_burn_in_drains_the_node_in_its_incidents_name() -> None:
+    """The coordinator keeps a closed run's node counted while Slurm shows it drained by its
+    incident (find_nodes_left_drained, is_our_drain): the failed burn-in's drain must be that."""
+    slurm, burn_in = SlurmShowing(OURS), BurnInJob()
+    verdict = await validating(slurm, burn_in)
+    assert not verdict.passed and not verdict.by_others
+    shown = (await slurm.node("gpu01")).reason  # as scontrol shows it
+    assert policy.is_our_drain(shown, INCIDENT) and not policy.is_our_drain(shown, "gpuheal-prod-gpu0")
+    assert "GPU validation failed" in shown and "for the vendor" in shown
+    assert shown.endswith("burn-in job 90 ended FAILED (exit 1:0)")
+    assert slurm.drains == [shown] and not burn_in.reserved
+
+
+async def test_a_retry_after_the_reservations_delete_failed_answers_the_failure_again() -> None:
+    """The drain was written, then the delete failed: the retry finds the node drained by this
+    incident's failed burn-in. Failed again (the incident then files the RMA), not "drained by
+    someone else" (which would close it resolved, the node released uncounted)."""
+    slurm, burn_in = SlurmShowing(OURS), BurnInJob(delete_fails=1)
+    with pytest.raises(SlurmError):
+        await validating(slurm, burn_in)
+    verdict = await validating(slurm, burn_in)
+    assert not verdict.passed and not verdict.by_others
+    assert verdict.detail == "burn-in job 90 ended FAILED (exit 1:0)"
+    assert len(slurm.drains) == 1 and burn_in.submits == 1 and not burn_in.reserved
+
+
+async def test_a_retry_beside_an_attempt_still_cancelling_its_burn_in_drains_once() -> None:
+    """A hung burn-in: the attempt cancels it and waits for it to go, heartbeating meanwhile (a
+    silent wait times the attempt out). Should a retry start beside it anyway, both answer the
+    failure and the node is drained once."""
+    slurm, burn_in = SlurmShowing(OURS), BurnInJob(ends=None, linger=30)
+    beats: list[str] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(str(details[0]))
+    first = validating(slurm, burn_in, timeout_s=0, env=env)
+    await burn_in.cancelled.wait()
+    second = await validating(slurm, burn_in, timeout_s=0)
+    assert any(b.startswith("cancelling burn-in job 90") for b in beats)
+    for verdict in (await first, second):
+        assert not verdict.passed and not verdict.by_others
+    (drain,) = slurm.drains
+    assert validation.failed_detail(drain, INCIDENT) and not burn_in.reserved
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        "Kill task failed",  # slurmctld's own
+        "hw check by ops: see gpuheal-prod-gpu01",  # a person's, naming the incident
+        "gpuheal-prod-gpu02: GPU validation failed, for the vendor: burn-in job 7 ended FAILED (exit 1:0)",
+    ],
+)
+async def test_a_drain_by_someone_else_is_left_to_them(theirs: str) -> None:
+    slurm, burn_in = SlurmShowing(theirs), BurnInJob()
+    verdict = await validating(slurm, burn_in)
+    assert not verdict.passed and verdict.by_others and verdict.detail == f"drained by someone else: {theirs!r}"
+    assert slurm.drains == [] and slurm.reason == theirs and burn_in.submits == 0 and not burn_in.reserved

@@ -161,7 +161,7 @@ async def test_abort_by_update_leaves_node_drained_not_replaced(env: WorkflowEnv
     assert result.outcome == "aborted" and result.reason == "false alarm"
     assert result.node_state == NodeState.DRAINED
     assert "drained by this incident; not replaced" in result.node_detail
-    assert "state=resume" in result.node_detail
+    assert "gpuheal return " in result.node_detail
     assert not {"replace", "requeue:7", "checkpoint"} & set(fake.calls)
     assert [a.fate for a in result.jobs] == [JobFate.UNTOUCHED]  # accounted for, left running
     assert "notify:aborted" in fake.calls

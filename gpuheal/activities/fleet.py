@@ -183,12 +183,15 @@ class FleetActivities:
         out = await FLEET_ADMIT_MANY.execute_with_start(activity.client(), batch, self._start(reqs[0].cluster))
         return list(out.answers)
 
+    # Requests start the coordinator too: one terminated since the admission is recreated (and
+    # rebuilds before it decides) instead of the request failing until the incident gives up.
     async def _request_one(self, req: CapacityRequest) -> CapacityDecision:
-        return await FLEET_REQUEST_CAPACITY.execute(self._coordinator(req.cluster), req)
+        return await FLEET_REQUEST_CAPACITY.execute_with_start(activity.client(), req, self._start(req.cluster))
 
     async def _request_many(self, reqs: list[CapacityRequest]) -> list[CapacityDecision]:
         batch = CapacityRequests(requests=tuple(reqs))
-        return list((await FLEET_REQUEST_CAPACITY_MANY.execute(self._coordinator(reqs[0].cluster), batch)).answers)
+        start = self._start(reqs[0].cluster)
+        return list((await FLEET_REQUEST_CAPACITY_MANY.execute_with_start(activity.client(), batch, start)).answers)
 
     def _batcher(
         self,
@@ -291,8 +294,9 @@ class FleetActivities:
     @implements(act.FIND_NODES_LEFT_DRAINED)
     async def find_nodes_left_drained(self, refs: RunRefs) -> RunRefs:
         """Which of these closed runs' nodes Slurm still shows drained by their incident (its
-        drain reason names it): those stay counted against the budget."""
-        nodes, _ = await self._listings()
+        drain reason names it): those stay counted against the budget. Listed afresh, never from
+        the placements' cache: a drain made since that listing would read as back in service."""
+        nodes = await self._slurm.nodes()
         return RunRefs(
             runs=tuple(
                 r
@@ -304,10 +308,15 @@ class FleetActivities:
     @implements(act.FIND_OPEN_INCIDENTS)
     async def find_open_incidents(self, cluster: str) -> OpenIncidents:
         """The cluster's running incidents (visibility), each with its stage and whether it
-        drained its node (its status query), and where its node sits. One that does not answer
-        counts as visibility shows it, contained if held: a rebuilt coordinator must over-count,
-        never under.
-        And how the coordinator's earlier run ended, if it had one."""
+        drained its node (its status query), and where its node sits; every node Slurm shows
+        drained by gpuheal; and how the coordinator's earlier run ended, if visibility shows
+        it yet. Listed whether or not an earlier run is visible: a coordinator recreated within
+        a second of its termination does not see it closed yet. One that does not answer counts
+        as visibility shows it, contained if held: a rebuilt coordinator must over-count, never
+        under. It heartbeats: thousands of status queries on a loaded server take a while."""
+        return await beating(self._find_open_incidents(cluster), "listing the open incidents")
+
+    async def _find_open_incidents(self, cluster: str) -> OpenIncidents:
         client = activity.client()
         earlier = queries.where(
             queries.eq(queries.WORKFLOW_ID, ids.coordinator_id(cluster)), queries.not_status("Running")
@@ -316,8 +325,6 @@ class FleetActivities:
             f"{wf.status.name.title() if wf.status else '?'} at {wf.close_time:%Y-%m-%d %H:%M:%S}"
             async for wf in client.list_workflows(earlier, limit=1)
         ]
-        if not ended:  # the cluster's first coordinator: nothing to rebuild (and no race with its first incident)
-            return OpenIncidents()
         query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"))
         listed = [wf async for wf in client.list_workflows(query)]
         asking = asyncio.Semaphore(CLOSED_RUN_LOOKUPS)
@@ -333,10 +340,11 @@ class FleetActivities:
             try:
                 async with asking:
                     status = await INCIDENT_STATUS.ask(INCIDENT.handle(client, wf.id))
-                stage = status.stage.value
-                contained = stage == Stage.HELD and any(r.stage == Stage.DRAIN for r in status.stages)
-                plan = policy.plan_for(status.action) if status.action is not None else None
                 drained = any(r.stage == Stage.DRAIN for r in status.stages)
+                # Held while it drains as containment: its stage says `drain`, its hold is still open.
+                stage = Stage.HELD.value if status.held is not None else status.stage.value
+                contained = stage == Stage.HELD and (drained or status.stage == Stage.DRAIN)
+                plan = policy.plan_for(status.action) if status.action is not None else None
                 takes = plan is None or plan.drain or plan.repair is not None or drained
             except Exception as err:
                 activity.logger.warning("%s did not answer its status (%s): counted as visibility shows it", wf.id, err)
@@ -347,20 +355,22 @@ class FleetActivities:
                 stage=Stage(stage),
                 contained=contained,
                 takes_capacity=takes,
+                since=wf.start_time,
             )
 
         found = [o for o in await asyncio.gather(*(where(wf) for wf in listed)) if o is not None]
         # Every node Slurm shows drained by its incident: the rebuild counts those that no open
         # incident's grant or containment counts (one ended not granted, without capacity, or was
         # terminated; one still running but closing, or a new run held on its node), as left.
-        nodes, _ = await self._listings()
+        # Listed afresh (not the placements' cache): a drain made since would go uncounted.
+        nodes = await self._slurm.nodes()
         left = []
         for name, n in sorted(nodes.items()):
             incident = ids.incident_id(cluster, name)
             if n.drained and policy.is_our_drain(n.reason, incident):
                 where_ = await self._placement(name)
                 left.append(OpenIncident(incident_id=incident, run_id="", placement=where_, stage=Stage.DONE))
-        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0], left=tuple(left))
+        return OpenIncidents(incidents=tuple(found), earlier_run=ended[0] if ended else "", left=tuple(left))
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:

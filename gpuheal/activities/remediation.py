@@ -160,6 +160,9 @@ class RemediationActivities:
         if not policy.is_our_drain(node.reason, ref.incident_id):
             # Someone else drained it (or re-drained it since): never undo their drain.
             return f"{ref.node} left drained: its drain is not ours ({node.reason!r})"
+        if policy.failed_validation_detail(node.reason, ref.incident_id) is not None:
+            # An earlier run of this incident failed its burn-in: for the vendor, never back to work.
+            return f"{ref.node} left drained: it failed its GPU validation ({node.reason!r})"
         await self._slurm.update_node(ref.node, "resume")
         return f"{ref.node} resumed"
 

@@ -1,6 +1,7 @@
 """`gpuheal fleet | pause | resume | mode | override | domain | history`: the cluster as a whole.
 
-Every command that steers (pause, resume, mode, override, domain) is an update on the
+Every command that steers (pause, resume, mode, override, domain; `return` too,
+gpuheal.cli.returning) is an update on the
 cluster's coordinator (or a domain incident), with the operator and the reason in its history;
 the same updates work from the plain `temporal` CLI (docs/fleet-safety.md).
 """

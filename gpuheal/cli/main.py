@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("target", help="node name or incident id")
     o.add_argument("--operator", required=True)
     o.add_argument("--reason", required=True)
+    rt = sub.add_parser("return", help="resume a node an incident left drained, and free its slot in the budget now")
+    rt.add_argument("node")
+    rt.add_argument("--operator", required=True)
+    rt.add_argument("--reason", required=True)
     dm = sub.add_parser("domain", help="decide a domain incident: release or dismiss its node incidents")
     dm.add_argument("decision", choices=["release", "dismiss"])
     dm.add_argument("domain", help="e.g. gpuheal.io/rack=r7")
@@ -161,6 +165,7 @@ COMMANDS = {
     "resume": ("gpuheal.cli.fleet", "resume"),
     "mode": ("gpuheal.cli.fleet", "set_mode"),
     "override": ("gpuheal.cli.fleet", "override"),
+    "return": ("gpuheal.cli.returning", "return_node"),
     "domain": ("gpuheal.cli.fleet", "decide_domain"),
     "history": ("gpuheal.cli.fleet", "node_history"),
     "policy": ("gpuheal.cli.policy", "policy"),

@@ -29,6 +29,7 @@ from gpuheal.core.fleet.models import (
     DomainIncidentResult,
     FleetStatus,
     GrantNotice,
+    NodeReturn,
     OperatorAction,
     Override,
     ReleaseRequest,
@@ -143,6 +144,7 @@ FLEET_SET_POLICY = Update("set_policy", PolicyChange, str)
 FLEET_CONFIGURE = Update("configure", ConfiguredPolicy, str)  # a worker's configured policy, at its start
 FLEET_OVERRIDE = Update("override", Override, str)
 FLEET_DOMAIN_DECISION = Update("domain_decision", DomainDecision, str)
+FLEET_RETURN_NODE = Update("return_node", NodeReturn, str)  # `gpuheal return`: a left node resumed
 # `gpuheal rollout` -> the coordinator: a workflow task, so a quiet coordinator sees the new
 # current build at once and moves to it (a build without the handler still gets the task).
 FLEET_WAKE = Signal("wake", str)
@@ -188,6 +190,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_CONFIGURE,
         FLEET_OVERRIDE,
         FLEET_DOMAIN_DECISION,
+        FLEET_RETURN_NODE,
         FLEET_WAKE,
         FLEET_STATUS,
         FLEET_POLICY,

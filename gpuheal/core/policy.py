@@ -156,6 +156,24 @@ def is_our_drain(reason: str, incident_id: str) -> bool:
     return reason.startswith(f"{incident_id}:")
 
 
+# A node that failed its burn-in is drained in its incident's name (the coordinator keeps it
+# counted after the run closes), with this mark: the node's next incident (the same incident id,
+# a new run) takes the drain for its own, but never resumes it (activities/remediation.py).
+FAILED_VALIDATION = "GPU validation failed, for the vendor"
+
+
+def failed_validation_reason(incident_id: str, detail: str) -> str:
+    """The drain reason of a failed validation."""
+    return drain_reason(incident_id, f"{FAILED_VALIDATION}: {detail}")
+
+
+def failed_validation_detail(reason: str, incident_id: str) -> str | None:
+    """The detail of this incident's failed validation, if Slurm's drain reason is that one;
+    None for any other reason, ours or not."""
+    head = drain_reason(incident_id, FAILED_VALIDATION)  # cut at the same length as the reason, if ever
+    return reason.removeprefix(head).removeprefix(": ") if reason.startswith(head) else None
+
+
 def unrequeueable_reason(requeueable: bool, state: str, abnormal_ends: frozenset[str] = frozenset()) -> str | None:
     """Why a job must not be requeued, or None. A job that ended abnormally (in
     `abnormal_ends`: FAILED, NODE_FAIL...) is requeued like a running one; one that completed or

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from gpuheal.core.fleet.models import Placement
+from gpuheal.core.fleet.models import RETURN_COMMAND, Placement
 from gpuheal.core.fleet.policy import VersionedPolicy
 from gpuheal.core.job_policy import JobCost
 from gpuheal.core.jobs import RetryBudget, VerifyOutcome
@@ -261,7 +261,7 @@ NOT_DRAINED = NodeAt(NodeState.IN_SERVICE, "in service (not drained)")
 def aborted_node_state(node: str, drain: DrainResult | None) -> NodeAt:
     if drain is None or not drain.drained_by_us:
         return UNTOUCHED
-    why = f"drained by this incident; not replaced; release with: scontrol update nodename={node} state=resume"
+    why = f"drained by this incident; not replaced; once checked, return it with: {RETURN_COMMAND.format(node=node)}"
     return NodeAt(NodeState.DRAINED, why)
 
 

@@ -23,6 +23,7 @@ from gpuheal.workflows import gate
 from gpuheal.workflows.coordinator import reconcile, sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
 from gpuheal.workflows.coordinator.versions import (
+    BOOKS,
     COORDINATOR_2,
     COORDINATOR_3,
     COUNTS_LEFT,
@@ -51,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         DomainDecision,
         FleetState,
         FleetStatus,
+        NodeReturn,
         OperatorAction,
         Override,
         ReleaseRequest,
@@ -119,17 +121,18 @@ class FleetCoordinator:
             # sees it, and requests serve only what they free themselves.
             self._c.apply(coordination.serve_freed(self._s, workflow.now()))
             return
-        reaps = workflow.patched(COORDINATOR_3)
+        reaps, books = workflow.patched(COORDINATOR_3), workflow.patched(BOOKS)
 
-        def wakes() -> tuple[datetime | None, datetime | None]:
+        def wakes() -> tuple[datetime | None, datetime | None, datetime | None]:
             serve = coordination.next_wake(self._s, workflow.now())
-            return serve, (reconcile.reap_at(self._c) if reaps else None)
+            left = reconcile.check_left_at(self._c) if books else None
+            return serve, (reconcile.reap_at(self._c) if reaps else None), left
 
-        serve, reap = wakes()
-        times = [t for t in (serve, reap) if t is not None]
+        serve, reap, left = wakes()
+        times = [t for t in (serve, reap, left) if t is not None]
 
         def moved() -> bool:
-            return wakes() != (serve, reap)
+            return wakes() != (serve, reap, left)
 
         if not times:
             await workflow.wait_condition(lambda: self._c.pending() or self._long() or moved())
@@ -145,6 +148,9 @@ class FleetCoordinator:
             self._c.apply(coordination.serve_queue(self._s, now))
         if reap is not None and now >= reap and not self._c.reaping:
             reconcile.reap(self._c, reaping.start_reap(self._s, now))
+        elif left is not None and now >= left and not self._c.reaping:  # a held incident: are they back?
+            reaping.start_left_check(self._s, now)
+            reconcile.reap(self._c, [], closed_runs=False)
 
     def _long(self) -> bool:
         """Time for a new run: a long history, or a new current build to move to (versioned
@@ -245,24 +251,37 @@ class FleetCoordinator:
         self._c.apply(out)
         return answer
 
+    async def _rebuilt_for_release(self) -> None:
+        """A release waits for the rebuild too (from BOOKS on): applied before it, the rebuild
+        would count again, from a listing taken earlier, what the release gave back."""
+        if self._c.rebuilding and workflow.patched(BOOKS):
+            await workflow.wait_condition(lambda: not self._c.rebuilding)
+
     def _counts(self) -> bool:
         """Whether this coordinator counts what stays drained in its decisions (COUNTS_LEFT)."""
         return workflow.patched(COUNTS_LEFT)
 
     @workflow.update(name=m.FLEET_RELEASE.name)
-    def release(self, incident_id: str) -> str:
+    async def release(self, incident_id: str) -> str:
         """The incident gave its node back: budget frees, the next in line may go. Idempotent."""
+        await self._rebuilt_for_release()
         keep = workflow.patched(KEEP_CONTAINED)
         answer, out = coordination.release(self._s, incident_id, workflow.now(), keep_contained=keep)
         self._c.apply(out)
         return answer
 
     @workflow.update(name=m.FLEET_RELEASE_RUN.name)
-    def release_run(self, req: ReleaseRequest) -> str:
+    async def release_run(self, req: ReleaseRequest) -> str:
         """As release, for one run of the incident only, saying whether its node stays drained
         (sent by incidents of this release)."""
+        await self._rebuilt_for_release()
         answer, out = coordination.release(
-            self._s, req.incident_id, workflow.now(), req.run_id, left_drained=req.left_drained
+            self._s,
+            req.incident_id,
+            workflow.now(),
+            req.run_id,
+            left_drained=req.left_drained,
+            placement=req.placement if workflow.patched(BOOKS) else None,
         )
         self._c.apply(out)
         return answer
@@ -294,6 +313,8 @@ class FleetCoordinator:
 
     @resume.validator
     def _validate_resume(self, by: OperatorAction) -> None:
+        if self._c.rebuilding:
+            raise ValueError("the coordinator has not rebuilt its books from the open incidents yet: wait for it")
         if not self._s.breaker.tripped:
             raise ValueError("the circuit breaker is not tripped")
 
@@ -323,7 +344,7 @@ class FleetCoordinator:
     @workflow.update(name=m.FLEET_CONFIGURE.name)
     def configure(self, c: ConfiguredPolicy) -> str:
         """A worker started: its configuration applies if it changed since the last one offered."""
-        answer, out = steering.configure(self._s, c, workflow.now())
+        answer, out = steering.configure(self._s, c, workflow.now(), refuse_earlier=workflow.patched(BOOKS))
         self._c.apply(out)
         return answer
 
@@ -338,6 +359,19 @@ class FleetCoordinator:
     def _validate_override(self, o: Override) -> None:
         if all(h.incident_id != o.incident_id for h in self._s.queue):
             raise ValueError(f"{o.incident_id} is not held (held: {[h.incident_id for h in self._s.queue]})")
+
+    @workflow.update(name=m.FLEET_RETURN_NODE.name)
+    def return_node(self, r: NodeReturn) -> str:
+        """An operator resumed a node an incident left drained (`gpuheal return`): not counted now."""
+        answer, out = steering.return_node(self._s, r, workflow.now())
+        self._c.apply(out)
+        return answer
+
+    @return_node.validator
+    def _validate_return_node(self, r: NodeReturn) -> None:
+        holder = steering.holder_of(self._s, r.node)
+        if holder is not None:
+            raise ValueError(f"{r.node} is held by open incident {holder}: abort or finish it, not return its node")
 
     @workflow.update(name=m.FLEET_DOMAIN_DECISION.name)
     def domain_decision(self, d: DomainDecision) -> str:

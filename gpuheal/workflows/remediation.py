@@ -17,7 +17,8 @@ records what it would do and touches nothing. protect_progress asks only the job
 handle a signal to checkpoint; requeue hands every job on the node to its job recovery
 (workflows/job_recovery.py); verify_resume collects their answers. When policy asks for a human,
 the node is drained first (containment) and the workflow waits for `approve` / `abort`. No
-capacity for a replacement is a stage with a bound, then a named outcome (`no_capacity`).
+capacity for a replacement is a stage with a bound, then a named outcome (`no_capacity`); a
+coordinator that does not answer is one too (`not_granted`, workflows/incident/holding.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
-from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, jobs, node
+from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, holding, jobs, node
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
 from gpuheal.workflows.incident.state import IncidentState
@@ -41,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import search_attributes as sa
     from gpuheal.core.errors import UNKNOWN_NODE
     from gpuheal.core.fleet import budget
-    from gpuheal.core.fleet.models import CapacityDecision, GrantNotice
+    from gpuheal.core.fleet.models import GrantNotice
     from gpuheal.core.jobs import JobRecoveryResult
     from gpuheal.core.models.base import ActionClass, NodeState, Outcome, Severity, Stage
     from gpuheal.core.models.incident import Decision, RecordedDecision, RemediationInput
@@ -76,8 +77,8 @@ class GpuRemediationWorkflow:
             return await self._observe(action)
         plan = policy.plan_for(action)
         asked = plan.drain or plan.repair is not None
-        if asked and not (await self._granted(await capacity.request(s))):
-            return await self._close_held()
+        if asked and (ended := await self._go(capacity.request)) is not None:
+            return ended
         if budget.needs_approval(s.cluster_policy.mode, s.current_action(), s.cluster_policy.approval):
             decision = await self._approval_gate(s.current_action())
             if decision.verdict == "abort":
@@ -86,8 +87,8 @@ class GpuRemediationWorkflow:
         await self._protect_progress()
         plan = policy.plan_for(s.current_action())  # a later report may have escalated it
         if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
-            if not await self._granted(await capacity.request(s)):  # a drain takes a grant, however it came
-                return await self._close_held()
+            if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came
+                return ended
         if plan.drain and s.drain is None:
             await self._drain(s.reason())
         if plan.requeue:
@@ -95,8 +96,8 @@ class GpuRemediationWorkflow:
         if s.kube is not None and plan.drain and (aborted := await self._evict_pods()) is not None:
             return await self._close("aborted", aborted.reason)
         if plan.repair is not None:
-            if not await self._granted(await capacity.confirm(s)):
-                return await self._close_held()
+            if (ended := await self._go(capacity.confirm)) is not None:
+                return ended
             if not await self._repair_or_replace(plan.repair):
                 s.node_at = render.no_capacity_state(s.ref.node, s.jobs.accounts(s.ref.incident_id))
                 return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
@@ -152,35 +153,15 @@ class GpuRemediationWorkflow:
         s.node_at = render.OBSERVED
         return await self._close("observed", f"observe mode: {s.reason()}")
 
-    async def _granted(self, decision: CapacityDecision) -> bool:
-        """Granted at once, or after waiting in line in `held` (with the policy's containment)."""
-        if decision.granted:
-            return True
-        s = self._s
-        limit = s.cluster_policy.max_hold_s
-        async with in_stage(s, Stage.HELD) as rec:
-            s.held_for = f"{decision.reason} (number {decision.position} in line)"
-            contain, why = await capacity.may_contain(s) if s.drain is None else (False, "")
-            s.held_for += f"; {why}" if why and not contain else ""
-            await notify(self._s, "held", "warning", render.held(self._s.first_report, s.held_for))
-            if contain:
-                await self._drain(why)
-                s.stage = Stage.HELD
-            notice = await capacity.wait_for_grant(s, limit)
-            rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"
-            s.held_for = ""
-        return s.grant is not None and s.grant.granted  # a grant may still land while the stage closes
-
-    async def _close_held(self) -> RemediationResult:
-        """Never granted: not within the bound, or dismissed into its domain incident."""
-        s = self._s
-        await jobs.account_for_untouched(self._s)
-        if s.grant is not None:  # dismissed: its domain incident handles the node
-            s.node_at = render.escalated_state(s.ref.node, s.drain, s.grant.reason)
-            return await self._close("escalated", s.grant.reason)
-        s.node_at = render.aborted_node_state(s.ref.node, s.drain)
-        held = next(r for r in reversed(s.stages) if r.stage == Stage.HELD)  # a drain may have followed it
-        return await self._close("not_granted", held.outcome)
+    async def _go(self, ask: capacity.Ask) -> RemediationResult | None:
+        """None once granted (at once, or after waiting in line in `held`); otherwise the close:
+        never granted, dismissed into its domain incident, or the coordinator did not answer."""
+        answer = await ask(self._s)
+        if isinstance(answer, capacity.Unanswered):
+            return await self._close(*await holding.unanswered(self._s, answer))
+        if await holding.granted(self._s, answer, self._drain):
+            return None
+        return await self._close(*await holding.never_granted(self._s))
 
     async def _approval_gate(self, action: ActionClass) -> RecordedDecision:
         if policy.plan_for(action).drain:
@@ -254,7 +235,7 @@ class GpuRemediationWorkflow:
             if first and s.settings.borrow is not None and s.kube is not None:
                 await self._borrow()  # a bridge until the replacement comes
             first = False
-            if not await self._await_capacity():
+            if not await capacity.await_capacity(s, partial(node.replace, s)):
                 got = False
                 break
             await self._validate_new_node()
@@ -288,23 +269,6 @@ class GpuRemediationWorkflow:
     async def _give_back(self) -> None:
         async with in_stage(self._s, Stage.GIVE_BACK) as rec:
             rec.outcome = await borrowing.give_back(self._s, partial(jobs.hand_over_from, self._s))
-
-    async def _await_capacity(self) -> bool:
-        """No spare now: say so once, retry on a slow cadence, give up at the bound."""
-        s, bound = self._s, self._s.settings.capacity_wait_s
-        # One bound for the whole search (from its first wait), however many new nodes failed
-        # their burn-in meanwhile.
-        waits = (r.started_at for r in s.stages if r.stage == Stage.AWAITING_CAPACITY)
-        started = next(waits, None) or workflow.now()
-        async with in_stage(s, Stage.AWAITING_CAPACITY) as rec:
-            assert s.replacement is not None
-            await notify(
-                s, "awaiting_capacity", "warning", render.awaiting_capacity(s.replacement.no_capacity, 0, bound)
-            )
-            replaced = await capacity.await_replacement(s, started, partial(node.replace, s))
-            waited = (workflow.now() - started).total_seconds()
-            rec.outcome = replaced or render.awaiting_capacity(s.replacement.no_capacity, waited, bound)
-        return replaced is not None
 
     async def _verify_resume(self) -> None:
         async with in_stage(self._s, Stage.VERIFY) as rec:

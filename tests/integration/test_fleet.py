@@ -494,3 +494,52 @@ async def test_a_coordinator_terminated_by_hand_is_rebuilt_from_the_open_inciden
             assert (await asyncio.wait_for(handle.result(), 120)).outcome == "resolved"
         end = await fleet_status(client, settings)
     assert end.out_of_service == () and end.held == () and end.containing == ()
+
+
+async def test_a_node_returned_with_the_printed_command_lets_the_held_incident_go_at_once(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """Budget one. gpu01's incident is aborted after its drain: it ends with gpu01 drained and
+    prints the command to return it. gpu02's XID 79 is held (gpu01 still counts). An operator
+    runs exactly the printed command: Slurm resumes gpu01, the books free it at once, and gpu02
+    goes within seconds, not at the next look for closed runs (300 s)."""
+    settings = with_fleet(
+        settings,
+        budget=BudgetPolicy(cluster="1", node_cooldown_s=0),
+        containment_limit="0",
+        approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
+    )
+    async with make_worker(client, settings):
+        first = await start_or_join(client, settings, report(settings, "gpu01", 79))
+        await until(lambda: _awaiting(first), "gpu01 granted, waiting for approval")
+        aborted = await gpuheal(slurm, settings, "abort", "gpu01", "--operator", "alice", "--reason", "vendor first")
+        assert aborted.returncode == 0, aborted.stderr
+        result = cast(RemediationResult, await asyncio.wait_for(first.result(), 60))
+        assert result.outcome == "aborted" and slurm.nodes()["gpu01"].drained
+        printed = result.node_detail.split("return it with: ")[1]
+        assert printed == "gpuheal return gpu01 --operator NAME --reason TEXT"
+        second = await start_or_join(client, settings, report(settings, "gpu02", 79))
+
+        async def held() -> bool:
+            return (await second.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
+
+        await until(held, "gpu02 held: gpu01 still drained, and counted")
+        assert [g.node for g in (await fleet_status(client, settings)).left] == ["gpu01"]
+        argv = printed.replace("NAME", "bob").replace("TEXT", "checked").split()[1:]
+        returned = await gpuheal(slurm, settings, *argv)
+        assert returned.returncode == 0, returned.stderr
+        assert "gpu01 no longer counted" in returned.stdout
+        assert not slurm.nodes()["gpu01"].drained
+
+        async def went() -> bool:
+            return bool((await second.query(GpuRemediationWorkflow.status)).awaiting_approval)
+
+        await until(went, "gpu02 granted at once", timeout=20)
+        fleet = await fleet_status(client, settings)
+        assert fleet.left == () and [g.node for g in fleet.out_of_service] == ["gpu02"]
+        again = await gpuheal(slurm, settings, *argv)  # gpu02's node is its open incident's, not returnable
+        assert again.returncode == 0 and "was not counted as left drained" in again.stdout
+        refused = await gpuheal(slurm, settings, "return", "gpu02", "--operator", "bob", "--reason", "oops")
+        assert refused.returncode == 1 and "held by open incident" in refused.stderr
+        await gpuheal(slurm, settings, "abort", "gpu02", "--operator", "bob", "--reason", "test over")
+        await asyncio.wait_for(second.result(), 60)

@@ -184,7 +184,7 @@ async def test_abort_during_approval_leaves_the_node_drained_not_replaced(
         assert "abort recorded" in cli.stdout
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.outcome == "aborted"
-    assert "state=resume" in result.node_detail
+    assert "gpuheal return " in result.node_detail
     state = slurm.nodes()[node]
     assert state.drained and state.reason.startswith(result.incident_id)
     assert nodes_in_service(slurm) == {"gpu01", "gpu02", "gpu03"}  # no spare started

@@ -7,6 +7,9 @@ import asyncio
 
 from temporalio.client import Client
 
+from gpuheal.activities.fleet import FleetActivities
+from gpuheal.clients.slurm import build_slurm
+from gpuheal.core.fleet.models import RunRef, RunRefs
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
@@ -53,11 +56,16 @@ async def test_a_repaired_node_whose_gpu_still_fails_is_not_returned(
     assert result.outcome == "failed_validation" and result.node_state == NodeState.FAILED_VALIDATION
     assert "GPUs failed validation" in result.node_detail
     node = slurm.slurm("scontrol", "show", "node", "gpu01")
+    incident = handle.id
     assert "State=IDLE+DRAIN" in node  # takes no job: drained and out, for the vendor
-    assert "GPU validation failed in gpuheal-" in node and "burn-in job" in node and "ended FAILED" in node
+    assert f"Reason={incident}: GPU validation failed, for the vendor: burn-in job" in node and "ended FAILED" in node
     (job,) = burn_ins(slurm)
     assert job.endswith("FAILED gpu01")
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+    # The run is closed; the coordinator's look still counts its node (the drain names the incident).
+    fleet = FleetActivities(build_slurm(settings.slurm), None, settings.fleet, settings.remediation, (), 1)
+    run = RunRef(incident_id=incident, run_id=handle.result_run_id or "", node="gpu01")
+    assert (await fleet.find_nodes_left_drained(RunRefs(runs=(run,)))).runs == (run,)
 
 
 async def test_a_burn_in_slurm_refuses_leaves_the_node_drained_not_in_service(
@@ -145,7 +153,7 @@ async def test_a_new_node_whose_gpu_fails_its_burn_in_takes_no_job_and_another_c
     assert result.replacement_node == "gpu05"
     assert "after gpu04 failed GPU validation (drained for the vendor)" in result.node_detail
     node = slurm.slurm("scontrol", "show", "node", "gpu04")
-    assert "DRAIN" in node and "GPU validation failed in gpuheal-" in node and "ended FAILED" in node
+    assert "DRAIN" in node and "GPU validation failed, for the vendor: burn-in job" in node and "ended FAILED" in node
     assert sorted(b.split()[-2:] for b in burn_ins(slurm)) == [["COMPLETED", "gpu05"], ["FAILED", "gpu04"]]
     job = await once_scheduled(slurm, waiting)
     assert job["JobState"] == "RUNNING" and job["NodeList"] == "gpu05"  # never on gpu04
@@ -170,7 +178,7 @@ async def test_a_batch_of_bad_new_nodes_ends_no_capacity_with_the_failed_node_ke
     assert "new node(s) gpu04, gpu05, gpu06 failed GPU validation: drained for the vendor" in result.reason
     assert "DRAIN" in slurm.slurm("scontrol", "show", "node", "gpu01")  # kept, counted as out
     for spare in ("gpu04", "gpu05", "gpu06"):
-        assert "GPU validation failed in gpuheal-" in slurm.slurm("scontrol", "show", "node", spare)
+        assert "GPU validation failed, for the vendor" in slurm.slurm("scontrol", "show", "node", spare)
     assert len(burn_ins(slurm)) == 3
     assert job_fields(slurm, waiting)["JobState"] == "PENDING"
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")

@@ -262,6 +262,7 @@ def release(
     run_id: str = "",
     left_drained: bool = False,
     keep_contained: bool = False,
+    placement: Placement | None = None,
 ) -> tuple[str, Effects]:
     """The incident gave its node back (closed, aborted, returned): budget frees, the next in
     line may go. Idempotent. With its `run_id`, only what that run holds: a late release of a
@@ -272,7 +273,9 @@ def release(
     not the node: the node stays counted, as `left`, until a look for closed runs finds it back
     in service (within REAP_EVERY_S) or its node's next incident takes it over; else a budget
     would free for nodes that are still out. Incidents of an earlier release do not say; for
-    them (`keep_contained`) a node contained while held is taken as still drained."""
+    them (`keep_contained`) a node contained while held is taken as still drained. A run the
+    books do not know (a rebuild that could not see it, a look that reaped it early) that leaves
+    its node drained (`placement` says where) has it counted as left all the same."""
 
     def mine(g: Grant | Held) -> bool:
         return not run_id or not g.run_id or g.run_id == run_id
@@ -287,12 +290,23 @@ def release(
     stays = grant is not None and (left_drained or (keep_contained and contained is not None))
     if grant is not None and stays and grant.node not in {g.node for g in s.grants.values()}:
         s.left[grant.node] = grant
+    if grant is None and left_drained and placement is not None and not _counted(s, placement.node):
+        p = placement
+        budget.note_sizes(s, p)
+        s.left[p.node] = Grant(
+            incident_id=incident_id, run_id=run_id, node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
+        )
+        return f"{p.node} was not in the books: counted as left drained until it is back in service", Effects()
     if grant is not None:
         s.last_release[grant.node] = now
     out = serve_queue(s, now)
     if grant is not None and stays:
         return f"released {grant.node} (still drained: counted until it is back in service)", out
     return (f"released {grant.node}" if grant else "nothing held"), out
+
+
+def _counted(s: FleetState, node: str) -> bool:
+    return node in s.left or any(g.node == node for book in s.books() for g in book.values())
 
 
 def _held(req: CapacityRequest, now: datetime, why: str) -> Held:
@@ -415,10 +429,12 @@ def _forget_earlier_run(s: FleetState, req: CapacityRequest, now: datetime, keep
     return Effects(notes=[("grants_reaped", "info", text)])
 
 
-def reap(s: FleetState, closed: Iterable[RunRef], still_drained: Iterable[RunRef], now: datetime) -> Effects:
+def reap(
+    s: FleetState, closed: Iterable[RunRef], asked: Iterable[RunRef], still_drained: Iterable[RunRef], now: datetime
+) -> Effects:
     """What a look for closed runs found, given back (gpuheal.core.fleet.reaping.reap), and the line
     served with what freed."""
-    out = Effects(notes=reaping.reap(s, closed, still_drained, now))
+    out = Effects(notes=reaping.reap(s, closed, asked, still_drained, now))
     if out.notes:
         out += serve_queue(s, now)
     return out

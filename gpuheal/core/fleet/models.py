@@ -14,6 +14,11 @@ from gpuheal.core.fleet.policy import FleetPolicy, Mode, VersionedPolicy
 from gpuheal.core.models.base import ActionClass, Frozen, NodeName, OperatorName, Severity, Stage
 from gpuheal.core.models.incident import RemediationSettings
 
+# What a notice tells operators to run for a node an incident left drained: it resumes the node
+# and tells the coordinator at once (a bare `scontrol ... state=resume` frees the budget only at
+# the next look for closed runs).
+RETURN_COMMAND = "gpuheal return {node} --operator NAME --reason TEXT"
+
 
 class Placement(Frozen):
     """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
@@ -114,6 +119,7 @@ class OpenIncident(Frozen):
     stage: Stage
     contained: bool = False  # held, with its node drained as containment
     takes_capacity: bool = True  # its action drains or repairs (an application restart takes none)
+    since: datetime | None = None  # when it started: a rebuilt line keeps the order of arrival
 
 
 class OpenIncidents(Frozen):
@@ -129,6 +135,7 @@ class ReleaseRequest(Frozen):
     incident_id: str
     run_id: str = ""  # "" from incidents of an earlier release: whatever the incident holds
     left_drained: bool = False  # it ends with its node still drained by it: counted until back
+    placement: Placement | None = None  # its node: a release the books do not know still counts it left
 
 
 class CapacityDecision(Frozen):
@@ -200,6 +207,14 @@ class OperatorAction(Frozen):
     reason: str = Field(min_length=1, max_length=500)
 
 
+class NodeReturn(Frozen):
+    """An operator returned a node an incident left drained (`gpuheal return`): resumed in Slurm."""
+
+    node: NodeName
+    operator: OperatorName
+    reason: str = Field(min_length=1, max_length=500)
+
+
 class Override(Frozen):
     incident_id: str
     operator: OperatorName
@@ -254,9 +269,15 @@ class FleetState(BaseModel):
     # so that what the coordinator shows is computed on the real cluster, not on one node.
     sizes: dict[str, int] = {}
     reaped_at: datetime | None = None  # when the coordinator last looked for closed runs
+    # When it last asked Slurm whether the nodes left drained are back, for an incident held
+    # meanwhile (reaping.left_check_due): a node an operator returned frees its slot within seconds.
+    left_checked_at: datetime | None = None
     # Nodes closed runs left drained (node -> the grant): still out, still counted (gpuheal.core.fleet.reaping).
     left: dict[str, Grant] = {}
     configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
+    # The digests offered before it, oldest first (at most steering.CONFIGURED_BEFORE_MOST): an older
+    # worker restarting mid-rollout offers one of them again, and it is refused.
+    configured_before: list[str] = []
 
     def books(self) -> tuple[dict[str, Grant], dict[str, Grant], dict[str, Grant]]:
         """Where a run's hold on its node is kept (by incident id): granted, taken back, contained."""

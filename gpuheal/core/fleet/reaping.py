@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from gpuheal.core.fleet import budget
-from gpuheal.core.fleet.models import Breaker, FleetState, Grant, Held, Note, OpenIncidents, RunRef
+from gpuheal.core.fleet.models import RETURN_COMMAND, Breaker, FleetState, Grant, Held, Note, OpenIncidents, RunRef
 from gpuheal.core.models.base import Stage
 
 # The coordinator looks for closed runs among those holding something this often, while any does
@@ -84,16 +84,24 @@ def left_refs(s: FleetState) -> list[RunRef]:
     return [RunRef(incident_id=g.incident_id, run_id=g.run_id, node=n) for n, g in s.left.items()]
 
 
-def reap(s: FleetState, closed: Iterable[RunRef], still_drained: Iterable[RunRef], now: datetime) -> list[Note]:
+def reap(
+    s: FleetState, closed: Iterable[RunRef], asked: Iterable[RunRef], still_drained: Iterable[RunRef], now: datetime
+) -> list[Note]:
     """Give back what closed runs still hold; only what that run holds (a newer run of the same
     incident that asked since keeps its own). A grant whose node Slurm still shows drained by
     that incident stays counted, as `left`, until a look finds the node back in service (then
     it frees) or its node's next incident is granted it: a failed GPU is not put back to work
-    unchecked, and a budget must not free for nodes that are still out."""
+    unchecked, and a budget must not free for nodes that are still out.
+
+    `asked` are the runs whose nodes Slurm was asked about, `still_drained` those it showed
+    drained: a node left while the look ran was not asked, and stays counted."""
     runs = {(r.incident_id, r.run_id) for r in closed}
     drained = {(r.incident_id, r.node) for r in still_drained}
+    answered = {(r.incident_id, r.run_id, r.node) for r in asked}
     out: list[Note] = []
-    back = [n for n, g in s.left.items() if (g.incident_id, n) not in drained]
+    back = [
+        n for n, g in s.left.items() if (g.incident_id, g.run_id, n) in answered and (g.incident_id, n) not in drained
+    ]
     for n in back:
         s.left.pop(n)
     if back:
@@ -115,8 +123,8 @@ def reap(s: FleetState, closed: Iterable[RunRef], still_drained: Iterable[RunRef
         if kept:
             text += (
                 f" Still drained by them, and counted against the budget until back in service: "
-                f"{_names([g.node for g in kept])} (`gpuheal status NODE`, then `scontrol update nodename=NODE "
-                "state=resume` once checked)."
+                f"{_names([g.node for g in kept])} (`gpuheal status NODE`, then "
+                f"`{RETURN_COMMAND.format(node='NODE')}` once checked)."
             )
         out.append(("grants_reaped", "warning", text))
     return out
@@ -128,27 +136,35 @@ def _names(items: list[str]) -> str:
 
 
 def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
-    """A coordinator started afresh after an earlier run of it ended (terminated by hand, its
-    namespace restored): it does not know what the open incidents hold, and would let the next
-    ones through past the budget, its breaker reset by forgetting. It rebuilds grants,
-    containments and its line from them, and trips its breaker, saying why, until a person has
-    looked and resumes. An incident it knows already (one that asked since it started) is left
-    as it is. The cluster's first coordinator, with nothing unknown open, changes nothing."""
-    if not found.earlier_run:  # the cluster's first coordinator: there was nothing to forget
-        return []
+    """A coordinator started afresh: it may be a recreation (its earlier run terminated by hand,
+    its namespace restored), and visibility may not show that earlier run closed yet (a new
+    admission recreates it within a second). It does not know what the open incidents hold,
+    and would let the next ones through past the budget, its breaker reset by forgetting. So
+    whenever open incidents hold something or Slurm shows gpuheal's drains, whether or not an
+    earlier run is visible, it rebuilds grants, containments and its line from them (a held
+    incident in its order of arrival), counts every other node drained by gpuheal as left, and
+    trips its breaker, saying why, until a person has looked and resumes. An incident it knows
+    already (one that asked since it started) is left as it is. A coordinator that finds
+    nothing open and no earlier run (the cluster's first) changes nothing."""
     known = {r.incident_id for r in holders(s)}
+    gave_back = {(g.incident_id, g.run_id) for g in s.left.values()}  # released since: left, not held
     new = [
         o
         for o in found.incidents
-        if o.incident_id not in known and (o.stage == Stage.HELD or (o.stage in GRANTED_STAGES and o.takes_capacity))
+        if o.incident_id not in known
+        and (o.incident_id, o.run_id) not in gave_back
+        and (o.stage == Stage.HELD or (o.stage in GRANTED_STAGES and o.takes_capacity))
     ]
-    for o in new:
+    granted, held = [o for o in new if o.stage != Stage.HELD], [o for o in new if o.stage == Stage.HELD]
+    held.sort(key=lambda o: (o.since is None, o.since or now, o.incident_id))
+    for o in [*granted, *held]:
         p = o.placement
         budget.note_sizes(s, p)
         grant = Grant(
             incident_id=o.incident_id, run_id=o.run_id, node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
         )
         if o.stage != Stage.HELD:
+            s.left.pop(p.node, None)  # counted once: as this grant
             s.grants[o.incident_id] = grant  # out of service; it counted against the rate before
             continue
         why = "held when the coordinator was recreated (its line rebuilt from the open incidents)"
@@ -158,6 +174,7 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
         if o.contained:
             s.containing[o.incident_id] = grant
     counted = {g.node for book in s.books() for g in book.values()}
+    left = []
     for o in found.left:  # drained by incidents that ended: counted until back in service
         p = o.placement
         if p.node not in counted and p.node not in s.left:
@@ -165,12 +182,36 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
             s.left[p.node] = Grant(
                 incident_id=o.incident_id, run_id="", node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
             )
+            left.append(p.node)
+    if not (found.earlier_run or new or left):  # the cluster's first coordinator: nothing was forgotten
+        return []
     nodes = tuple(sorted(o.placement.node for o in new))[:NOTE_NODES]
     why = (
-        f"coordinator recreated (its earlier run: {found.earlier_run or 'unknown'}) with {len(new)} open incidents "
-        f"and {len(found.left)} nodes left drained; their grants and line are rebuilt: check them (`gpuheal fleet`)"
+        f"coordinator recreated (its earlier run: {found.earlier_run or 'not visible yet'}) with {len(new)} open "
+        f"incidents and {len(left)} nodes left drained; their grants and line are rebuilt: check them (`gpuheal fleet`)"
     )
     s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
     names = _names(sorted(o.placement.node for o in new))
     text = f"{why}; nodes {names or '-'}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."
     return [("coordinator_rebuilt", "critical", text)]
+
+
+# A held incident with nodes left drained in the books: Slurm is asked whether they are back this
+# often while it waits (not only at the next look, REAP_EVERY_S), so a node an operator resumed
+# frees its slot within seconds.
+LEFT_CHECK_EVERY_S = 30.0
+
+
+def left_check_due(s: FleetState, now: datetime) -> datetime | None:
+    """When to ask Slurm about the nodes left drained for an incident held now, or None (none
+    held, none left, or the breaker tripped: a freed slot would grant nothing)."""
+    if not (s.queue and s.left) or s.breaker.tripped:
+        return None
+    last = s.left_checked_at
+    return last + timedelta(seconds=LEFT_CHECK_EVERY_S) if last is not None else now
+
+
+def start_left_check(s: FleetState, now: datetime) -> list[RunRef]:
+    """The nodes left drained to ask Slurm about now (and the check recorded)."""
+    s.left_checked_at = now
+    return left_refs(s)

@@ -8,7 +8,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuheal.core.fleet.coordination import Effects, grant, serve_queue
-from gpuheal.core.fleet.models import Breaker, DomainDecision, FleetState, GrantNotice, OperatorAction, Override
+from gpuheal.core.fleet.models import (
+    Breaker,
+    DomainDecision,
+    FleetState,
+    GrantNotice,
+    NodeReturn,
+    OperatorAction,
+    Override,
+)
 from gpuheal.core.fleet.policy import ConfiguredPolicy, FleetPolicy, VersionedPolicy
 from gpuheal.core.models.base import Severity
 
@@ -51,6 +59,24 @@ def override(s: FleetState, o: Override, now: datetime) -> tuple[str, Effects]:
     return f"{o.incident_id} granted by {o.operator}", Effects(signals=[(held.incident_id, notice)])
 
 
+def holder_of(s: FleetState, node: str) -> str | None:
+    """The open incident whose grant, containment or taking back counts this node, if any."""
+    return next((g.incident_id for book in s.books() for g in book.values() if g.node == node), None)
+
+
+def return_node(s: FleetState, r: NodeReturn, now: datetime) -> tuple[str, Effects]:
+    """An operator resumed a node an incident left drained (`gpuheal return`): it is no longer
+    counted, now, not at the next look; the line is served with the slot it frees. A node an
+    open incident holds is that incident's to give back (refused before: the validator)."""
+    gone = s.left.pop(r.node, None)
+    if gone is None:
+        return f"{r.node} was not counted as left drained: nothing to free", Effects()
+    text = f"{r.node} (left drained by {gone.incident_id}) returned to service by {r.operator}: {r.reason}"
+    out = Effects(notes=[("node_returned", "info", text)])
+    out += serve_queue(s, now)
+    return f"{r.node} no longer counted; {len(s.queue)} still held", out
+
+
 def domain_decision(s: FleetState, d: DomainDecision, now: datetime) -> tuple[str, Effects]:
     """A domain incident's operator decided: release its node incidents (within the budget) or
     dismiss them (they end, the domain is handled as one)."""
@@ -71,16 +97,32 @@ def domain_decision(s: FleetState, d: DomainDecision, now: datetime) -> tuple[st
     return f"{d.domain}: {d.decision} by {d.operator}", out
 
 
-def configure(s: FleetState, c: ConfiguredPolicy, now: datetime) -> tuple[str, Effects]:
+# How many configurations offered before the last one the coordinator remembers (FleetState.configured_before):
+# more than a rollout's stale pods can bring back, few enough to carry across continue-as-new.
+CONFIGURED_BEFORE_MOST = 32
+
+
+def configure(s: FleetState, c: ConfiguredPolicy, now: datetime, refuse_earlier: bool = True) -> tuple[str, Effects]:
     """A worker started with its configured policy. The configuration changed since a worker
     last offered one (a Helm upgrade, a new policy file): it is applied, as a change by the
     configuration, with its version. The same configuration again (a restarted or a second
     worker): the cluster's policy stands, whatever an operator changed since; a restart must
-    never undo a recorded change. A coordinator that kept no digest yet (started by the release
-    before) records the first one offered and keeps its policy: an upgrade undoes nothing."""
+    never undo a recorded change. A configuration offered before the last one (an older worker
+    restarting in the middle of a rollout, or a rollback) is refused: it never undoes a newer
+    one; a person applies an older policy with `gpuheal policy apply`. A coordinator that kept
+    no digest yet (started by the release before) records the first one offered and keeps its
+    policy: an upgrade undoes nothing. `refuse_earlier=False` is how the release before answered
+    (a coordinator's history from then replays so: workflow.patched in workflows/fleet.py)."""
     v = s.policy.version
     if c.digest == s.configured:
         return f"configuration {c.digest} unchanged: the cluster's policy version {v} stands", Effects()
+    if refuse_earlier and c.digest in s.configured_before:
+        return (
+            f"configuration {c.digest} was offered before {s.configured} (an older worker): not applied again;"
+            f" the cluster's policy version {v} stands (to apply it, `gpuheal policy apply`)"
+        ), Effects()
+    if s.configured:
+        s.configured_before = [*s.configured_before, s.configured][-CONFIGURED_BEFORE_MOST:]
     first, s.configured = not s.configured, c.digest
     if first:  # a coordinator of the release before, which kept no digest: its policy stands
         return f"configuration {c.digest} recorded; the cluster's policy version {v} stands", Effects()

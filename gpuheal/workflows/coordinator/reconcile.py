@@ -12,22 +12,76 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run
+from gpuheal.workflows.coordinator import sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
+from gpuheal.workflows.coordinator.versions import BOOKS
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core.fleet import coordination, reaping
+    from gpuheal.core.fleet import coordination, domain_reaping, reaping
     from gpuheal.core.fleet.coordination import Effects
-    from gpuheal.core.fleet.models import Breaker, RunRef, RunRefs
+    from gpuheal.core.fleet.models import Breaker, DomainIncident, RunRef, RunRefs
 
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
 LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
+# The rebuild lists every open incident and asks each its status (thousands in a storm, on a
+# loaded server): a long bound, kept alive by its heartbeat, tried again until it succeeds.
+REBUILD: dict[str, Any] = {"timeout": timedelta(minutes=10), "heartbeat": timedelta(seconds=60), "attempts": 3}
+REBUILD_AGAIN_S = 30.0  # between rounds of attempts while the rebuild fails
+# A rebuild that found nothing open, nothing drained and no earlier run may have come within
+# visibility's lag of a termination (an admission recreates the coordinator within a second):
+# it looks once more this much later, beside the loop, and trips the breaker if an earlier run
+# shows then (its books were true: nothing was out; an operator's pause is what could be lost).
+VISIBILITY_LAG_S = 15.0
 
 
 async def rebuild(c: CoordinatorState) -> None:
     """Started afresh: incidents of the cluster may be open already (this coordinator was
     terminated by hand, or its namespace restored). What they hold is rebuilt from them
-    (gpuheal.core.fleet.reaping.rebuild); one that cannot be listed trips the breaker too."""
+    (gpuheal.core.fleet.reaping.rebuild). Nothing is decided until it has succeeded (requests
+    wait, `gpuheal resume` is refused): books rebuilt from nothing would grant a full budget on
+    top of what is still drained. While it fails, the breaker is tripped and the operators told."""
+    if not workflow.patched(BOOKS):
+        return await _rebuild_once(c)
+    told = False
+    while True:
+        try:
+            found = await run(
+                act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild from the open incidents", **REBUILD
+            )
+        except ActivityError as err:
+            if not told:
+                why = (
+                    f"rebuilding from the open incidents failed ({err.cause or err}); nothing is granted until it "
+                    f"succeeds (tried again every {REBUILD_AGAIN_S:g} s)"
+                )
+                c.fleet.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
+                c.notes.append(("coordinator_rebuilt", "critical", why))
+                await sending.send(c)
+                told = True
+            await workflow.sleep(timedelta(seconds=REBUILD_AGAIN_S), summary="rebuild again")
+            continue
+        c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now())))
+        if not (found.earlier_run or found.incidents or found.left):
+            c.look_again = asyncio.ensure_future(_look_again(c))
+        return
+
+
+async def _look_again(c: CoordinatorState) -> None:
+    """The second look of a rebuild that found nothing (see VISIBILITY_LAG_S): what shows now is
+    rebuilt too (what the coordinator knows since is left as it is)."""
+    await workflow.sleep(timedelta(seconds=VISIBILITY_LAG_S), summary="look again for an earlier run")
+    try:
+        found = await run(act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild: look again", **REBUILD)
+    except ActivityError as err:
+        c.undelivered.append(f"second look for an earlier run failed: {err.cause or err}")
+        c.view_changed()
+        return
+    c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now())))
+
+
+async def _rebuild_once(c: CoordinatorState) -> None:
+    """How coordinators before BOOKS rebuilt (their histories replay so)."""
     try:
         found = await run(
             act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild from the open incidents", attempts=5
@@ -46,16 +100,38 @@ def reap_at(c: CoordinatorState) -> datetime | None:
     return workflow.now() if c.reap_now else reaping.reap_due(c.fleet, workflow.now())
 
 
-def reap(c: CoordinatorState, runs: list[RunRef]) -> None:
+def check_left_at(c: CoordinatorState) -> datetime | None:
+    """When to ask Slurm about the left nodes for a held incident (coordinators from BOOKS on)."""
+    if c.reaping:
+        return None
+    return reaping.left_check_due(c.fleet, workflow.now())
+
+
+def _domain_refs(c: CoordinatorState) -> list[RunRef]:
+    """The undecided domain incidents whose workflow was started (not those still to open)."""
+    opening = [d.incident_id for d in (*c.domains, *c.on_way.values()) if isinstance(d, DomainIncident)]
+    return domain_reaping.undecided_refs(c.fleet, opening)
+
+
+def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> None:
     """Look for closed runs among those holding something, beside the loop, and give back
     what they hold (gpuheal.core.fleet.reaping.reap): their nodes that Slurm still shows drained
-    by them stay counted. A look that fails is said in the details and made again at the
+    by them stay counted. Without `closed_runs`, only the nodes left drained are asked about (a
+    held incident's check). A look that fails is said in the details and made again at the
     next one; it never fails the coordinator."""
     c.reaping, c.reap_now = True, False
+    books = workflow.patched(BOOKS)
+    domains = _domain_refs(c) if books and closed_runs else []
 
     async def look() -> None:
         try:
-            closed = await run(act.FIND_CLOSED_RUNS, RunRefs(runs=tuple(runs)), summary="look for closed runs", **LOOK)
+            closed = RunRefs()
+            if closed_runs:
+                asked = RunRefs(runs=(*runs, *domains))
+                closed = await run(act.FIND_CLOSED_RUNS, asked, summary="look for closed runs", **LOOK)
+            ended = [r for r in closed.runs if r in domains]
+            closed = RunRefs(runs=tuple(r for r in closed.runs if r not in domains))
+            # The left nodes as they are now, after the first look: those left since are asked too.
             check = RunRefs(runs=(*closed.runs, *reaping.left_refs(c.fleet)))
             try:
                 drained = check
@@ -63,7 +139,13 @@ def reap(c: CoordinatorState, runs: list[RunRef]) -> None:
                     drained = await run(act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK)
             except ActivityError:  # Slurm not answering: every node counts as still drained
                 drained = check
-            c.apply(coordination.reap(c.fleet, closed.runs, drained.runs, workflow.now()))
+            if books:
+                c.apply(coordination.reap(c.fleet, closed.runs, check.runs, drained.runs, workflow.now()))
+                c.apply(domain_reaping.reap_domains(c.fleet, ended, workflow.now()))
+                c.apply(domain_reaping.release_overdue(c.fleet, workflow.now()))
+            else:  # before BOOKS: every left node not shown drained was dropped, even one left meanwhile
+                asked_before = (*closed.runs, *(r for r in reaping.left_refs(c.fleet)))
+                c.apply(coordination.reap(c.fleet, closed.runs, asked_before, drained.runs, workflow.now()))
         except ActivityError as err:
             c.undelivered.append(f"look for closed runs failed: {err.cause or err}")
             c.view_changed()

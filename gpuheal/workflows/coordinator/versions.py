@@ -28,4 +28,10 @@ COUNTS_LEFT = "coordinator-bounds-containment-by-all-out-and-keeps-a-dead-runs-n
 # Nor did they serve the line only when something frees (a request that freed nothing, in a
 # storm, served a line of a thousand); they serve at every request until they continue as new.
 SERVE_WHEN_FREED = "coordinator-serves-the-line-when-something-frees"
+# Nor did they keep their books true on every path: they rebuilt only when an earlier run was
+# visible and gave up after five attempts, dropped a left node a release added while a look
+# ran, asked Slurm about left nodes only every REAP_EVERY_S while an incident was held, took
+# releases while rebuilding, never freed a domain whose domain incident died undecided, and
+# applied again a configuration an older worker offered (a stale pod in a rollout).
+BOOKS = "coordinator-books-never-lie"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it

@@ -1,12 +1,15 @@
 """The incident's side of capacity: the negotiation with its cluster's coordinator
 (workflows/fleet.py) — admission (the cluster's policy, where the node sits, a repeat offender),
-a grant before any capacity leaves service, its confirmation before a replacement, its release
-at the close — and the wait for a replacement when there is no spare. Every coordinator call is
-an activity keyed by the incident, so a retried or replayed one counts once."""
+a grant before any capacity leaves service (asked again while held), its confirmation before a
+replacement, its release at the close — and the `awaiting_capacity` stage when there is no
+spare. Every coordinator call is an activity keyed by the incident, so a retried or replayed one
+counts once; one unanswered after its attempts never fails the incident (holding.py names its
+ending; a release unanswered is left to the coordinator's look for closed runs)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -16,12 +19,14 @@ from gpuheal.workflows import gate
 from gpuheal.workflows.activity import COORDINATOR, ask_coordinator
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.incident.state import IncidentState
+from gpuheal.workflows.incident.timeline import in_stage, notify
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import render
     from gpuheal.core.fleet.models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
-    from gpuheal.core.models.base import ActionClass, NodeState
+    from gpuheal.core.fleet.reaping import REAP_EVERY_S
+    from gpuheal.core.models.base import ActionClass, NodeState, Stage
     from gpuheal.core.models.replacement import ReplacementResult
 
 # Incidents started before it cleared a notice only once they began to wait, so a grant that came
@@ -33,6 +38,18 @@ BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
 # Incidents started before it drained their node without a grant when a later report escalated
 # an action that needed none (an application restart) to one that drains.
 ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
+# Incidents started before it failed (no named ending; dedupe then took the run for one that
+# handled nothing) when the coordinator did not answer a request, a confirmation or the release
+# at the close after their attempts; they keep failing so (workflow.patched) to replay. Asked only
+# once a call failed: a run whose calls were answered records nothing and replays as before.
+UNANSWERED_IS_AN_ENDING = "an-unanswered-coordinator-is-a-named-ending"
+# Incidents started before it waited for their grant notice alone, one timer to the hold bound;
+# they keep doing so (workflow.patched) to replay.
+REASK_WHILE_HELD = "a-held-incident-asks-the-coordinator-again"
+# How often a held incident asks its coordinator again: one recreated and rebuilt without this
+# incident in its line, or one that lost its place in it, decides it afresh (the request is keyed
+# by the incident's run: asked again, it is the same request, counted once).
+REASK_S = 300.0
 # Endings that leave the node drained by this incident: the coordinator keeps counting it.
 STILL_OUT = frozenset(
     {
@@ -68,16 +85,44 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
     s.repeat = answer.admission.repeat_offender
 
 
-async def request(s: IncidentState) -> CapacityDecision:
-    """Before capacity leaves service: granted now, or held in line."""
-    _forget_earlier_notices(s)
-    return await act_run(act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR)
+@dataclass(frozen=True)
+class Unanswered:
+    """The coordinator did not answer `asked` after its attempts (`cause`: the last error)."""
+
+    asked: str
+    cause: str
 
 
-async def confirm(s: IncidentState) -> CapacityDecision:
-    """Before replacing: the grant stands unless the breaker tripped or the domain escalated."""
+# A call for a grant: its answer, or none after its attempts.
+Ask = Callable[[IncidentState], Awaitable[CapacityDecision | Unanswered]]
+
+
+async def request(s: IncidentState) -> CapacityDecision | Unanswered:
+    """Before capacity leaves service: granted now, or held in line (or no answer at all)."""
     _forget_earlier_notices(s)
-    return await ask_coordinator(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+    try:
+        return await act_run(
+            act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR
+        )
+    except ActivityError as err:
+        return _unanswered("the request for capacity", err)
+
+
+async def confirm(s: IncidentState) -> CapacityDecision | Unanswered:
+    """Before replacing: the grant stands unless the breaker tripped or the domain escalated (or
+    the coordinator does not answer: then it does not stand either)."""
+    _forget_earlier_notices(s)
+    try:
+        return await ask_coordinator(act.CONFIRM_CAPACITY, _ask(s), summary="the grant still stands?")
+    except ActivityError as err:
+        return _unanswered("the confirmation of its grant", err)
+
+
+def _unanswered(asked: str, err: ActivityError) -> Unanswered:
+    if not workflow.patched(UNANSWERED_IS_AN_ENDING):
+        raise err  # how incidents started before the fix ended (their histories replay so)
+    workflow.logger.warning("the coordinator did not answer %s: %s", asked, err.cause or err)
+    return Unanswered(asked=asked, cause=str(err.cause or err))
 
 
 async def may_contain(s: IncidentState) -> tuple[bool, str]:
@@ -107,20 +152,63 @@ def _forget_earlier_notices(s: IncidentState) -> None:
 
 
 async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | None:
-    """Held: the coordinator's notice (granted, or dismissed into a domain incident), or None."""
+    """Held: the coordinator's notice (granted, or dismissed into a domain incident), or None at
+    the bound. Meanwhile it asks again every REASK_S: a granted answer is a grant notice."""
     if not workflow.patched(KEEP_EARLY_GRANT):
         s.grant = None  # how incidents started before the fix waited (their histories replay so)
-    return await gate.wait_for(
-        lambda: s.grant, within=timedelta(seconds=within_s), summary="held: capacity never freed within the bound"
-    )
+    bound = "held: capacity never freed within the bound"
+    if not workflow.patched(REASK_WHILE_HELD):
+        return await gate.wait_for(lambda: s.grant, within=timedelta(seconds=within_s), summary=bound)
+    until, every = workflow.now() + timedelta(seconds=within_s), timedelta(seconds=REASK_S)
+    while (left := until - workflow.now()) > timedelta(0):
+        last = left <= every
+        summary = bound if last else "held: ask the coordinator again"
+        notice = await gate.wait_for(lambda: s.grant, within=min(left, every), summary=summary)
+        if notice is not None or last:
+            return notice
+        again = await _ask_again(s)
+        if s.grant is None and again is not None and again.granted:
+            s.grant = GrantNotice(granted=True, reason=f"granted when asked again: {again.reason}")
+        if s.grant is not None:  # that answer, or a notice that came while it was asked
+            return s.grant
+    return None
 
 
-async def await_replacement(
+async def _ask_again(s: IncidentState) -> CapacityDecision | None:
+    """The same request again (earlier notices kept); None when it was not answered: the wait
+    goes on to its bound, as it would have without asking."""
+    try:
+        return await act_run(
+            act.REQUEST_CAPACITY, _ask(s), summary="held: ask the coordinator again", timeout=COORDINATOR, attempts=3
+        )
+    except ActivityError as err:
+        workflow.logger.warning("held: the coordinator did not answer again: %s", err.cause or err)
+        return None
+
+
+async def await_capacity(s: IncidentState, replace: Callable[[], Awaitable[ReplacementResult]]) -> bool:
+    """The `awaiting_capacity` stage: no spare now; say so once, retry on a slow cadence, give up
+    at the bound. True once a replacement came; False when none did (or an early give-back of a
+    borrowed node ended it)."""
+    bound = s.settings.capacity_wait_s
+    # One bound for the whole search (from its first wait), however many new nodes failed
+    # their burn-in meanwhile.
+    waits = (r.started_at for r in s.stages if r.stage == Stage.AWAITING_CAPACITY)
+    started = next(waits, None) or workflow.now()
+    async with in_stage(s, Stage.AWAITING_CAPACITY) as rec:
+        assert s.replacement is not None
+        await notify(s, "awaiting_capacity", "warning", render.awaiting_capacity(s.replacement.no_capacity, 0, bound))
+        replaced = await _retry_replacement(s, started, replace)
+        waited = (workflow.now() - started).total_seconds()
+        rec.outcome = replaced or render.awaiting_capacity(s.replacement.no_capacity, waited, bound)
+    return replaced is not None
+
+
+async def _retry_replacement(
     s: IncidentState, started: datetime, replace: Callable[[], Awaitable[ReplacementResult]]
 ) -> str | None:
-    """No spare since `started`: retry on a slow cadence until the capacity bound. The stage's
-    outcome once a replacement came, None when it did not (or an early give-back of a borrowed
-    node ended it)."""
+    """Retry until the capacity bound (from `started`): the stage's outcome once a replacement
+    came, None when it did not (or an early give-back of a borrowed node ended it)."""
     settings = s.settings
     while (workflow.now() - started).total_seconds() < settings.capacity_wait_s:
         asked = await gate.wait_for(
@@ -143,8 +231,24 @@ async def release(s: IncidentState) -> None:
     # Its run's holdings only (an activity's input is not part of replay: no patch needed).
     run_id = workflow.info().first_execution_run_id
     left = s.node_at.state in STILL_OUT and s.drain is not None and s.drain.drained_by_us
-    req = ReleaseRequest(cluster=s.ref.cluster, incident_id=s.ref.incident_id, run_id=run_id, left_drained=left)
-    await ask_coordinator(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
+    req = ReleaseRequest(
+        cluster=s.ref.cluster,
+        incident_id=s.ref.incident_id,
+        run_id=run_id,
+        left_drained=left,
+        placement=s.placement,  # a coordinator whose books lost this run still counts its node left
+    )
+    try:
+        await ask_coordinator(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
+    except ActivityError as err:  # the incident has its result: an unanswered release never fails it
+        if not workflow.patched(UNANSWERED_IS_AN_ENDING):
+            raise  # how incidents started before the fix ended (their histories replay so)
+        kept = f"; {s.ref.node}, still drained by it, stays counted as left until it is back" if left else ""
+        s.done.append(
+            f"release did not land ({err.cause or err}): the coordinator's look for closed runs "
+            f"(every {REAP_EVERY_S:g} s) gives back what this run held{kept}"
+        )
+        workflow.logger.warning("release did not land: %s", err.cause or err)
 
 
 def _ask(s: IncidentState) -> CapacityRequest:

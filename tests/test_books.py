@@ -1,0 +1,142 @@
+"""The coordinator's books on the paths issue 32 found them wrong, one example each (the state
+machine in tests/test_coordination.py explores their mixes): every node gpuheal drained is
+counted exactly once until Slurm shows it back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gpuheal.core.fleet import coordination, reaping, steering
+from gpuheal.core.fleet.models import (
+    AdmitRequest,
+    CapacityRequest,
+    FleetState,
+    NodeReturn,
+    OpenIncident,
+    OpenIncidents,
+    Placement,
+    RunRef,
+)
+from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy, VersionedPolicy
+from gpuheal.core.models.base import ActionClass, Stage
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def state(cluster: str = "2", containment: str = "1") -> FleetState:
+    p = FleetPolicy(
+        budget=BudgetPolicy(cluster=cluster, per_pool=None, node_cooldown_s=0), containment_limit=containment
+    )
+    return FleetState(cluster="c", policy=VersionedPolicy(version=1, policy=p, changed_by="t", reason="t", at=T0))
+
+
+def where(node: str) -> Placement:
+    return Placement(node=node, cluster_size=20, pool="train", pool_size=20, domains={})
+
+
+def ask(s: FleetState, node: str, run: str) -> bool:
+    """A new incident run of `node` is admitted and asks for capacity: granted?"""
+    incident = f"gpuheal-c-{node}"
+    admit = AdmitRequest(
+        incident_id=incident,
+        run_id=run,
+        cluster="c",
+        placement=where(node),
+        action=ActionClass.REPLACE_NODE,
+        what="XID 79",
+        seed=s.policy.policy,
+    )
+    coordination.admit(s, admit, T0)
+    req = CapacityRequest(
+        cluster="c", incident_id=incident, run_id=run, placement=where(node), action=ActionClass.REPLACE_NODE
+    )
+    return coordination.request(s, req, T0)[0].granted
+
+
+def counted(s: FleetState) -> list[str]:
+    return sorted([g.node for b in s.books() for g in b.values()] + list(s.left))
+
+
+def test_a_release_while_a_look_runs_keeps_its_node_counted() -> None:
+    """The look asked Slurm about the left nodes it knew; a node left while it ran was not asked,
+    and must not be dropped as 'not shown drained'."""
+    s = state()
+    assert ask(s, "gpu01", "r1")
+    asked = reaping.left_refs(s)  # the look's second activity starts: nothing left yet
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)  # meanwhile
+    coordination.reap(s, [], asked, [], T0)  # Slurm answered about what it was asked
+    assert counted(s) == ["gpu01"], "a node left while the look ran was dropped"
+    assert ask(s, "gpu02", "r2") and not ask(s, "gpu03", "r3"), "the budget of 2 must count gpu01"
+
+
+def test_a_rebuild_counts_what_is_open_and_drained_even_before_the_earlier_run_shows() -> None:
+    """Recreated within visibility's lag: no earlier run visible yet, but open incidents hold
+    nodes and Slurm shows gpuheal's drains. It rebuilds them, in order of arrival, and trips."""
+    s = state()
+    found = OpenIncidents(
+        incidents=(
+            OpenIncident(incident_id="gpuheal-c-gpu01", run_id="a", placement=where("gpu01"), stage=Stage.REPAIR),
+            OpenIncident(
+                incident_id="gpuheal-c-gpu03",
+                run_id="c",
+                placement=where("gpu03"),
+                stage=Stage.HELD,
+                since=T0 + timedelta(seconds=5),
+            ),
+            OpenIncident(
+                incident_id="gpuheal-c-gpu02",
+                run_id="b",
+                placement=where("gpu02"),
+                stage=Stage.HELD,
+                contained=True,
+                since=T0,
+            ),
+        ),
+        earlier_run="",
+        left=(OpenIncident(incident_id="gpuheal-c-gpu09", run_id="", placement=where("gpu09"), stage=Stage.DONE),),
+    )
+    notes = reaping.rebuild(s, found, T0)
+    assert s.breaker.tripped and notes and "not visible yet" in notes[0][2]
+    assert set(s.grants) == {"gpuheal-c-gpu01"} and set(s.left) == {"gpu09"}
+    assert [h.node for h in s.queue] == ["gpu02", "gpu03"], "the line is in order of arrival"
+    assert set(s.containing) == {"gpuheal-c-gpu02"}, "held while contained: contained, not granted"
+
+
+def test_the_clusters_first_coordinator_changes_nothing() -> None:
+    s = state()
+    assert reaping.rebuild(s, OpenIncidents(), T0) == [] and not s.breaker.tripped
+
+
+def test_a_release_the_books_do_not_know_still_counts_its_drained_node() -> None:
+    s = state()
+    answer, _ = coordination.release(s, "gpuheal-c-gpu04", T0, "r9", left_drained=True, placement=where("gpu04"))
+    assert "not in the books" in answer and counted(s) == ["gpu04"]
+    coordination.release(s, "gpuheal-c-gpu04", T0, "r9", left_drained=True, placement=where("gpu04"))
+    assert counted(s) == ["gpu04"], "counted once, however often it says so"
+
+
+def test_gpuheal_return_frees_the_slot_at_once_and_the_next_incident_goes() -> None:
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    assert not ask(s, "gpu02", "r2"), "held: gpu01 is still drained, and counted"
+    assert reaping.left_check_due(s, T0) == T0, "a held incident with left nodes checks them at once"
+    answer, out = steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
+    assert "no longer counted" in answer and "gpu01" not in s.left
+    assert [i for i, n in out.signals if n.granted] == ["gpuheal-c-gpu02"], "the next in line goes at once"
+
+
+def test_a_node_an_open_incident_holds_is_not_returned() -> None:
+    s = state()
+    assert ask(s, "gpu01", "r1")
+    assert steering.holder_of(s, "gpu01") == "gpuheal-c-gpu01"  # the update's validator refuses it
+
+
+def test_the_left_check_waits_between_asks_and_stops_when_nothing_is_held() -> None:
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    assert reaping.left_check_due(s, T0) is None, "nothing held: no need to ask"
+    ask(s, "gpu02", "r2")
+    assert reaping.start_left_check(s, T0) == [RunRef(incident_id="gpuheal-c-gpu01", run_id="r1", node="gpu01")]
+    assert reaping.left_check_due(s, T0) == T0 + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)

@@ -1,0 +1,140 @@
+"""The coordinator's books under the faults issue 32 found (Temporal's time-skipping server, the
+real coordinator workflow): a recreation within visibility's lag, a rebuild that fails for a
+while, a node an operator returns, a held incident waiting on a node left drained."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+
+from gpuheal.core import messages as m
+from gpuheal.core.fleet.models import (
+    CoordinatorInput,
+    FleetStatus,
+    NodeReturn,
+    OpenIncident,
+    OpenIncidents,
+    OperatorAction,
+    ReleaseRequest,
+)
+from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy
+from gpuheal.core.models.base import Stage
+from tests.test_coordinator_faults import Receiver, ask, coordinator, env, holder, placement, worker
+
+__all__ = ["env"]  # the fixture, shared with tests/test_coordinator_faults.py
+
+POLICY = FleetPolicy(budget=BudgetPolicy(cluster="1", node_cooldown_s=0))
+
+
+async def test_a_coordinator_recreated_before_its_earlier_run_shows_still_rebuilds(env: WorkflowEnvironment) -> None:
+    """Terminated by hand, recreated within a second: visibility does not show the earlier run
+    closed yet, but gpu01's incident is open and granted. The fresh coordinator counts it and
+    starts tripped; the next incident is held, not granted past the budget of one."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        old = await coordinator(env, queue, POLICY)
+        cluster = old.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        first, run1 = await holder(env, queue, "gpu01")
+        assert (await m.FLEET_REQUEST_CAPACITY.execute(old, ask(first.id, "gpu01", run1))).granted
+        await old.terminate("an operator, by hand")
+        opened = OpenIncident(incident_id=first.id, run_id=run1, placement=placement("gpu01"), stage=Stage.REPAIR)
+        receiver.open = OpenIncidents(incidents=(opened,), earlier_run="")  # not visible yet
+        fresh = await env.client.start_workflow(
+            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+        )
+        second, run2 = await holder(env, queue, "gpu02")
+        decision = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
+        assert not decision.granted and "not visible yet" in decision.reason
+        status = await m.FLEET_STATUS.ask(fresh)
+        assert [g.incident_id for g in status.out_of_service] == [first.id]
+        await fresh.terminate("test over")
+
+
+async def test_a_rebuild_that_fails_decides_nothing_until_it_succeeds(env: WorkflowEnvironment) -> None:
+    """The listing fails for a while (a storm's load): the coordinator trips and says so, grants
+    nothing and refuses a resume meanwhile, and rebuilds once the listing answers."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        old = await coordinator(env, queue, POLICY)
+        cluster = old.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        first, run1 = await holder(env, queue, "gpu01")
+        assert (await m.FLEET_REQUEST_CAPACITY.execute(old, ask(first.id, "gpu01", run1))).granted
+        await old.terminate("an operator, by hand")
+        opened = OpenIncident(incident_id=first.id, run_id=run1, placement=placement("gpu01"), stage=Stage.REPAIR)
+        receiver.open = OpenIncidents(incidents=(opened,), earlier_run="Terminated at 12:00:00")
+        receiver.listing_fails = 3  # a round of three attempts
+        fresh = await env.client.start_workflow(
+            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+        )
+        second, run2 = await holder(env, queue, "gpu02")
+        asking = asyncio.ensure_future(m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2)))
+        # (Real time: the test server does not skip time while a call is in flight.)
+        status = await until(fresh, lambda s: s.breaker.tripped)
+        assert "rebuilding from the open incidents failed" in status.breaker.why
+        assert not asking.done(), "decided before the books were rebuilt"
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await m.FLEET_RESUME.execute(fresh, OperatorAction(operator="alice", reason="looks fine"))
+        assert "not rebuilt its books" in str(refused.value.cause)
+        decision = await asyncio.wait_for(asking, timeout=90)  # the next round (REBUILD_AGAIN_S) succeeds
+        assert not decision.granted, "granted past a budget of one with gpu01 still out"
+        status = await m.FLEET_STATUS.ask(fresh)
+        assert [g.incident_id for g in status.out_of_service] == [first.id]
+        assert "coordinator recreated" in status.breaker.why
+        await fresh.terminate("test over")
+
+
+async def until(handle: WorkflowHandle[object, None], ok: Callable[[FleetStatus], bool]) -> FleetStatus:
+    """The coordinator's status once `ok`, asked every second for up to a minute."""
+    for _ in range(60):
+        status = await m.FLEET_STATUS.ask(handle)
+        if ok(status):
+            return status
+        await asyncio.sleep(1)
+    raise AssertionError(f"not within a minute: {status}")
+
+
+async def left_and_held(
+    env: WorkflowEnvironment, queue: str, receiver: Receiver
+) -> tuple[WorkflowHandle[object, None], str]:
+    """Budget one: gpu01's incident ended with its node still drained (left); gpu02's is held."""
+    handle = await coordinator(env, queue, POLICY)
+    first, run1 = await holder(env, queue, "gpu01")
+    assert (await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))).granted
+    receiver.drained.add("gpu01")
+    done = ReleaseRequest(cluster="c", incident_id=first.id, run_id=run1, left_drained=True)
+    await m.FLEET_RELEASE_RUN.execute(handle, done)
+    second, run2 = await holder(env, queue, "gpu02")
+    held = await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(second.id, "gpu02", run2))
+    assert not held.granted and "disruption budget" in held.reason
+    return handle, second.id
+
+
+async def test_a_node_returned_with_gpuheal_return_lets_the_next_incident_go_at_once(env: WorkflowEnvironment) -> None:
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle, second = await left_and_held(env, queue, receiver)
+        receiver.drained.discard("gpu01")  # `gpuheal return` resumed it in Slurm, then told the coordinator
+        answer = await m.FLEET_RETURN_NODE.execute(handle, NodeReturn(node="gpu01", operator="olga", reason="ok"))
+        assert "gpu01 no longer counted" in answer
+        status = await m.FLEET_STATUS.ask(handle)
+        assert [g.incident_id for g in status.out_of_service] == [second] and not status.left
+
+
+async def test_a_held_incident_has_the_left_nodes_checked_within_seconds(env: WorkflowEnvironment) -> None:
+    """An operator resumes gpu01 with a bare scontrol: the held incident's check sees it back
+    within LEFT_CHECK_EVERY_S, not at the next look for closed runs (300 s)."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle, second = await left_and_held(env, queue, receiver)
+        await env.sleep(timedelta(seconds=5))
+        assert [g.node for g in (await m.FLEET_STATUS.ask(handle)).left] == ["gpu01"], "still drained: counted"
+        receiver.drained.discard("gpu01")
+        await env.sleep(timedelta(seconds=40))
+        status = await m.FLEET_STATUS.ask(handle)
+        assert not status.left and [g.incident_id for g in status.out_of_service] == [second]
