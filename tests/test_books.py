@@ -140,3 +140,24 @@ def test_the_left_check_waits_between_asks_and_stops_when_nothing_is_held() -> N
     ask(s, "gpu02", "r2")
     assert reaping.start_left_check(s, T0) == [RunRef(incident_id="gpuheal-c-gpu01", run_id="r1", node="gpu01")]
     assert reaping.left_check_due(s, T0) == T0 + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)
+
+
+def test_a_held_run_whose_node_an_earlier_run_left_drained_is_contained_counted_once() -> None:
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    s.policy = s.policy.model_copy(
+        update={
+            "policy": s.policy.policy.model_copy(update={"budget": BudgetPolicy(cluster="1", node_cooldown_s=1800)})
+        }
+    )
+    assert not ask(s, "gpu01", "r2"), "held: the node cools down"
+    req = CapacityRequest(
+        cluster="c",
+        incident_id="gpuheal-c-gpu01",
+        run_id="r2",
+        placement=where("gpu01"),
+        action=ActionClass.REPLACE_NODE,
+    )
+    answer, _ = coordination.contain(s, req, T0)
+    assert answer.granted and counted(s) == ["gpu01"], "the same node counted as left and as contained"

@@ -230,3 +230,19 @@ async def test_a_drain_by_someone_else_is_left_to_them(theirs: str) -> None:
     verdict = await validating(slurm, burn_in)
     assert not verdict.passed and verdict.by_others and verdict.detail == f"drained by someone else: {theirs!r}"
     assert slurm.drains == [] and slurm.reason == theirs and burn_in.submits == 0 and not burn_in.reserved
+
+
+async def test_the_nodes_next_incident_never_resumes_a_node_that_failed_its_burn_in() -> None:
+    """The failure drain is in the incident's name (it is counted), and the node's next run of
+    that incident takes it for its own; without a burn-in of its own, it still never resumes
+    it: the answer says why, and the workflow reads it as still out, for the vendor."""
+    from gpuheal.activities.remediation import RemediationActivities
+    from gpuheal.core import policy
+
+    slurm = SlurmShowing(reason=validation.failed_reason(INCIDENT, "burn-in job 90 ended FAILED (exit 1:0)"))
+    acts = RemediationActivities(slurm, provider=None, notifier=None, on_closed=None)  # type: ignore[arg-type]
+    ref = NodeRef(cluster="prod", node="gpu01", incident_id=INCIDENT)
+    answer = await ActivityEnvironment().run(acts.resume_slurm_node, ref)
+    assert policy.KEPT_FOR_THE_VENDOR in answer and slurm.reason, "a known-bad node was resumed"
+    slurm.reason = policy.drain_reason(INCIDENT, "XID 79")  # its own, ordinary drain: resumed
+    assert await ActivityEnvironment().run(acts.resume_slurm_node, ref) == "gpu01 resumed" and not slurm.reason

@@ -90,6 +90,9 @@ PLACEMENT_TTL_S = 10.0
 SLURM_DOMAINS = ("switch", "block")
 SlurmTopology = Callable[[], Awaitable[dict[str, dict[str, str]]]]
 CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
+# Stages in which an incident holds nothing of the coordinator's yet (or any more): the rebuild
+# does not ask their status (its visibility Stage is enough: it is upserted as a stage begins).
+HOLDS_NOTHING = frozenset({Stage.TRIAGE.value, Stage.OBSERVE.value, Stage.CLOSE.value, Stage.DONE.value})
 
 
 @implements(act.FIND_CLOSED_RUNS)
@@ -331,8 +334,8 @@ class FleetActivities:
 
         async def where(wf: Any) -> OpenIncident | None:
             node, stage = wf.typed_search_attributes.get(sa.NODE), wf.typed_search_attributes.get(sa.STAGE)
-            if node is None or stage not in {s.value for s in Stage}:
-                return None
+            if node is None or stage not in {s.value for s in Stage} or stage in HOLDS_NOTHING:
+                return None  # (not asked: a storm's first coordinator would query a thousand triaging)
             # Its own status says where it is (visibility's Stage is the last stage entered: a
             # held incident shows `drain` while and after it is contained) and whether its action
             # takes capacity; one that does not answer is taken as visibility says, over-counted.
@@ -362,8 +365,14 @@ class FleetActivities:
         # Every node Slurm shows drained by its incident: the rebuild counts those that no open
         # incident's grant or containment counts (one ended not granted, without capacity, or was
         # terminated; one still running but closing, or a new run held on its node), as left.
-        # Listed afresh (not the placements' cache): a drain made since would go uncounted.
-        nodes = await self._slurm.nodes()
+        # Listed afresh (not the placements' cache): a drain made since would go uncounted. Slurm
+        # not answering does not hold the rebuild up (that would hold every decision): the books
+        # are rebuilt from the incidents, and the breaker stays tripped, saying so.
+        try:
+            nodes = await self._slurm.nodes()
+        except Exception as err:
+            activity.logger.warning("the rebuild could not list Slurm's nodes: %s", err)
+            return OpenIncidents(incidents=tuple(found), earlier_run=ended[0] if ended else "", drains_unread=str(err))
         left = []
         for name, n in sorted(nodes.items()):
             incident = ids.incident_id(cluster, name)

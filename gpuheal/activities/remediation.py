@@ -162,7 +162,7 @@ class RemediationActivities:
             return f"{ref.node} left drained: its drain is not ours ({node.reason!r})"
         if policy.failed_validation_detail(node.reason, ref.incident_id) is not None:
             # An earlier run of this incident failed its burn-in: for the vendor, never back to work.
-            return f"{ref.node} left drained: it failed its GPU validation ({node.reason!r})"
+            return f"{ref.node} {policy.KEPT_FOR_THE_VENDOR} ({node.reason!r})"
         await self._slurm.update_node(ref.node, "resume")
         return f"{ref.node} resumed"
 

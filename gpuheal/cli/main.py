@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("node")
     rt.add_argument("--operator", required=True)
     rt.add_argument("--reason", required=True)
+    rt.add_argument("--force", action="store_true", help="return a node that failed its GPU validation too")
     dm = sub.add_parser("domain", help="decide a domain incident: release or dismiss its node incidents")
     dm.add_argument("decision", choices=["release", "dismiss"])
     dm.add_argument("domain", help="e.g. gpuheal.io/rack=r7")

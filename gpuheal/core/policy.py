@@ -162,6 +162,10 @@ def is_our_drain(reason: str, incident_id: str) -> bool:
 FAILED_VALIDATION = "GPU validation failed, for the vendor"
 
 
+# What resume_slurm_node answers for such a node (the workflow reads it: still out, for the vendor).
+KEPT_FOR_THE_VENDOR = "left drained: an earlier run's GPU validation failed"
+
+
 def failed_validation_reason(incident_id: str, detail: str) -> str:
     """The drain reason of a failed validation."""
     return drain_reason(incident_id, f"{FAILED_VALIDATION}: {detail}")

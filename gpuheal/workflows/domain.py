@@ -29,7 +29,7 @@ OUTLASTS_NOTICE_AND_STORM = "a-domain-incident-outlasts-its-notice-and-a-busy-co
 # DELIVER_WITHIN; past it the workflow ends saying so, and the coordinator applies the default
 # itself (gpuheal.core.fleet.domain_reaping).
 DELIVER_PAUSE = timedelta(minutes=1)
-DELIVER_WITHIN = timedelta(hours=6)
+DELIVER_WITHIN = timedelta(minutes=20)  # under domain_reaping.OVERDUE_MARGIN_S: a late decision is never overridden
 
 
 @workflow.defn(name=m.DOMAIN_INCIDENT.name)

@@ -15,7 +15,7 @@ workflows/coordinator/; its domain incidents are workflows/domain.py.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -189,9 +189,19 @@ class FleetCoordinator:
     async def _rebuilt(self) -> None:
         """Capacity is decided only once a fresh coordinator has rebuilt what the open incidents
         hold (else the incident that started it could be granted past a budget it does not
-        know is used). Coordinators of earlier releases never wait here: no await, as before."""
-        if self._c.rebuilding:
+        know is used). Coordinators of earlier releases never wait here: no await, as before.
+        From BOOKS on, a wait is bounded (updates waiting hold Temporal's ten in-flight slots):
+        past REBUILD_WAIT_S the breaker is tripped and the update decided behind it (held)."""
+        if not self._c.rebuilding:
+            return
+        if not workflow.patched(BOOKS):
             await workflow.wait_condition(lambda: not self._c.rebuilding)
+            return
+        try:
+            within = timedelta(seconds=reconcile.REBUILD_WAIT_S)
+            await workflow.wait_condition(lambda: not self._c.rebuilding, timeout=within)
+        except TimeoutError:
+            reconcile.not_rebuilt_yet(self._c)
 
     @workflow.update(name=m.FLEET_REQUEST_CAPACITY.name)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
@@ -252,10 +262,11 @@ class FleetCoordinator:
         return answer
 
     async def _rebuilt_for_release(self) -> None:
-        """A release waits for the rebuild too (from BOOKS on): applied before it, the rebuild
-        would count again, from a listing taken earlier, what the release gave back."""
+        """A release waits for the rebuild too (from BOOKS on; bounded as requests are): applied
+        before it, the rebuild would count again, from a listing taken earlier, what the release
+        gave back (an over-count a look corrects; the breaker is tripped meanwhile)."""
         if self._c.rebuilding and workflow.patched(BOOKS):
-            await workflow.wait_condition(lambda: not self._c.rebuilding)
+            await self._rebuilt()
 
     def _counts(self) -> bool:
         """Whether this coordinator counts what stays drained in its decisions (COUNTS_LEFT)."""
@@ -369,6 +380,8 @@ class FleetCoordinator:
 
     @return_node.validator
     def _validate_return_node(self, r: NodeReturn) -> None:
+        if self._c.rebuilding:
+            raise ValueError("the coordinator has not rebuilt its books from the open incidents yet: wait for it")
         holder = steering.holder_of(self._s, r.node)
         if holder is not None:
             raise ValueError(f"{r.node} is held by open incident {holder}: abort or finish it, not return its node")

@@ -398,6 +398,9 @@ def contain(
         return CapacityDecision(granted=True, reason="its node is out of service already", already=True), out
     if all((h.incident_id, h.run_id) != (req.incident_id, req.run_id) for h in s.queue):
         return CapacityDecision(granted=False, reason="not contained: it is not in line (dismissed, or done)"), out
+    if req.placement.node in s.left:  # drained still by an earlier run: counted once, as that left node
+        why = "its node is drained already (left by an earlier run, counted until back)"
+        return CapacityDecision(granted=True, reason=why, already=True), out
     budget.note_sizes(s, req.placement)
     ok, why = budget.containment_decision(s, req, total_bound=counts_left)
     if ok:

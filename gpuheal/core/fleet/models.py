@@ -128,6 +128,7 @@ class OpenIncidents(Frozen):
     # one: then this one is a recreation, not the cluster's first.
     earlier_run: str = ""
     left: tuple[OpenIncident, ...] = ()  # nodes Slurm shows drained by an incident no longer open
+    drains_unread: str = ""  # why Slurm's drains could not be listed (the rebuild trips the breaker)
 
 
 class ReleaseRequest(Frozen):

@@ -183,13 +183,18 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
                 incident_id=o.incident_id, run_id="", node=p.node, pool=p.pool, domains=tuple(p.domains), at=now
             )
             left.append(p.node)
-    if not (found.earlier_run or new or left):  # the cluster's first coordinator: nothing was forgotten
+    if not (found.earlier_run or new or left or found.drains_unread):  # the cluster's first: nothing forgotten
         return []
     nodes = tuple(sorted(o.placement.node for o in new))[:NOTE_NODES]
     why = (
         f"coordinator recreated (its earlier run: {found.earlier_run or 'not visible yet'}) with {len(new)} open "
         f"incidents and {len(left)} nodes left drained; their grants and line are rebuilt: check them (`gpuheal fleet`)"
     )
+    if found.drains_unread:
+        why += (
+            f". Slurm's drains could not be read ({found.drains_unread[:200]}): nodes left drained by ended "
+            "incidents are not counted; check `sinfo -R` before resuming"
+        )
     s.breaker = Breaker(tripped=True, at=now, why=why, nodes=nodes, by="gpuheal")
     names = _names(sorted(o.placement.node for o in new))
     text = f"{why}; nodes {names or '-'}. Nothing new is replaced until `gpuheal resume --operator NAME --reason R`."

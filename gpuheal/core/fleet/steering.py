@@ -60,8 +60,10 @@ def override(s: FleetState, o: Override, now: datetime) -> tuple[str, Effects]:
 
 
 def holder_of(s: FleetState, node: str) -> str | None:
-    """The open incident whose grant, containment or taking back counts this node, if any."""
-    return next((g.incident_id for book in s.books() for g in book.values() if g.node == node), None)
+    """The open incident whose grant, containment, taking back or place in line is this node's,
+    if any: its node is that incident's to give back, not an operator's to return."""
+    held = (g.incident_id for book in s.books() for g in book.values() if g.node == node)
+    return next(held, None) or next((h.incident_id for h in s.queue if h.node == node), None)
 
 
 def return_node(s: FleetState, r: NodeReturn, now: datetime) -> tuple[str, Effects]:
@@ -71,6 +73,9 @@ def return_node(s: FleetState, r: NodeReturn, now: datetime) -> tuple[str, Effec
     gone = s.left.pop(r.node, None)
     if gone is None:
         return f"{r.node} was not counted as left drained: nothing to free", Effects()
+    # Given back by gpuheal now: its cooldown starts, so a new incident of the node is not
+    # granted it in the moment between this and the operator's resume in Slurm.
+    s.last_release[r.node] = now
     text = f"{r.node} (left drained by {gone.incident_id}) returned to service by {r.operator}: {r.reason}"
     out = Effects(notes=[("node_returned", "info", text)])
     out += serve_queue(s, now)

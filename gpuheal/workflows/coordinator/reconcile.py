@@ -28,6 +28,9 @@ LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
 # loaded server): a long bound, kept alive by its heartbeat, tried again until it succeeds.
 REBUILD: dict[str, Any] = {"timeout": timedelta(minutes=10), "heartbeat": timedelta(seconds=60), "attempts": 3}
 REBUILD_AGAIN_S = 30.0  # between rounds of attempts while the rebuild fails
+# How long an update waits for the rebuild before it is decided behind a tripped breaker (held):
+# waiting updates hold Temporal's ten in-flight slots, and admissions would be refused meanwhile.
+REBUILD_WAIT_S = 60.0
 # A rebuild that found nothing open, nothing drained and no earlier run may have come within
 # visibility's lag of a termination (an admission recreates the coordinator within a second):
 # it looks once more this much later, beside the loop, and trips the breaker if an earlier run
@@ -65,6 +68,20 @@ async def rebuild(c: CoordinatorState) -> None:
         if not (found.earlier_run or found.incidents or found.left):
             c.look_again = asyncio.ensure_future(_look_again(c))
         return
+
+
+def not_rebuilt_yet(c: CoordinatorState) -> None:
+    """An update waited REBUILD_WAIT_S for the rebuild: the breaker is tripped (once), so what it
+    decides now is held, never granted on books that do not know what is out."""
+    if c.fleet.breaker.tripped:
+        return
+    why = (
+        f"the coordinator has not rebuilt its books from the open incidents within {REBUILD_WAIT_S:g} s: "
+        "nothing is granted until it has and a person resumes (`gpuheal fleet`)"
+    )
+    c.fleet.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
+    c.notes.append(("coordinator_rebuilt", "critical", why))
+    c.view_changed()
 
 
 async def _look_again(c: CoordinatorState) -> None:

@@ -6,7 +6,8 @@ through activities.
   timeline.py   a record per stage, the Stage/Action search attributes, the UI's details, an
                 Event per stage on the Kubernetes node, and notices to the operators
   capacity.py   admission, grant, confirmation and release with the cluster's coordinator; the
-                wait for a replacement when there is no spare
+                wait for a replacement when there is no spare; asked again while held
+  holding.py    the `held` stage, and the endings of an incident never granted or never answered
   approval.py   a human's decision: asked, waited for at the gate, the default when none comes
   jobs.py       the node's jobs: checkpoint, hand to their recoveries, collect the answers
   ledger.py     every job on the node and what became of it (pure bookkeeping)

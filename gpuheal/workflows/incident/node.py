@@ -183,6 +183,8 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
                 if not verdict.passed:
                     return render.failed_validation(health.detail, verdict)
             msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
+            if policy.KEPT_FOR_THE_VENDOR in msg:  # never back to work: still out, still counted
+                return render.failed_validation(health.detail, ValidationResult(passed=False, detail=msg))
             if s.kube is not None:
                 msg += "; " + await act_run(act.UNCORDON_NODE, s.kube, summary="uncordon")
             return render.returned_repaired(msg)
