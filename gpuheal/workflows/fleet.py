@@ -191,7 +191,8 @@ class FleetCoordinator:
         hold (else the incident that started it could be granted past a budget it does not
         know is used). Coordinators of earlier releases never wait here: no await, as before.
         From BOOKS on, a wait is bounded (updates waiting hold Temporal's ten in-flight slots):
-        past REBUILD_WAIT_S the breaker is tripped and the update decided behind it (held)."""
+        once the rebuild has failed (the breaker is tripped then), or past REBUILD_WAIT_S (it is
+        tripped then), the update is decided behind the breaker (held)."""
         if not self._c.rebuilding:
             return
         if not workflow.patched(BOOKS):
@@ -199,7 +200,7 @@ class FleetCoordinator:
             return
         try:
             within = timedelta(seconds=reconcile.REBUILD_WAIT_S)
-            await workflow.wait_condition(lambda: not self._c.rebuilding, timeout=within)
+            await workflow.wait_condition(lambda: not self._c.rebuilding or self._c.rebuild_failing, timeout=within)
         except TimeoutError:
             reconcile.not_rebuilt_yet(self._c)
 

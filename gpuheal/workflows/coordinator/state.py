@@ -34,6 +34,7 @@ class CoordinatorState:
     look: asyncio.Future[None] | None = None
     # A fresh start may be a recreation: nothing is granted until it has rebuilt (reconcile.rebuild).
     rebuilding: bool = False
+    rebuild_failing: bool = False  # its listing failed once: the breaker is tripped, updates wait no more
     look_again: asyncio.Future[None] | None = None  # a rebuild's second look (reconcile.VISIBILITY_LAG_S)
     reap_now: bool = False  # a grant notice found its incident gone: look at once
     changed: bool = True  # the memo's view is to be written (show)
