@@ -42,27 +42,43 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([browser(), *flags, *args], capture_output=True, text=True, timeout=90)
 
 
+async def devtools_endpoint(proc: asyncio.subprocess.Process, log: Path, within_s: float = 90) -> str:
+    """host:port of the browser's DevTools, read from the line it writes to stderr once it listens
+    (a loaded machine can take many seconds to start a browser)."""
+    for _ in range(int(within_s * 10)):
+        for line in log.read_text(errors="replace").splitlines():
+            if "DevTools listening on ws://" in line:
+                return line.split("ws://", 1)[1].split("/", 1)[0]
+        if proc.returncode is not None:
+            raise AssertionError(f"the browser exited ({proc.returncode}) before it listened: {log.read_text()}")
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the browser did not listen for DevTools within {within_s} s: {log.read_text()}")
+
+
 async def screenshot(url: str, png: Path, settle_s: float = 6.0) -> None:
     """The page as a person sees it once its scripts have run: the UI is a single-page app that
     keeps polling a running workflow, so the browser is driven over the DevTools protocol and
     shot after `settle_s` of real time (a virtual-time budget never ends on such a page)."""
-    port = 29222
-    proc = await asyncio.create_subprocess_exec(
-        browser(), "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
-        f"--remote-debugging-port={port}", "about:blank",
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    # Port 0: the browser picks a free port and says which on stderr ("DevTools listening on
+    # ws://..."), so no fixed port can collide and a slow start on a loaded machine is waited for.
+    log = png.with_suffix(".browser.log")
+    with log.open("wb") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            browser(), "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
+            "--remote-debugging-port=0", f"--user-data-dir={png.with_suffix('.profile')}", "about:blank",
+            stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
     try:
+        endpoint = await devtools_endpoint(proc, log)
         async with aiohttp.ClientSession() as http:
-            for _ in range(100):
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/json/list") as resp:
-                        pages = [t for t in await resp.json() if t["type"] == "page"]
-                    if pages:
-                        break
-                except aiohttp.ClientError:
-                    pass
+            pages: list[dict[str, Any]] = []
+            for _ in range(300):
+                async with http.get(f"http://{endpoint}/json/list") as resp:
+                    pages = [t for t in await resp.json() if t["type"] == "page"]
+                if pages:
+                    break
                 await asyncio.sleep(0.1)
+            assert pages, f"the browser at {endpoint} opened no page in 30 s"
             async with http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                 calls = iter(range(1, 1000))
 
