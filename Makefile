@@ -66,10 +66,14 @@ bench-kube: $(STAMP)
 bench-simulate: $(STAMP)
 	$(PY) -m bench.simulate $(BENCH_ARGS)
 
-# Record tests/histories anew from real runs (after a change meant to be incompatible).
+# Record tests/histories anew from real runs (after a change meant to be incompatible), and the
+# coordinator's paths from its time-skipping tests (tests/histories/recording.py).
 histories: $(STAMP)
 	bash infra/k8s/build.sh
 	$(PY) -m tests.histories.record
+	rm -rf tests/histories/coordinator
+	GPUHEAL_RECORD_HISTORIES=tests/histories/coordinator $(PY) -m pytest -q \
+	  tests/test_coordinator_faults.py tests/test_coordinator_books.py tests/test_coordinator_carry.py
 
 k8s: $(STAMP)
 	bash infra/k8s/build.sh

@@ -84,6 +84,10 @@ async def decided(client: Client, cluster: str) -> tuple[int, FleetView | None]:
     return s.out + s.held + closed.count, s
 
 
+# A domain release no incident is open for: answered (exit 1, saying so) without changing anything.
+LEVER_DOMAIN = ("domain", "release", "rack=storm-probe", "--operator", "bench", "--reason", "probe")
+
+
 class Watch(Watched):
     """Throughout a run: how long `gpuheal fleet`'s read takes (every second, in process, and the
     command itself every 15 s), and how many of the reported nodes Slurm shows drained (every
@@ -95,6 +99,7 @@ class Watch(Watched):
         # the figures, declared (with what each means) on Watched
         self.read_ms, self.command_ms, self.unanswered, self.command_failed = [], [], [], []
         self.drained, self.bound = [], 0
+        self.levers_ms, self.levers_failed = {}, []
         self.on = True
 
     def slurm(self) -> None:  # a thread: sinfo blocks
@@ -129,7 +134,23 @@ class Watch(Watched):
                     self.command_ms.append((time.perf_counter() - t0) * 1000)
                 else:
                     self.command_failed.append(done.stdout.decode()[-200:] + done.stderr.decode()[-200:])
+                await self.levers()
             await asyncio.sleep(1)
+
+    async def levers(self) -> None:
+        """`gpuheal policy show` (it prints the policy) and `gpuheal domain release` of a domain
+        with no incident (it says so, exit 1): each answered from the coordinator's memo."""
+        for name, argv, answer in (
+            ("policy show", ["policy", "show"], (0, "policy version")),
+            ("domain release", [*LEVER_DOMAIN], (1, "no open domain incident for 'rack=storm-probe'")),
+        ):
+            t0 = time.perf_counter()
+            done = await asyncio.to_thread(subprocess.run, [GPUHEAL, *argv], env=self.sb.env(), capture_output=True)
+            said = done.stdout.decode() + done.stderr.decode()
+            if (done.returncode, answer[1] in said) == (answer[0], True):
+                self.levers_ms.setdefault(name, []).append((time.perf_counter() - t0) * 1000)
+            else:
+                self.levers_failed.append(f"{name}: exit {done.returncode}: {said[-200:]}")
 
 
 async def until_decided(client: Client, cluster: str, count: int, deadline: float) -> None:

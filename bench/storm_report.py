@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from bench.common import pct
 from gpuheal.core.messages import FLEET_ADMIT, FLEET_ADMIT_MANY, FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY
 
+# The operators' levers the storm times beside `gpuheal fleet` (their arguments: bench/storm.py).
+LEVERS = ("policy show", "domain release")
 SERVERS = {"dev": "Temporal dev server", "cluster": "Temporal cluster (temporal-server v1.32 on PostgreSQL 15, mTLS)"}
 
 
@@ -23,6 +25,10 @@ class Watched:
     command_ms: list[float]  # the command itself
     unanswered: list[str]  # reads that failed or timed out once a coordinator existed
     command_failed: list[str]  # `gpuheal fleet` that exited non-zero
+    # The operators' levers (issue 33): `gpuheal policy show` and `gpuheal domain`, each command
+    # whole (Python's start included) every 15 s; a lever that failed or took over 1 s, said.
+    levers_ms: dict[str, list[float]]
+    levers_failed: list[str]
     drained: list[int]  # the reported nodes Slurm shows drained, each sample
     bound: int  # cluster budget + containment bound, as the coordinator computes it
 
@@ -98,6 +104,14 @@ def table(runs: list[Run]) -> list[str]:
             (peak(w.command_ms) for w in watches),
             "max < 1 s",
         ),
+        *(
+            line(
+                f"`gpuheal {name}` command (with Python's start), p50 / max",
+                (peak(w.levers_ms.get(name, [])) for w in watches),
+                "max < 1 s",
+            )
+            for name in LEVERS
+        ),
         line(
             "fleet reads unanswered / commands failed",
             (f"{len(w.unanswered)} / {len(w.command_failed)}" for w in watches),
@@ -154,10 +168,15 @@ def goals(r: Run) -> list[str]:
             bool(w.command_ms) and max(w.command_ms) < 1000 and not w.command_failed,
         ),
         ("never more drained than the bound", bool(w.drained) and 0 < w.bound and max(w.drained) <= w.bound),
+        *(
+            (f"`gpuheal {name}` within 1 s every time", bool(ms) and max(ms) < 1000 and not w.levers_failed)
+            for name, ms in ((n, w.levers_ms.get(n, [])) for n in LEVERS)
+        ),
     ]
     lines = [f"- {r.name}: {what}: **{'met' if ok else 'MISSED'}**" for what, ok in checks]
     lines += [f"  - read unanswered: {e}" for e in w.unanswered]
     lines += [f"  - command failed: {e!r}" for e in w.command_failed]
+    lines += [f"  - lever failed: {e!r}" for e in w.levers_failed]
     return lines
 
 

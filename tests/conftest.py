@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import settings
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Interceptor
 from temporalio.testing import WorkflowEnvironment
 
 from gpuheal.clients.temporal import DATA_CONVERTER
@@ -48,10 +49,11 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
-async def start_time_skipping() -> WorkflowEnvironment:
+async def start_time_skipping(interceptors: Sequence[Interceptor] = ()) -> WorkflowEnvironment:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(require_binary("temporal-test-server")),
         data_converter=DATA_CONVERTER,
+        interceptors=interceptors,
         # The SDK waits 5 s by default for the server to answer; make check starts one per process,
         # on 2 cores and beside whatever else runs: a slow start is not a failed test.
         test_server_startup_timeout=TEST_SERVER_STARTUP,

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuheal.activities import validation
 from gpuheal.core import policy
-from gpuheal.core.fleet import coordination, reaping, steering
+from gpuheal.core.fleet import coordination, packing, reaping, steering
 from gpuheal.core.fleet.models import (
     AdmitRequest,
     CapacityDecision,
@@ -115,7 +115,7 @@ class Coordinator(RuleBasedStateMachine):
             what="XID 79",
             seed=self.s.policy.policy,
         )
-        self.step(lambda: coordination.admit(self.s, req, self.now, serve_when_freed=True))
+        self.step(lambda: coordination.admit(self.s, req, self.now, serve_when_freed=True, compact=True))
         answer: list[object] = []
         self.step(
             lambda: answer.append(coordination.request(self.s, self.capacity(node), self.now, serve_when_freed=True))
@@ -144,7 +144,11 @@ class Coordinator(RuleBasedStateMachine):
                     what="XID 79",
                     seed=self.s.policy.policy,
                 )
-                self.step(lambda req=req: coordination.admit(self.s, req, self.now, serve_when_freed=when_freed))  # type: ignore[misc]
+                self.step(
+                    lambda req=req: coordination.admit(
+                        self.s, req, self.now, serve_when_freed=when_freed, compact=when_freed
+                    )
+                )  # type: ignore[misc]
         reqs = [self.capacity(n) for n in nodes]
         one_at_a_time = FleetState.model_validate_json(self.s.model_dump_json())
         for r in reqs:
@@ -463,9 +467,13 @@ class Coordinator(RuleBasedStateMachine):
         self.step(lambda: ((), coordination.Effects(notes=reaping.rebuild(self.s, found_all, self.now))))
         assert self.s.breaker.tripped, "a recreated coordinator must be tripped once its earlier run shows"
 
-    @rule()
-    def it_continues_as_new(self) -> None:
-        carried = FleetState.model_validate_json(self.s.model_dump_json())
+    @rule(packed=st.booleans())
+    def it_continues_as_new(self, packed: bool) -> None:
+        """Carried whole (coordinators before PACKED) or packed (gpuheal.core.fleet.packing)."""
+        if packed:
+            carried = packing.unpack(packing.pack(self.s, self.now))
+        else:
+            carried = FleetState.model_validate_json(self.s.model_dump_json())
         assert carried == self.s
         self.s = carried
 

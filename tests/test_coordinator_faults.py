@@ -52,6 +52,7 @@ from gpuheal.core.models.result import Notification
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
+from tests.histories.recording import Recorder, destination
 from tests.holder import Holder
 
 
@@ -107,11 +108,16 @@ def ask(incident_id: str, node: str, run_id: str = "") -> CapacityRequest:
 
 
 @pytest.fixture
-async def env() -> AsyncIterator[WorkflowEnvironment]:
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
     """A time-skipping server of the test's own: these coordinators are left running with work
-    in progress when a test ends, and the test server then no longer skips time for anyone."""
-    env = await start_time_skipping()
+    in progress when a test ends, and the test server then no longer skips time for anyone.
+    With GPUHEAL_RECORD_HISTORIES, the coordinators it ran are saved as replay material."""
+    recorder = Recorder()
+    env = await start_time_skipping([recorder])
     yield env
+    dest = destination()
+    if dest is not None:
+        await recorder.save(env.client, request.node.name, dest)
     await env.shutdown()
 
 

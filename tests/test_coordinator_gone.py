@@ -31,7 +31,7 @@ from gpuheal.core.models.base import NodeState, Stage
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
-from gpuheal.triggers.start import start_or_join
+from gpuheal.triggers import start
 from gpuheal.workflows.incident.capacity import REASK_S
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
@@ -39,6 +39,12 @@ from tests.fakes import FakeCluster
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
 COORDINATOR_CALLS = {act.REQUEST_CAPACITY.name, act.CONFIRM_CAPACITY.name, act.RELEASE_CAPACITY.name}
+
+
+async def start_or_join(client: Any, s: Settings, report: HealthReport) -> Any:
+    """Each test's reports name a cluster of their own (unique workflow ids on the shared test
+    server): the settings are that cluster's, as a real worker's are its own."""
+    return await start.start_or_join(client, s.model_copy(update={"cluster": report.cluster}), report)
 
 
 class GoneCoordinator(FakeCluster):

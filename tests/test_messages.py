@@ -40,7 +40,7 @@ def test_every_workflow_has_its_references() -> None:
 def test_the_workflow_is_declared_as_its_reference(ref: m.Workflow[Any, Any]) -> None:
     defn = workflow._Definition.must_from_class(CLASSES[ref])
     assert defn.name == ref.name
-    assert signature(defn.run_fn) == ([ref.input], ref.output)
+    assert signature(defn.run_fn) == ([ref.input, *ref.carried], ref.output)
 
 
 @pytest.mark.parametrize("ref", list(CLASSES), ids=lambda r: r.name)

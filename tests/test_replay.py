@@ -21,29 +21,31 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
-from gpuheal.clients.temporal import DATA_CONVERTER
-from gpuheal.workflows.domain import DomainIncidentWorkflow
-from gpuheal.workflows.fleet import FleetCoordinator
-from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
-from gpuheal.workflows.remediation import GpuRemediationWorkflow
+from gpuheal.workflows import fleet
+from tests.replaying import replay
+from tests.test_coordinator_carry import SHORT_RUNS
 
 HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json")) + sorted((HERE / "paths").glob("*.json"))
+# The coordinator's own paths, recorded from its time-skipping tests (tests/histories/recording.py):
+# the look for closed runs, containment, the rebuild, batches, continue-as-new, domain incidents.
+COORDINATOR = sorted((HERE / "coordinator").glob("*.json"))
 
 
 def test_histories_are_present() -> None:
     assert len(HISTORIES) >= 3
     assert any(p.name.endswith(".fleet.json") for p in HISTORIES)  # the coordinator's too
     assert len(list((HERE / "paths").glob("*.json"))) >= 18  # every path of the workflow tests
+    assert len(COORDINATOR) >= 12  # the coordinator's tests' own
+    assert any(p.name.startswith("short_runs_") and ".0b." in p.name for p in COORDINATOR)  # a continued run
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_replay(path: Path) -> None:
+@pytest.mark.parametrize("path", HISTORIES + COORDINATOR, ids=[p.stem for p in HISTORIES + COORDINATOR])
+async def test_replay(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its commands replay, and every update answers what it answered when it was recorded."""
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(
-        workflows=[GpuRemediationWorkflow, JobRecoveryWorkflow, FleetCoordinator, DomainIncidentWorkflow],
-        data_converter=DATA_CONVERTER,
-    )
-    await replayer.replay_workflow(history)
+    short = path.name.startswith("short_runs_")  # recorded with runs cut short (test_coordinator_carry)
+    if short:
+        monkeypatch.setattr(fleet, "HISTORY_LIMIT_PACKED", SHORT_RUNS)
+    assert await replay(history, unsandboxed=short) == []

@@ -19,10 +19,9 @@ from gpuheal.clients.slurm.parsers import parse_node_line
 from gpuheal.core import policy
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.models.slurm import NodeInfo, NodeRef, ValidateRequest, ValidationResult
-from gpuheal.triggers.start import start_or_join
 from gpuheal.workflows.incident.node import MAX_REJECTED
 from tests.fakes import FakeCluster
-from tests.test_workflow import report, settings, worker
+from tests.test_workflow import report, settings, start_or_join, worker
 
 BURN_IN = "/opt/site/burn-in.sh"
 

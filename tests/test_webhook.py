@@ -147,3 +147,33 @@ async def test_a_refused_alert_quotes_the_offending_value_escaped_and_cut() -> N
         assert len(rejected["reason"]) < 200 and started == []
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("labels", [{"cluster": "prod-east"}, {"cluster": "c2", "gpuheal_action": "give_back"}])
+async def test_an_alert_labelled_for_another_cluster_is_refused_and_starts_nothing(labels: dict[str, str]) -> None:
+    """Prometheus's external label (or a forged one) never picks another coordinator: the whole
+    payload is refused, the good alert beside it included, naming the label and this cluster."""
+    started: list[HealthReport] = []
+    asked: list[object] = []
+
+    async def give_back(request: object) -> str:
+        asked.append(request)
+        return ""
+
+    client = await client_for(started, give_back=give_back)
+    try:
+        payload = body(node="gpu01", xid="79")
+        foreign = {
+            "status": "firing",
+            "labels": {"node": "gpu02", "xid": "79", **labels},
+            "startsAt": "2026-11-30T01:00:00Z",
+        }
+        payload["alerts"].append(foreign)
+        resp = await client.post("/alertmanager", json=payload, headers=AUTH)
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert f"cluster label {labels['cluster']!r} is not this endpoint's cluster 'c1'" in error
+        assert "nothing started" in error
+    finally:
+        await client.close()
+    assert started == [] and asked == []

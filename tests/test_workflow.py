@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
@@ -21,7 +22,7 @@ from gpuheal.core.models.replacement import EarlierReplacement
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
-from gpuheal.triggers.start import start_or_join
+from gpuheal.triggers import start
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from tests.fakes import FakeCluster
@@ -48,6 +49,12 @@ NODE_SIDE = {
     "confirm_capacity",
     "release_capacity",
 }
+
+
+async def start_or_join(client: Any, s: Settings, report: HealthReport) -> Any:
+    """Each test's reports name a cluster of their own (unique workflow ids on the shared test
+    server): the settings are that cluster's, as a real worker's are its own."""
+    return await start.start_or_join(client, s.model_copy(update={"cluster": report.cluster}), report)
 
 
 def settings() -> Settings:

@@ -31,7 +31,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.activities import interface as act
@@ -89,6 +89,8 @@ PLACEMENT_TTL_S = 10.0
 # cluster has no Kubernetes labels for them.
 SLURM_DOMAINS = ("switch", "block")
 SlurmTopology = Callable[[], Awaitable[dict[str, dict[str, str]]]]
+# The error type of a refused reference to another cluster (not retried).
+FOREIGN_CLUSTER = "ForeignCluster"
 CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for closed runs
 # Stages in which an incident holds nothing of the coordinator's yet (or any more): the rebuild
 # does not ask their status (its visibility Stage is enough: it is upserted as a stage begins).
@@ -132,7 +134,9 @@ class FleetActivities:
         domain_labels: tuple[str, ...],
         updates: int,
         topology: SlurmTopology | None = None,
+        cluster: str | None = None,
     ) -> None:
+        self._cluster = cluster  # the worker's (GPUHEAL_CLUSTER): the only one it acts for
         self._slurm = slurm
         self._topology = topology  # Slurm's own domains, for a cluster without Kubernetes
         self._core = None
@@ -149,8 +153,20 @@ class FleetActivities:
         self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
         self._domain_labels = domain_labels
 
+    def _own(self, cluster: str) -> str:
+        """One cluster, one authority: a reference to another cluster's coordinator is refused, not
+        retried (this worker's Slurm is not that cluster's, and its coordinator is not this one)."""
+        if self._cluster is not None and cluster != self._cluster:
+            raise ApplicationError(
+                f"cluster {cluster!r} is not this worker's cluster {self._cluster!r}: refused",
+                type=FOREIGN_CLUSTER,
+                non_retryable=True,
+            )
+        return cluster
+
     @implements(act.ADMIT_INCIDENT)
     async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
+        self._own(ask.cluster)
         placement = await self._placement(ask.node)
         req = AdmitRequest(
             incident_id=ask.incident_id,
@@ -253,6 +269,7 @@ class FleetActivities:
             async with self._in_flight:
                 return await update.execute(self._coordinator(cluster), arg)
 
+        self._own(cluster)
         return await beating(in_turn(), f"waiting for the coordinator ({update.name})")
 
     @staticmethod
@@ -262,6 +279,7 @@ class FleetActivities:
 
     @implements(act.REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityDecision:
+        self._own(req.cluster)
         line = self._batcher(
             self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
         )
@@ -317,7 +335,7 @@ class FleetActivities:
         a second of its termination does not see it closed yet. One that does not answer counts
         as visibility shows it, contained if held: a rebuilt coordinator must over-count, never
         under. It heartbeats: thousands of status queries on a loaded server take a while."""
-        return await beating(self._find_open_incidents(cluster), "listing the open incidents")
+        return await beating(self._find_open_incidents(self._own(cluster)), "listing the open incidents")
 
     async def _find_open_incidents(self, cluster: str) -> OpenIncidents:
         client = activity.client()
@@ -383,6 +401,7 @@ class FleetActivities:
 
     @implements(act.OPEN_DOMAIN_INCIDENT)
     async def open_domain_incident(self, incident: DomainIncident) -> str:
+        self._own(incident.cluster)
         try:
             await activity.client().start_workflow(
                 DOMAIN_INCIDENT.name,

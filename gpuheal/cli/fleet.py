@@ -27,6 +27,7 @@ from gpuheal.core.fleet.policy import ModeChange
 from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.messages import (
     DOMAIN_DECIDE,
+    FLEET_DOMAINS,
     FLEET_OVERRIDE,
     FLEET_PAUSE,
     FLEET_RESUME,
@@ -136,10 +137,13 @@ async def override(settings: Settings, args: argparse.Namespace) -> int:
 async def decide_domain(settings: Settings, args: argparse.Namespace) -> int:
     """Release or dismiss the node incidents a domain incident holds (the domain incident records it)."""
     client, fleet_id = await _coordinator(settings)
-    s = await FLEET_STATUS.ask(client.get_workflow_handle(fleet_id))
-    found = [d for d in s.domain_incidents if d.domain == args.domain and not d.decided]
+    handle = client.get_workflow_handle(fleet_id)
+    # From the memo (answers in a storm); a coordinator of a release before it is asked.
+    published = await FLEET_DOMAINS.read(handle, rpc_timeout=VIEW_TIMEOUT)
+    domains = published.incidents if published is not None else (await FLEET_STATUS.ask(handle)).domain_incidents
+    found = [d for d in domains if d.domain == args.domain and not d.decided]
     if not found:
-        open_ = [d.domain for d in s.domain_incidents if not d.decided]
+        open_ = [d.domain for d in domains if not d.decided]
         print(f"no open domain incident for {args.domain!r} (open: {open_ or 'none'})", file=sys.stderr)
         return 1
     decision = DomainDecision(domain=args.domain, decision=args.decision, operator=args.operator, reason=args.reason)

@@ -27,7 +27,14 @@ from gpuheal.core.models.incident import Decision
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
-from gpuheal.triggers.start import PROBE_TIMEOUT_S, NodeProbe, already_handled, slurm_probe, start_or_join
+from gpuheal.triggers.start import (
+    PROBE_TIMEOUT_S,
+    NodeProbe,
+    already_handled,
+    check_own_cluster,
+    slurm_probe,
+    start_or_join,
+)
 
 QUERY_TIMEOUT_S = 3.0
 
@@ -64,6 +71,7 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
         observed_at=datetime.now(UTC),
         summary=args.summary,
     )
+    check_own_cluster(settings, report.cluster)  # before anything is asked: this queue is this cluster's
     client = await connect(settings.temporal)
     by = await already_handled(client, settings, report, node_in_service=_slurm_probe(settings))
     if by is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import WorkflowUpdateFailedError
@@ -16,16 +17,20 @@ from temporalio.service import RPCError
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
 from gpuheal.core.fleet import policy_file
-from gpuheal.core.fleet.policy import PolicyChange, VersionedPolicy
-from gpuheal.core.messages import FLEET_POLICY, FLEET_SET_POLICY
+from gpuheal.core.fleet.policy import PolicyChange
+from gpuheal.core.messages import FLEET_POLICY, FLEET_POLICY_MEMO, FLEET_SET_POLICY
 from gpuheal.core.settings import Settings
+
+READ_TIMEOUT = timedelta(seconds=5)  # a describe: the server alone answers it
 
 
 async def policy(settings: Settings, args: argparse.Namespace) -> int:
     client = await connect(settings.temporal)
     handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
     try:
-        current: VersionedPolicy = await FLEET_POLICY.ask(handle)
+        # From the memo (the server answers: a storm's busy coordinator refuses queries); a
+        # coordinator of a release before it publishes nothing there and is asked.
+        current = await FLEET_POLICY_MEMO.read(handle, rpc_timeout=READ_TIMEOUT) or await FLEET_POLICY.ask(handle)
     except RPCError as err:
         print(
             f"no coordinator for cluster {settings.cluster!r} yet (the first incident starts it): {err}",

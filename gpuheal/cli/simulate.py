@@ -206,14 +206,16 @@ async def what_if(settings: Settings, args: argparse.Namespace, timings: Timings
 
 
 async def current_policy(settings: Settings) -> tuple[FleetPolicy, str]:
-    """The cluster's policy now (its coordinator's, which a worker answers), else the configured one."""
+    """The cluster's policy now (its coordinator's memo, or its query for a release before it),
+    else the configured one."""
     from gpuheal.clients.temporal import connect
     from gpuheal.core import ids
-    from gpuheal.core.messages import FLEET_POLICY
+    from gpuheal.core.messages import FLEET_POLICY, FLEET_POLICY_MEMO
 
     client = await connect(settings.temporal)
     try:
-        versioned = await FLEET_POLICY.ask(client.get_workflow_handle(ids.coordinator_id(settings.require_cluster())))
+        handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
+        versioned = await FLEET_POLICY_MEMO.read(handle) or await FLEET_POLICY.ask(handle)
     except Exception as err:
         return settings.fleet, f"this process's configured policy (the coordinator did not answer: {err})"
     return versioned.policy, f"the cluster's policy version {versioned.version} ({versioned.changed_by})"

@@ -22,6 +22,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gpuheal.clients import deployment
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core.messages import DOMAIN_INCIDENT, FLEET_WAKE, INCIDENT, JOB_RECOVERY
@@ -86,6 +87,10 @@ async def rollout(settings: Settings, args: argparse.Namespace) -> int:
     cluster = settings.require_cluster()
     client = await connect(settings.temporal)
     name = ids.deployment_name(cluster)
+    refused = await _cannot_read(client, name, build, await _coordinator_build(client, cluster))
+    if refused:
+        print(f"gpuheal: cluster {cluster}: build {build} not made current: {refused}", file=sys.stderr)
+        return 1
     request = SetWorkerDeploymentCurrentVersionRequest(
         namespace=client.namespace, deployment_name=name, build_id=build, identity=f"{operator}: {args.reason}"[:200]
     )
@@ -110,6 +115,33 @@ async def rollout(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(f"gpuheal: the coordinator has not moved to {build} within {MOVE_WAIT_S} s", file=sys.stderr)
     return await show_versions(settings, args)
+
+
+async def _cannot_read(client: Client, name: str, build: str, coordinator: str | None) -> str | None:
+    """Why `build` cannot take over the coordinator (it could not read the state the coordinator's
+    build carries across continue-as-new: every workflow task would fail), or None."""
+    if coordinator is None or coordinator in (build, "(unversioned)"):
+        return None
+    try:
+        reads, _ = await deployment.formats(client, name, build)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None  # no worker of it has polled: the server refuses it itself, saying so
+        raise
+    try:
+        _, writes = await deployment.formats(client, name, coordinator)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        _, writes = deployment.UNDECLARED
+    if writes in reads:
+        return None
+    said = "declares none (a build from before the declaration: format 1)" if reads == deployment.UNDECLARED[0] else ""
+    return (
+        f"the coordinator runs on build {coordinator}, which carries its state in format {writes}; build {build} "
+        f"reads {', '.join(map(str, sorted(reads)))} only{f' ({said})' if said else ''}. Rolled back onto it, the "
+        "coordinator would fail every task (no admissions, no grants): roll forward, or to a build that reads it"
+    )
 
 
 async def _coordinator_build(client: Client, cluster: str) -> str | None:

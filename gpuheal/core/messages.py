@@ -30,6 +30,7 @@ from gpuheal.core.fleet.models import (
     FleetStatus,
     GrantNotice,
     NodeReturn,
+    OpenDomains,
     OperatorAction,
     Override,
     ReleaseRequest,
@@ -56,6 +57,9 @@ class Workflow(Generic[I, O]):
     name: str
     input: type[I]
     output: type[O]
+    # What a run may take after its input, carried by continue-as-new only (never at a start):
+    # the coordinator's packed state (gpuheal.core.fleet.packing).
+    carried: tuple[type, ...] = ()
 
     def handle(self, client: Client, workflow_id: str, run_id: str | None = None) -> WorkflowHandle[Any, O]:
         return client.get_workflow_handle(workflow_id, run_id=run_id, result_type=self.output)
@@ -127,7 +131,7 @@ INCIDENT_GIVE_BACK = Update("give_back", Decision, str)  # the borrowed inferenc
 INCIDENT_STATUS = Query("status", RemediationStatus)
 
 # --- the cluster's coordinator (workflows/fleet.py) ----------------------------------------------
-COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None))
+COORDINATOR = Workflow("FleetCoordinator", CoordinatorInput, type(None), carried=(bytes,))
 FLEET_ADMIT = Update("admit", AdmitRequest, Admission)  # sent with start: the first incident starts it
 FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDecision)
 # Many at once, decided in one workflow task, in order (a storm; activities/batching.py's Batcher).
@@ -151,6 +155,9 @@ FLEET_WAKE = Signal("wake", str)
 FLEET_STATUS = Query("status", FleetStatus)
 FLEET_POLICY = Query("current_policy", VersionedPolicy)
 FLEET_VIEW = Memo("fleet", FleetView)  # what `gpuheal fleet` shows, written as it decides
+# What the operators' levers read (`gpuheal policy`, `gpuheal domain`), written as they change.
+FLEET_POLICY_MEMO = Memo("policy", VersionedPolicy)
+FLEET_DOMAINS = Memo("domains", OpenDomains)
 
 # --- a domain failing as a whole (workflows/fleet.py) --------------------------------------------
 DOMAIN_INCIDENT = Workflow("DomainIncident", DomainIncidentInput, DomainIncidentResult)

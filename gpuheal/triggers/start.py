@@ -54,9 +54,30 @@ PROBE_QUIET_S = 60.0
 RECENT_LIMIT = 10
 
 
+class ForeignCluster(ValueError):
+    """A report or request names a cluster this process does not serve."""
+
+
+def foreign_cluster(labels: list[str], cluster: str) -> str:
+    """Why a report for another cluster is refused: what it said, and whose endpoint this is."""
+    named = ", ".join(repr(c) for c in labels)
+    return (
+        f"cluster label {named} is not this endpoint's cluster {cluster!r}: refused, nothing started "
+        "(send each cluster's alerts to its own gpuheal, or set GPUHEAL_CLUSTER to the label's value)"
+    )
+
+
+def check_own_cluster(settings: Settings, cluster: str) -> None:
+    """One cluster, one authority: only this process's cluster (GPUHEAL_CLUSTER) is acted on."""
+    own = settings.require_cluster()
+    if cluster != own:
+        raise ForeignCluster(foreign_cluster([cluster], own))
+
+
 async def start_or_join(
     client: Client, settings: Settings, report: HealthReport
 ) -> WorkflowHandle[Any, RemediationResult]:
+    check_own_cluster(settings, report.cluster)
     attrs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(sa.NODE, report.node),
         SearchAttributePair(sa.CLUSTER, report.cluster),
@@ -82,12 +103,15 @@ async def start_or_join(
     )
 
 
-async def give_back_borrowed(client: Client, cluster: str, node: str, operator: str, reason: str) -> str:
+async def give_back_borrowed(
+    client: Client, settings: Settings, cluster: str, node: str, operator: str, reason: str
+) -> str:
     """Demand shifted back: the running incident that borrowed `node` from inference gives it back
     now (its jobs move off first). Says so when no incident holds that node. The names reach a
     visibility query: a bad one is refused here, before it is asked."""
     check_node_name(node)
     check_cluster_name(cluster)
+    check_own_cluster(settings, cluster)
     query = queries.where(
         queries.of_type(INCIDENT),
         queries.eq(sa.CLUSTER, cluster),

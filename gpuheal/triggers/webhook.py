@@ -27,6 +27,7 @@ from gpuheal.triggers.start import (
     AlreadyHandled,
     NodeProbe,
     already_handled,
+    foreign_cluster,
     give_back_borrowed,
     slurm_probe,
     start_or_join,
@@ -95,6 +96,12 @@ def make_app(
         except ValidationError as err:
             return _error(400, f"not an Alertmanager v4 payload: {describe_error(err)}")
         parsed = to_reports(payload, cluster)
+        # One cluster, one authority: a label never picks another coordinator (its own budget and
+        # breaker) or reaches another cluster's incidents. The whole payload is refused, so the
+        # misrouting shows in Alertmanager's log instead of half a group being acted on.
+        foreign = sorted(({r.cluster for r in parsed.reports} | {g.cluster for g in parsed.give_backs}) - {cluster})
+        if foreign:
+            return _error(400, foreign_cluster(foreign, cluster))
         if not parsed.reports and not parsed.give_backs and parsed.rejected:
             return web.json_response(
                 {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},
@@ -154,9 +161,9 @@ def temporal_starter(client: Client, settings: Settings) -> Starter:
     return start
 
 
-def temporal_give_back(client: Client) -> GiveBacker:
+def temporal_give_back(client: Client, settings: Settings) -> GiveBacker:
     async def give_back(request: GiveBack) -> str:
-        return await give_back_borrowed(client, request.cluster, request.node, "alertmanager", request.reason)
+        return await give_back_borrowed(client, settings, request.cluster, request.node, "alertmanager", request.reason)
 
     return give_back
 
@@ -180,7 +187,7 @@ async def serve(settings: Settings, host: str, port: int, client: Client) -> web
     app = make_app(
         settings,
         temporal_starter(client, settings),
-        give_back=temporal_give_back(client),
+        give_back=temporal_give_back(client, settings),
         handled=temporal_handled(client, settings),
     )
     runner = web.AppRunner(app)

@@ -36,6 +36,7 @@ from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
 from gpuheal.activities.rma import RmaActivities
 from gpuheal.activities.validation import ValidationActivities
+from gpuheal.clients import deployment as build_metadata
 from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
 from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
 from gpuheal.clients.slurm import build_slurm, wrapper
@@ -45,7 +46,7 @@ from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import SettingsError
-from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet import packing, policy_file
 from gpuheal.core.fleet import view as fleet_view
 from gpuheal.core.fleet.policy import ConfiguredPolicy
 from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, FLEET_VIEW, INCIDENT
@@ -94,6 +95,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         settings.domain_labels,
         settings.coordinator_updates,
         topology=cli.topology,
+        cluster=settings.cluster,
     )
     served: list[object] = [acts, jobs, fleet, validation, rma]
     if kube_api is not None:
@@ -195,6 +197,14 @@ async def offer_configuration(client: Client, settings: Settings) -> None:
     log.error("could not offer this worker's configuration (%s) to the cluster: %s", c.digest, last)
 
 
+async def declare_build(client: Client, settings: Settings) -> None:
+    """A versioned worker's build says which formats of the coordinator's state it reads and
+    writes (`gpuheal rollout` refuses a build that cannot read the coordinator's)."""
+    if settings.build_id is not None:
+        name = ids.deployment_name(settings.require_cluster())
+        await build_metadata.declare(client, name, settings.build_id, packing.READS, packing.WRITES)
+
+
 async def say_if_no_current_build(client: Client, settings: Settings) -> None:
     """A versioned worker gets nothing until its deployment has a current build (a first
     install): incidents would wait unseen. Said loudly, with the command that ends it. (An
@@ -278,9 +288,11 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     async with worker:
         offered = asyncio.create_task(offer_configuration(client, settings))
         checked = asyncio.create_task(say_if_no_current_build(client, settings))
+        declared = asyncio.create_task(declare_build(client, settings))
         await stop.wait()
         offered.cancel()
         checked.cancel()
+        declared.cancel()
         log.info("shutting down: finishing running tasks (up to 10 s)")
     refresher.cancel()
     log.info("worker stopped")

@@ -27,8 +27,12 @@ from gpuheal.workflows.coordinator.versions import (
     COORDINATOR_2,
     COORDINATOR_3,
     COUNTS_LEFT,
+    HISTORY_BYTES_LIMIT,
     HISTORY_LIMIT,
+    HISTORY_LIMIT_PACKED,
     KEEP_CONTAINED,
+    PACKED,
+    PUBLISHES,
     REBUILD,
     SERVE_WHEN_FREED,
     VIEW,
@@ -36,7 +40,7 @@ from gpuheal.workflows.coordinator.versions import (
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
-    from gpuheal.core.fleet import coordination, reaping, steering
+    from gpuheal.core.fleet import coordination, packing, reaping, steering
     from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.models import (
         BATCH_MOST,
@@ -60,10 +64,21 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.fleet.policy import ConfiguredPolicy, ModeChange, PolicyChange, VersionedPolicy
 
 
+def _input(inp: object) -> CoordinatorInput:
+    """The SDK applies a run's type hints only when the arguments match them in number: a start
+    (the input alone) brings it as a dict."""
+    return inp if isinstance(inp, CoordinatorInput) else CoordinatorInput.model_validate(inp)
+
+
 @workflow.defn(name=m.COORDINATOR.name)
 class FleetCoordinator:
     @workflow.init
-    def __init__(self, inp: CoordinatorInput) -> None:
+    def __init__(self, inp: CoordinatorInput, packed: bytes = b"") -> None:
+        """`packed`: the state carried by a coordinator from PACKED on (gpuheal.core.fleet.packing);
+        earlier ones carried it whole in `inp.state`."""
+        inp = _input(inp)
+        if packed:
+            inp = inp.model_copy(update={"state": packing.unpack(packed)})
         seed = VersionedPolicy(
             version=1,
             policy=inp.seed,
@@ -85,7 +100,9 @@ class FleetCoordinator:
         return self._c.fleet
 
     @workflow.run
-    async def run(self, inp: CoordinatorInput) -> None:
+    async def run(self, inp: CoordinatorInput, packed: bytes = b"") -> None:
+        self._c.packed = workflow.patched(PACKED)
+        self._c.publishes = workflow.patched(PUBLISHES)
         if workflow.patched(VIEW):
             self._c.showing = asyncio.ensure_future(self._c.show())  # beside the loop, for the whole run
         if self._c.rebuilding and workflow.patched(REBUILD):
@@ -98,12 +115,15 @@ class FleetCoordinator:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._c.pending():  # what is still on its way goes on in the next run
                     carried = self._c.carried()
+                    args: list[object] = [carried]
+                    if self._c.packed:  # compact and compressed: a fleet's week stays far below 2 MiB
+                        args = [carried.model_copy(update={"state": None}), packing.pack(self._s, workflow.now())]
                     # A new current build (gpuheal rollout): the next run starts on it. Pinned
                     # to its build like every workflow of a versioned worker, the coordinator
                     # moves up this way, its state carried, whatever the new build changed.
                     upgrade = workflow.info().is_target_worker_deployment_version_changed()
                     workflow.continue_as_new(
-                        carried,
+                        args=args,
                         initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
                         if upgrade
                         else workflow.ContinueAsNewVersioningBehavior.UNSPECIFIED,
@@ -156,9 +176,11 @@ class FleetCoordinator:
         """Time for a new run: a long history, or a new current build to move to (versioned
         workers only: the flag comes with the task after `gpuheal rollout`)."""
         info = workflow.info()
+        if self._c.packed and info.get_current_history_size() > HISTORY_BYTES_LIMIT:
+            return True
         return (
             info.is_continue_as_new_suggested()
-            or info.get_current_history_length() > HISTORY_LIMIT
+            or info.get_current_history_length() > (HISTORY_LIMIT_PACKED if self._c.packed else HISTORY_LIMIT)
             or info.is_target_worker_deployment_version_changed()
         )
 
@@ -181,7 +203,11 @@ class FleetCoordinator:
 
     def _admit(self, req: AdmitRequest) -> Admission:
         answer, out = coordination.admit(
-            self._s, req, workflow.now(), serve_when_freed=workflow.patched(SERVE_WHEN_FREED)
+            self._s,
+            req,
+            workflow.now(),
+            serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
+            compact=workflow.patched(PACKED),
         )
         self._c.apply(out)
         return answer

@@ -20,6 +20,7 @@ from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT
 from gpuheal.core.settings import Settings
+from gpuheal.workers.main import make_worker
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import Sandbox
 
@@ -161,3 +162,24 @@ async def test_fifty_firing_alerts_for_one_node_start_one_workflow(
     await asyncio.sleep(1)
     incidents = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, settings.cluster or ""))
     assert (await client.count_workflows(incidents)).count == 1
+
+
+async def test_an_alert_for_another_cluster_is_refused_by_the_running_webhook(
+    webhook: Sandbox, settings: Settings, client: Client, cleanup: None
+) -> None:
+    """Prometheus's `cluster` external label differing from GPUHEAL_CLUSTER (or a forged label):
+    the webhook refuses the payload (400, naming both), and no incident, no coordinator of that
+    name and no drain come of it, with this cluster's worker running."""
+    payload = webhook.alertmanager_payload("gpu01", 79, cluster="prod-east")
+    async with make_worker(client, settings):
+        status, body = await asyncio.to_thread(webhook.post_alert, payload)
+        assert status == 400, body
+        assert f"'prod-east' is not this endpoint's cluster {settings.cluster!r}" in str(body["error"])
+        await asyncio.sleep(3)
+    anything = queries.where(queries.eq(sa.CLUSTER, "prod-east"))
+    assert (await client.count_workflows(anything)).count == 0
+    with pytest.raises(RPCError):
+        await client.get_workflow_handle(ids.coordinator_id("prod-east")).describe()
+    with pytest.raises(RPCError):
+        await client.get_workflow_handle(ids.incident_id(settings.cluster or "", "gpu01")).describe()
+    assert not webhook.nodes()["gpu01"].drained

@@ -92,3 +92,12 @@ async def test_a_policy_file_applied_reaches_the_next_incident_and_a_restart_kee
             assert fourth.outcome == "resolved" and fourth.policy_version == 3
         finally:
             Sandbox.stop_process(worker)
+    # No worker now: the coordinator answers no query (as in a storm), yet the levers read what it
+    # published in its memo, at once.
+    shown = await gpuheal(slurm, settings, "policy", "show")
+    assert shown.returncode == 0 and "policy version 3" in shown.stdout, shown.stderr
+    diff = await gpuheal(slurm, settings, "policy", "diff", str(change))
+    assert diff.returncode == 1 and "mode: 'auto' -> 'observe'" in diff.stdout
+    args = ("domain", "release", "rack=r9", "--operator", "dana", "--reason", "x")
+    none = await gpuheal(slurm, settings, *args)
+    assert none.returncode == 1 and "no open domain incident for 'rack=r9' (open: none)" in none.stderr

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,7 @@ async def screenshot(url: str, png: Path, settle_s: float = 6.0) -> None:
         proc = await asyncio.create_subprocess_exec(
             browser(), "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
             "--remote-debugging-port=0", f"--user-data-dir={png.with_suffix('.profile')}", "about:blank",
-            stdout=subprocess.DEVNULL, stderr=stderr,
+            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
         )  # fmt: skip
     try:
         endpoint = await devtools_endpoint(proc, log)
@@ -96,7 +98,7 @@ async def screenshot(url: str, png: Path, settle_s: float = 6.0) -> None:
                 shot = await call("Page.captureScreenshot", format="png")
         png.write_bytes(base64.b64decode(shot["data"]))
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the zygote and renderers with it
         await proc.wait()
     assert png.stat().st_size > 20_000, f"{png} looks empty"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpuheal.core import ids
-from gpuheal.core.fleet import breaker, budget, reaping, windows
+from gpuheal.core.fleet import breaker, budget, reaping, repeats, windows
 from gpuheal.core.fleet.models import (
     Admission,
     AdmitRequest,
@@ -53,14 +53,22 @@ class Effects:
 # --- incidents ------------------------------------------------------------------------------
 
 
-def admit(s: FleetState, req: AdmitRequest, now: datetime, serve_when_freed: bool = False) -> tuple[Admission, Effects]:
+def admit(
+    s: FleetState, req: AdmitRequest, now: datetime, serve_when_freed: bool = False, compact: bool = False
+) -> tuple[Admission, Effects]:
     """A new incident: its arrival counts (once per run), the breaker and the domains are checked.
     With `serve_when_freed` (coordinators that serve the line only when something frees), the
-    line is served when time freed something (a cooldown ended, the rate's window slid)."""
+    line is served when time freed something (a cooldown ended, the rate's window slid). With
+    `compact` (coordinators from PACKED on), the repeat window's arrivals are kept compact and
+    counted by key (gpuheal.core.fleet.repeats): the cost does not grow with a week's arrivals."""
     out = Effects()
-    freed = windows.forget_before(s, now)
+    freed = windows.forget_before(s, now, compact=compact)
     budget.note_sizes(s, req.placement)
-    if all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals):
+    if compact:
+        new = not repeats.seen(s, req.incident_id, req.run_id, req.placement.node, now)
+    else:
+        new = all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals)
+    if new:
         s.arrivals.append(
             Arrival(
                 at=now,
@@ -74,9 +82,12 @@ def admit(s: FleetState, req: AdmitRequest, now: datetime, serve_when_freed: boo
         )
         out += _check_breaker(s, req.placement, now)
         out += _check_domains(s, req.placement, now)
-    repeat = breaker.repeat_offender(
-        s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat, req.gpu_serials
-    )
+    if compact:
+        repeat = repeats.repeat_offender(s, req.placement.node, req.gpu_uuids, req.gpu_serials, now)
+    else:
+        repeat = breaker.repeat_offender(
+            s.arrivals, req.placement.node, req.gpu_uuids, now, s.policy.policy.repeat, req.gpu_serials
+        )
     domain = breaker.escalated_domain(s, req.placement)
     answer = Admission(
         policy=s.policy,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuheal.core.fleet.policy import FleetPolicy, Mode, VersionedPolicy
 from gpuheal.core.models.base import ActionClass, Frozen, NodeName, OperatorName, Severity, Stage
@@ -261,7 +261,10 @@ class FleetState(BaseModel):
     # budget, within a bound of their own (the policy's containment_limit), none while tripped.
     containing: dict[str, Grant] = {}
     queue: list[Held] = []
-    arrivals: list[Arrival] = []  # within the longest window that needs them
+    arrivals: list[Arrival] = []  # whole, within the windows that need them (repeats.age)
+    # Older arrivals within the repeat window, compact: key ("node:N", "serial:S", "uuid:U") ->
+    # (epoch seconds, run key), one per incident run (gpuheal.core.fleet.repeats).
+    past: dict[str, list[tuple[int, str]]] = {}
     remediations: list[datetime] = []  # grants, for the rate
     last_release: dict[str, datetime] = {}  # node -> when gpuheal last gave it back (cooldown)
     domain_incidents: dict[str, DomainIncident] = {}
@@ -283,6 +286,15 @@ class FleetState(BaseModel):
     def books(self) -> tuple[dict[str, Grant], dict[str, Grant], dict[str, Grant]]:
         """Where a run's hold on its node is kept (by incident id): granted, taken back, contained."""
         return self.grants, self.contained, self.containing
+
+
+class OpenDomains(Frozen):
+    """The domain incidents an operator may decide (`gpuheal domain`), as the coordinator's memo
+    publishes them (read from the server: it answers while the coordinator is too busy)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer coordinator's still reads
+
+    incidents: tuple[DomainIncident, ...] = ()
 
 
 class FleetStatus(Frozen):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from gpuheal.core.fleet import repeats
 from gpuheal.core.fleet.models import Arrival, FleetState
 
 
@@ -15,13 +16,17 @@ def within(arrivals: Iterable[Arrival], now: datetime, window_s: float) -> list[
     return [a for a in arrivals if (now - a.at).total_seconds() <= window_s]
 
 
-def forget_before(state: FleetState, now: datetime) -> bool:
+def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bool:
     """Keep only what a window can still need (the state is carried across continue-as-new).
     True when a remediation left the rate's window or a node's cooldown ended: a held incident
-    may go now."""
+    may go now. With `compact`, arrivals past the short windows move to the repeat window's
+    compact books (gpuheal.core.fleet.repeats); before, they were all kept whole for a week."""
     p = state.policy.policy
-    keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
-    state.arrivals = within(state.arrivals, now, keep_s)
+    if compact:
+        repeats.age(state, now)
+    else:
+        keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
+        state.arrivals = within(state.arrivals, now, keep_s)
     freed = time_freed(state, now)
     state.remediations, state.last_release = still_counted(state, now)
     return freed

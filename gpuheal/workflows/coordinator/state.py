@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
     from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.coordination import Effects
-    from gpuheal.core.fleet.models import CoordinatorInput, DomainIncident, FleetState, GrantNotice, Note
+    from gpuheal.core.fleet.models import CoordinatorInput, DomainIncident, FleetState, GrantNotice, Note, OpenDomains
     from gpuheal.core.fleet.policy import FleetPolicy
 
 
@@ -39,6 +39,8 @@ class CoordinatorState:
     reap_now: bool = False  # a grant notice found its incident gone: look at once
     changed: bool = True  # the memo's view is to be written (show)
     showing: asyncio.Future[None] | None = None  # show, for coordinators with VIEW
+    packed: bool = False  # from PACKED on: compact books, carried compressed, shorter runs
+    publishes: bool = False  # from PUBLISHES on: the policy and open domains in the memo too
 
     def pending(self) -> bool:
         return bool(self.signals or self.notes or self.domains)
@@ -74,6 +76,7 @@ class CoordinatorState:
         """The view in the memo and the UI's details, written anew after state changes, beside the
         loop for the whole run. The memo only when a figure changed (each write is a history event)."""
         shown: dict[str, Any] | None = None
+        published: dict[str, Any] = {}
         while True:
             await workflow.wait_condition(lambda: self.changed)
             self.changed = False
@@ -83,3 +86,14 @@ class CoordinatorState:
             if figures != shown:
                 workflow.upsert_memo({m.FLEET_VIEW.key: v})
                 shown = figures
+            if self.publishes:
+                levers = self.levers()
+                changed = {k: v for k, v in levers.items() if published.get(k) != v}
+                if changed:  # rarely: a policy change, a domain incident opened or decided
+                    workflow.upsert_memo(dict(changed))
+                    published.update(changed)
+
+    def levers(self) -> dict[str, Any]:
+        """What the operators' levers read (gpuheal.cli.policy, gpuheal.cli.fleet), by memo key."""
+        domains = tuple(d for d in self.fleet.domain_incidents.values() if not d.decided)
+        return {m.FLEET_POLICY_MEMO.key: self.fleet.policy, m.FLEET_DOMAINS.key: OpenDomains(incidents=domains)}

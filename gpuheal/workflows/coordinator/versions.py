@@ -34,4 +34,15 @@ SERVE_WHEN_FREED = "coordinator-serves-the-line-when-something-frees"
 # releases while rebuilding, never freed a domain whose domain incident died undecided, and
 # applied again a configuration an older worker offered (a stale pod in a rollout).
 BOOKS = "coordinator-books-never-lie"
+# Nor did they keep the repeat window's arrivals compact (a week was carried whole: past about
+# 4,000 arrivals the continue-as-new input passed Temporal's 2 MiB and the run was terminated),
+# nor carry their state compressed, nor continue as new before Temporal's 2,000 updates per run.
+PACKED = "coordinator-carries-its-state-compact"
+# Nor did they publish what the operators' levers read (the policy, the open domain incidents) in
+# their memo: `gpuheal policy` and `gpuheal domain` asked a query, refused in a storm.
+PUBLISHES = "coordinator-publishes-its-policy-and-domains"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
+# From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
+# half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
+HISTORY_LIMIT_PACKED = 2000
+HISTORY_BYTES_LIMIT = 4 * 1024 * 1024

@@ -1,0 +1,142 @@
+"""The repeat window's books, kept compact: a week of arrivals at fleet scale in the fields the
+repeat-offender count needs, indexed so that a decision's cost does not grow with the fleet.
+
+An arrival is kept whole (`FleetState.arrivals`) only while the short windows need it (the
+breaker's and the escalation's: their domains and nodes). Older, and within the repeat window,
+it is kept in `FleetState.past` under each key it counts for (its node, and its GPU: the board's
+serial where the report named it, else its UUID), as (epoch seconds, run key) pairs. A 10,000-node
+fleet's worst week (10,000 arrivals) is then a few hundred KB carried, compressed
+(gpuheal.core.fleet.packing), and an admission reads only the entries of its own keys.
+Pure, no I/O (tests/test_state_bounds.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from gpuheal.core.fleet.models import Arrival, FleetState
+from gpuheal.core.fleet.policy import FleetPolicy
+
+RUN_KEY_CHARS = 8  # of a run id (a UUID): compared only among one node's runs of a week
+UUID_KEY_CHARS = 12  # of a GPU UUID, after "GPU-": as unique across a fleet
+SHED_S = 86400  # what a state too big to carry forgets at a time: the oldest day
+
+
+def short_window_s(p: FleetPolicy) -> float:
+    """How long an arrival is kept whole: the windows that need its domains."""
+    return max(p.breaker.window_s, p.escalation.window_s)
+
+
+def run_key(run_id: str) -> str:
+    return run_id[:RUN_KEY_CHARS]
+
+
+def named(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> list[tuple[str, str]]:
+    """What an arrival counts for, each key with what a notice calls it: its node, and each GPU by
+    its serial (a board keeps its record when it moves) or, without one, its UUID."""
+    serials = tuple(gpu_serials)
+    gpus = [(f"serial:{s}", f"GPU serial {s}") for s in serials] or [
+        (f"uuid:{u.removeprefix('GPU-')[:UUID_KEY_CHARS]}", f"GPU {u}") for u in gpu_uuids
+    ]
+    return [(f"node:{node}", node), *gpus]
+
+
+def keys(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> tuple[str, ...]:
+    return tuple(key for key, _ in named(node, gpu_uuids, gpu_serials))
+
+
+def seen(s: FleetState, incident_id: str, run_id: str, node: str, now: datetime) -> bool:
+    """Whether this run has arrived within the repeat window already (an admission asked again
+    counts once; one older than the window counts anew, as it did when arrivals were kept whole)."""
+    if any((a.incident_id, a.run_id) == (incident_id, run_id) for a in s.arrivals):
+        return True
+    mine, oldest = run_key(run_id), now.timestamp() - s.policy.policy.repeat.window_s
+    return bool(run_id) and any(r == mine and t >= oldest for t, r in s.past.get(f"node:{node}", ()))
+
+
+def age(s: FleetState, now: datetime) -> None:
+    """Arrivals past the short windows move to the compact books; entries past the repeat window
+    go. Arrivals come in time order, so only the oldest are looked at."""
+    p = s.policy.policy
+    short, week = short_window_s(p), p.repeat.window_s
+    cut = 0
+    while cut < len(s.arrivals) and (now - s.arrivals[cut].at).total_seconds() > short:
+        cut += 1
+    if cut:
+        for a in s.arrivals[:cut]:
+            if (now - a.at).total_seconds() <= week:
+                _keep(s, a)
+        del s.arrivals[:cut]
+
+
+def _keep(s: FleetState, a: Arrival) -> None:
+    """One entry under each key: the node's with the run's key (what `seen` asks), a GPU's with
+    its time only (one entry per run already: `seen` is asked before an arrival is recorded)."""
+    at = int(a.at.timestamp())
+    node, *gpus = keys(a.node, a.gpu_uuids, a.gpu_serials)
+    s.past.setdefault(node, []).append((at, run_key(a.run_id) or a.incident_id))
+    for key in gpus:
+        s.past.setdefault(key, []).append((at, ""))
+
+
+def prune(s: FleetState, now: datetime) -> None:
+    """Forget every entry past the repeat window (once per run, before it is carried on)."""
+    oldest = now.timestamp() - s.policy.policy.repeat.window_s
+    for key in list(s.past):
+        kept = [e for e in s.past[key] if e[0] >= oldest]
+        if kept:
+            s.past[key] = kept
+        else:
+            del s.past[key]
+
+
+def shed(s: FleetState) -> bool:
+    """Forget the oldest day of the repeat window's books (a state too big to carry otherwise);
+    False when there is nothing left to forget."""
+    times = [t for entries in s.past.values() for t, _ in entries]
+    if not times:
+        return False
+    cut = min(times) + SHED_S
+    for key in list(s.past):
+        s.past[key] = [e for e in s.past[key] if e[0] >= cut]
+        if not s.past[key]:
+            del s.past[key]
+    return True
+
+
+def count(s: FleetState, key: str, now: datetime, window_s: float) -> int:
+    """How many incident runs counted for `key` within the window (recent ones and the books)."""
+    oldest = now.timestamp() - window_s
+    earlier = sum(1 for t, _ in s.past.get(key, ()) if t >= oldest)  # one entry per run
+    kind, _, name = key.partition(":")
+    recent = {
+        (a.incident_id, a.run_id)
+        for a in s.arrivals
+        if (now - a.at).total_seconds() <= window_s and name in _names(a, kind)
+    }
+    return earlier + len(recent)
+
+
+def _names(a: Arrival, kind: str) -> tuple[str, ...]:
+    if kind == "node":
+        return (a.node,)
+    if kind == "serial":
+        return a.gpu_serials
+    return tuple(u.removeprefix("GPU-")[:UUID_KEY_CHARS] for u in a.gpu_uuids) if not a.gpu_serials else ()
+
+
+def repeat_offender(
+    s: FleetState, node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str], now: datetime
+) -> str | None:
+    """Why this is the node's (or a GPU's) `incidents`-th incident within the repeat window, or
+    None. Where the reports name the GPU's serial the count follows the board, not the node's
+    name (a board moved keeps its record; a node whose bad GPU was swapped starts afresh)."""
+    p = s.policy.policy.repeat
+    serials = tuple(gpu_serials)
+    for key, what in named(node, gpu_uuids, serials):
+        if key.startswith("node:") and serials:
+            continue
+        n = count(s, key, now, p.window_s)
+        if n >= p.incidents:
+            return f"repeat offender: {n} incidents on {what} within {p.window_s / 86400:g} days"
+    return None
