@@ -71,8 +71,7 @@ bench-simulate: $(STAMP)
 histories: $(STAMP)
 	bash infra/k8s/build.sh
 	$(PY) -m tests.histories.record
-	rm -rf tests/histories/coordinator
-	GPUHEAL_RECORD_HISTORIES=tests/histories/coordinator $(PY) -m pytest -q \
+	GPUHEAL_RECORD_HISTORIES=tests/histories/coordinator/$$(git rev-parse --short HEAD) $(PY) -m pytest -q \
 	  tests/test_coordinator_faults.py tests/test_coordinator_books.py tests/test_coordinator_carry.py
 
 k8s: $(STAMP)

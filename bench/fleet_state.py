@@ -126,7 +126,7 @@ def measure(run: int, seed: int, compact: bool) -> Row:
         request_ms.append((time.perf_counter() - t) * 1e3)
     whole = s.model_dump_json().encode()
     t = time.perf_counter()
-    packed = packing.pack(s, now) if compact else whole
+    packed = packing.pack(s, now).data if compact else whole
     pack_ms = (time.perf_counter() - t) * 1e3
     t = time.perf_counter()
     back = packing.unpack(packed) if compact else FleetState.model_validate_json(packed)

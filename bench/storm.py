@@ -44,7 +44,14 @@ from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet.view import FleetView
-from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY, FLEET_VIEW, INCIDENT
+from gpuheal.core.messages import (
+    FLEET_DOMAINS,
+    FLEET_POLICY_MEMO,
+    FLEET_REQUEST_CAPACITY,
+    FLEET_REQUEST_CAPACITY_MANY,
+    FLEET_VIEW,
+    INCIDENT,
+)
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import already_handled, start_or_join
@@ -99,7 +106,7 @@ class Watch(Watched):
         # the figures, declared (with what each means) on Watched
         self.read_ms, self.command_ms, self.unanswered, self.command_failed = [], [], [], []
         self.drained, self.bound = [], 0
-        self.levers_ms, self.levers_failed = {}, []
+        self.levers_ms, self.lever_reads_ms, self.levers_failed = {}, {}, []
         self.on = True
 
     def slurm(self) -> None:  # a thread: sinfo blocks
@@ -124,6 +131,7 @@ class Watch(Watched):
                 self.read_ms.append((time.perf_counter() - t0) * 1000)
                 if v.containment is not None:
                     self.bound = max(self.bound, v.budget[0].limit + v.containment.limit)
+                await self.lever_reads()
             if seen and time.monotonic() - last_command >= 15:
                 last_command = time.monotonic()
                 t0 = time.perf_counter()
@@ -136,6 +144,18 @@ class Watch(Watched):
                     self.command_failed.append(done.stdout.decode()[-200:] + done.stderr.decode()[-200:])
                 await self.levers()
             await asyncio.sleep(1)
+
+    async def lever_reads(self) -> None:
+        """What `gpuheal policy` and `gpuheal domain` read, in process: the coordinator's memo."""
+        for name, memo in (("policy show", FLEET_POLICY_MEMO), ("domain release", FLEET_DOMAINS)):
+            t0 = time.perf_counter()
+            try:
+                found = await memo.read(self.handle, rpc_timeout=VIEW_TIMEOUT)
+            except Exception as err:
+                self.levers_failed.append(f"{name} read: {err}"[:200])
+                continue
+            if found is not None:  # (a coordinator publishes them at its first task)
+                self.lever_reads_ms.setdefault(name, []).append((time.perf_counter() - t0) * 1000)
 
     async def levers(self) -> None:
         """`gpuheal policy show` (it prints the policy) and `gpuheal domain release` of a domain

@@ -471,7 +471,7 @@ class Coordinator(RuleBasedStateMachine):
     def it_continues_as_new(self, packed: bool) -> None:
         """Carried whole (coordinators before PACKED) or packed (gpuheal.core.fleet.packing)."""
         if packed:
-            carried = packing.unpack(packing.pack(self.s, self.now))
+            carried = packing.unpack(packing.pack(self.s, self.now).data)
         else:
             carried = FleetState.model_validate_json(self.s.model_dump_json())
         assert carried == self.s
@@ -491,9 +491,10 @@ class Coordinator(RuleBasedStateMachine):
         out_before = left_before | {g.node for b in self.s.books() for g in b.values()}
         drained_before = set(self.drained)
         change()  # type: ignore[operator]
-        for b in self.s.books():  # granted or contained: drained, with the incident's reason
-            for g in b.values():
-                if g.node not in self.foreign and g.node not in self.slurm:
+        live = set(self.live.values())
+        for b in self.s.books():  # granted or contained: drained by its live run, with its reason
+            for g in b.values():  # (a terminated run drains nothing more: it runs no code)
+                if (g.incident_id, g.run_id) in live and g.node not in self.foreign and g.node not in self.slurm:
                     self.slurm[g.node] = policy.drain_reason(g.incident_id, "XID 79")
         by_operator = {g.node for g in self.s.grants.values() if g.override is not None}
         if self.drained - drained_before - by_operator - out_before:  # gpuheal drained more (an override: a person's)

@@ -30,7 +30,8 @@ HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json")) + sorted((HERE / "paths").glob("*.json"))
 # The coordinator's own paths, recorded from its time-skipping tests (tests/histories/recording.py):
 # the look for closed runs, containment, the rebuild, batches, continue-as-new, domain incidents.
-COORDINATOR = sorted((HERE / "coordinator").glob("*.json"))
+# One folder per release that recorded them (kept: a later release replays every earlier one's).
+COORDINATOR = sorted((HERE / "coordinator").rglob("*.json"))
 
 
 def test_histories_are_present() -> None:

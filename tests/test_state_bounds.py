@@ -19,6 +19,10 @@ from gpuheal.core.models.base import ActionClass
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
+def pack(s: FleetState, now: datetime, most: int = packing.MOST_BYTES) -> bytes:
+    return packing.pack(s, now, most).data
+
+
 @pytest.fixture(scope="module")
 def week() -> Week:
     return worst_week(seed=33)
@@ -26,7 +30,7 @@ def week() -> Week:
 
 def test_the_worst_week_is_carried_far_below_temporals_limit_and_whole(week: Week) -> None:
     s = week.state
-    packed = packing.pack(s, week.now)
+    packed = pack(s, week.now)
     assert len(packed) < GOAL_BYTES, f"{len(packed)} bytes carried"
     back = packing.unpack(packed)
     assert (len(back.grants), len(back.queue)) == (OUT, HELD)
@@ -36,7 +40,7 @@ def test_the_worst_week_is_carried_far_below_temporals_limit_and_whole(week: Wee
 
 def test_a_node_seen_this_week_is_still_counted_after_the_state_is_carried(week: Week) -> None:
     """The week's first arrival, six days old, still counts for its node and its board."""
-    s = packing.unpack(packing.pack(week.state.model_copy(deep=True), week.now))
+    s = packing.unpack(pack(week.state.model_copy(deep=True), week.now))
     (node_key, entries), *_ = ((k, v) for k, v in s.past.items() if k.startswith("node:"))
     assert repeats.count(s, node_key, week.now, s.policy.policy.repeat.window_s) == len(entries) >= 1
     assert repeats.seen(s, "gpuheal-c-x", week.runs[0], _node_of(s, week.runs[0]), week.now)
@@ -68,20 +72,20 @@ def test_the_repeat_window_counts_across_days_and_carries_once_per_run() -> None
     admission asked again (a retry days later) counts once; a board moved keeps its record."""
     s = fresh()
     assert admit(s, "gpu01", "run-a", T0, serial="S1") is None
-    s = packing.unpack(packing.pack(s, T0 + timedelta(days=1)))
+    s = packing.unpack(pack(s, T0 + timedelta(days=1)))
     assert admit(s, "gpu01", "run-b", T0 + timedelta(days=2), serial="S1") is None
     assert admit(s, "gpu01", "run-a", T0 + timedelta(days=3), serial="S1") is None  # asked again: once
-    s = packing.unpack(packing.pack(s, T0 + timedelta(days=4)))
+    s = packing.unpack(pack(s, T0 + timedelta(days=4)))
     why = admit(s, "gpu02", "run-c", T0 + timedelta(days=5), serial="S1")  # the board, on another node
     assert why == "repeat offender: 3 incidents on GPU serial S1 within 7 days"
     # a week after the first two, they have aged out: only run-c and this one count
-    s = packing.unpack(packing.pack(s, T0 + timedelta(days=9, hours=1)))
+    s = packing.unpack(pack(s, T0 + timedelta(days=9, hours=1)))
     assert admit(s, "gpu03", "run-d", T0 + timedelta(days=9, hours=2), serial="S1") is None
 
 
 def test_a_state_too_big_to_carry_forgets_the_oldest_days_first_never_the_books(week: Week) -> None:
     s = week.state.model_copy(deep=True)
-    packed = packing.pack(s, week.now, most=300 * 1024)
+    packed = pack(s, week.now, most=300 * 1024)
     assert len(packed) <= 300 * 1024
     back = packing.unpack(packed)
     assert back.grants == week.state.grants and back.queue == week.state.queue
@@ -93,7 +97,9 @@ def test_a_state_this_build_cannot_read_is_refused_by_name() -> None:
         packing.unpack(b"gpuheal-fleet-state/2\n...")
 
 
-Step = tuple[str, str, str, float, int]  # node, serial, uuid, hours later, an earlier run asking again (its index)
+# node, serial ("" none), UUID ("" none), how many of its reports name that UUID, hours later, an
+# earlier run asking again (its index; -1 none)
+Step = tuple[str, str, str, int, float, int]
 
 
 @settings(max_examples=300, deadline=None)
@@ -102,7 +108,8 @@ Step = tuple[str, str, str, float, int]  # node, serial, uuid, hours later, an e
         st.tuples(
             st.sampled_from(["gpu01", "gpu02", "gpu03"]),
             st.sampled_from(["", "S1", "S2"]),
-            st.sampled_from(["GPU-aaaaaaaa-0000", "GPU-bbbbbbbb-0000"]),
+            st.sampled_from(["", "GPU-aaaaaaaa-0000", "GPU-bbbbbbbb-0000"]),
+            st.integers(min_value=1, max_value=3),
             st.floats(min_value=0, max_value=72),
             st.integers(min_value=-1, max_value=5),
         ),
@@ -112,24 +119,25 @@ Step = tuple[str, str, str, float, int]  # node, serial, uuid, hours later, an e
 )
 def test_the_compact_books_say_what_the_whole_arrivals_said(steps: list[Step], carries: list[bool]) -> None:
     """Any run of arrivals (nodes, boards named by serial or UUID, days apart, admissions asked
-    again), carried across continue-as-new at any step: the compact books name the same repeat
-    offenders as the week of whole arrivals did."""
+    again, reports naming the serial, the UUID or both, one GPU in several reports), carried across
+    continue-as-new at any step: the compact books name the same repeat offenders as the week of
+    whole arrivals did."""
     whole, compact = fresh(), fresh()
     at, runs = T0, []
-    for i, (node, serial, uuid_, hours, again) in enumerate(steps):
+    for i, (node, serial, uuid_, reports, hours, again) in enumerate(steps):
         at += timedelta(hours=hours)
         if 0 <= again < len(runs):
-            node, serial, uuid_, run = runs[again]
+            node, serial, uuid_, reports, run = runs[again]
         else:
-            run = f"{i:08d}-run"
-            runs.append((node, serial, uuid_, run))
+            run = f"0190b2c4-{i:04d}-7000-8000-00000000{i:04d}"  # UUIDv7-like: one time head
+            runs.append((node, serial, uuid_, reports, run))
         req = AdmitRequest(
             incident_id=f"gpuheal-c-{node}", run_id=run, cluster="c", placement=Placement(node=node, cluster_size=100),
             action=ActionClass.REPLACE_NODE, what="XID 79", seed=whole.policy.policy,
-            gpu_serials=(serial,) if serial else (), gpu_uuids=() if serial else (uuid_,),
+            gpu_serials=(serial,) if serial else (), gpu_uuids=(uuid_,) * reports if uuid_ else (),
         )  # fmt: skip
         said, _ = coordination.admit(whole, req, at)
         now_said, _ = coordination.admit(compact, req, at, compact=True)
         assert now_said.repeat_offender == said.repeat_offender, f"step {i}"
         if i < len(carries) and carries[i]:
-            compact = packing.unpack(packing.pack(compact, at))
+            compact = packing.unpack(pack(compact, at))

@@ -22,7 +22,7 @@ from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import view as fleet_view
-from gpuheal.core.fleet.models import DomainDecision, OperatorAction, Override
+from gpuheal.core.fleet.models import DomainDecision, OpenDomain, OpenDomains, OperatorAction, Override
 from gpuheal.core.fleet.policy import ModeChange
 from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.messages import (
@@ -140,10 +140,18 @@ async def decide_domain(settings: Settings, args: argparse.Namespace) -> int:
     handle = client.get_workflow_handle(fleet_id)
     # From the memo (answers in a storm); a coordinator of a release before it is asked.
     published = await FLEET_DOMAINS.read(handle, rpc_timeout=VIEW_TIMEOUT)
-    domains = published.incidents if published is not None else (await FLEET_STATUS.ask(handle)).domain_incidents
-    found = [d for d in domains if d.domain == args.domain and not d.decided]
+    if published is None:
+        status = await FLEET_STATUS.ask(handle)
+        published = OpenDomains(
+            incidents=tuple(
+                OpenDomain(domain=d.domain, incident_id=d.incident_id, nodes=len(d.nodes))
+                for d in status.domain_incidents
+                if not d.decided
+            )
+        )
+    found = [d for d in published.incidents if d.domain == args.domain]
     if not found:
-        open_ = [d.domain for d in domains if not d.decided]
+        open_ = [d.domain for d in published.incidents]
         print(f"no open domain incident for {args.domain!r} (open: {open_ or 'none'})", file=sys.stderr)
         return 1
     decision = DomainDecision(domain=args.domain, decision=args.decision, operator=args.operator, reason=args.reason)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids
@@ -32,10 +32,10 @@ async def policy(settings: Settings, args: argparse.Namespace) -> int:
         # coordinator of a release before it publishes nothing there and is asked.
         current = await FLEET_POLICY_MEMO.read(handle, rpc_timeout=READ_TIMEOUT) or await FLEET_POLICY.ask(handle)
     except RPCError as err:
-        print(
-            f"no coordinator for cluster {settings.cluster!r} yet (the first incident starts it): {err}",
-            file=sys.stderr,
-        )
+        if err.status == RPCStatusCode.NOT_FOUND:
+            print(f"no coordinator for cluster {settings.cluster!r} yet (the first one starts it)", file=sys.stderr)
+        else:
+            print(f"the coordinator of cluster {settings.cluster!r} did not answer: {err}", file=sys.stderr)
         return 1
     if args.verb == "show":
         print(f"# cluster {settings.cluster}: policy version {current.version}, by {current.changed_by}")

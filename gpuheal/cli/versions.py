@@ -25,7 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gpuheal.clients import deployment
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
-from gpuheal.core.messages import DOMAIN_INCIDENT, FLEET_WAKE, INCIDENT, JOB_RECOVERY
+from gpuheal.core.messages import DOMAIN_INCIDENT, FLEET_STATE_FORMAT, FLEET_WAKE, INCIDENT, JOB_RECOVERY
 from gpuheal.core.models.base import OperatorName
 from gpuheal.core.settings import BuildId, Settings
 
@@ -87,7 +87,7 @@ async def rollout(settings: Settings, args: argparse.Namespace) -> int:
     cluster = settings.require_cluster()
     client = await connect(settings.temporal)
     name = ids.deployment_name(cluster)
-    refused = await _cannot_read(client, name, build, await _coordinator_build(client, cluster))
+    refused = await _cannot_read(client, cluster, name, build)
     if refused:
         print(f"gpuheal: cluster {cluster}: build {build} not made current: {refused}", file=sys.stderr)
         return 1
@@ -117,30 +117,32 @@ async def rollout(settings: Settings, args: argparse.Namespace) -> int:
     return await show_versions(settings, args)
 
 
-async def _cannot_read(client: Client, name: str, build: str, coordinator: str | None) -> str | None:
-    """Why `build` cannot take over the coordinator (it could not read the state the coordinator's
-    build carries across continue-as-new: every workflow task would fail), or None."""
-    if coordinator is None or coordinator in (build, "(unversioned)"):
-        return None
+async def _cannot_read(client: Client, cluster: str, name: str, build: str) -> str | None:
+    """Why `build` cannot take over the coordinator (it could not read the state the coordinator
+    carries across continue-as-new: every workflow task would fail), or None. The coordinator
+    says in its memo which format it carries (none said: the whole JSON of format 1); the build,
+    in its version's metadata, which it reads (none said: format 1 only)."""
+    handle = client.get_workflow_handle(ids.coordinator_id(cluster))
+    try:
+        carries = await FLEET_STATE_FORMAT.read(handle) or 1
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None  # no coordinator yet: the first incident starts one on the new build
+        raise
     try:
         reads, _ = await deployment.formats(client, name, build)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None  # no worker of it has polled: the server refuses it itself, saying so
         raise
-    try:
-        _, writes = await deployment.formats(client, name, coordinator)
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        _, writes = deployment.UNDECLARED
-    if writes in reads:
+    if carries in reads:
         return None
-    said = "declares none (a build from before the declaration: format 1)" if reads == deployment.UNDECLARED[0] else ""
+    said = " (it declares none: a build from before the declaration reads format 1)"
     return (
-        f"the coordinator runs on build {coordinator}, which carries its state in format {writes}; build {build} "
-        f"reads {', '.join(map(str, sorted(reads)))} only{f' ({said})' if said else ''}. Rolled back onto it, the "
-        "coordinator would fail every task (no admissions, no grants): roll forward, or to a build that reads it"
+        f"the coordinator carries its state in format {carries}; build {build} reads "
+        f"{', '.join(map(str, sorted(reads)))} only{said if reads == deployment.UNDECLARED[0] else ''}. Rolled back "
+        "onto it, the coordinator would fail every task (no admissions, no grants): roll forward, or to a build "
+        "that reads it"
     )
 
 

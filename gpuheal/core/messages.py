@@ -158,6 +158,7 @@ FLEET_VIEW = Memo("fleet", FleetView)  # what `gpuheal fleet` shows, written as 
 # What the operators' levers read (`gpuheal policy`, `gpuheal domain`), written as they change.
 FLEET_POLICY_MEMO = Memo("policy", VersionedPolicy)
 FLEET_DOMAINS = Memo("domains", OpenDomains)
+FLEET_STATE_FORMAT = Memo("state_format", int)  # what its continue-as-new carries (core.fleet.packing)
 
 # --- a domain failing as a whole (workflows/fleet.py) --------------------------------------------
 DOMAIN_INCIDENT = Workflow("DomainIncident", DomainIncidentInput, DomainIncidentResult)

@@ -100,7 +100,8 @@ def make_app(
         # breaker) or reaches another cluster's incidents. The whole payload is refused, so the
         # misrouting shows in Alertmanager's log instead of half a group being acted on.
         foreign = sorted(({r.cluster for r in parsed.reports} | {g.cluster for g in parsed.give_backs}) - {cluster})
-        if foreign:
+        if foreign:  # Alertmanager does not retry a 400: said loudly here too
+            log.error("refused a payload of %d alert(s): %s", len(payload.alerts), foreign_cluster(foreign, cluster))
             return _error(400, foreign_cluster(foreign, cluster))
         if not parsed.reports and not parsed.give_backs and parsed.rejected:
             return web.json_response(

@@ -31,6 +31,7 @@ from gpuheal.workflows.coordinator.versions import (
     HISTORY_LIMIT,
     HISTORY_LIMIT_PACKED,
     KEEP_CONTAINED,
+    PACK_CARRIED,
     PACKED,
     PUBLISHES,
     REBUILD,
@@ -116,8 +117,13 @@ class FleetCoordinator:
                 if not self._c.pending():  # what is still on its way goes on in the next run
                     carried = self._c.carried()
                     args: list[object] = [carried]
-                    if self._c.packed:  # compact and compressed: a fleet's week stays far below 2 MiB
-                        args = [carried.model_copy(update={"state": None}), packing.pack(self._s, workflow.now())]
+                    # Compact and compressed (a fleet's week stays far below 2 MiB); a run started
+                    # before PACKED packs too when it carries on (its own marker, at that moment).
+                    if self._c.packed or workflow.patched(PACK_CARRIED):
+                        packed_ = self._c.pack()
+                        if packed_ is None:
+                            continue  # not this time: the operators are told why (CoordinatorState.pack)
+                        args = [carried.model_copy(update={"state": None}), packed_]
                     # A new current build (gpuheal rollout): the next run starts on it. Pinned
                     # to its build like every workflow of a versioned worker, the coordinator
                     # moves up this way, its state carried, whatever the new build changed.
@@ -176,6 +182,8 @@ class FleetCoordinator:
         """Time for a new run: a long history, or a new current build to move to (versioned
         workers only: the flag comes with the task after `gpuheal rollout`)."""
         info = workflow.info()
+        if info.get_current_history_length() < self._c.carry_after:
+            return False  # its state was too big to carry a moment ago (reconcile.pack)
         if self._c.packed and info.get_current_history_size() > HISTORY_BYTES_LIMIT:
             return True
         return (

@@ -288,13 +288,23 @@ class FleetState(BaseModel):
         return self.grants, self.contained, self.containing
 
 
+class OpenDomain(Frozen):
+    """An open domain incident, in a line (its nodes counted, not listed: the memo stays small)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    domain: str
+    incident_id: str
+    nodes: int = 0
+
+
 class OpenDomains(Frozen):
     """The domain incidents an operator may decide (`gpuheal domain`), as the coordinator's memo
     publishes them (read from the server: it answers while the coordinator is too busy)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")  # a newer coordinator's still reads
 
-    incidents: tuple[DomainIncident, ...] = ()
+    incidents: tuple[OpenDomain, ...] = ()
 
 
 class FleetStatus(Frozen):

@@ -17,28 +17,37 @@ from datetime import datetime
 from gpuheal.core.fleet.models import Arrival, FleetState
 from gpuheal.core.fleet.policy import FleetPolicy
 
-RUN_KEY_CHARS = 8  # of a run id (a UUID): compared only among one node's runs of a week
-UUID_KEY_CHARS = 12  # of a GPU UUID, after "GPU-": as unique across a fleet
+RUN_KEY_CHARS = 12  # of a run id's tail: random in UUIDv4 and v7 alike (v7's head is its time)
+UUID_KEY_CHARS = 12  # hex digits of a GPU UUID: 48 bits, unique across any fleet
 SHED_S = 86400  # what a state too big to carry forgets at a time: the oldest day
+# Arrivals stay whole at least this long, whatever the windows: a breaker or escalation window
+# widened by a policy change still sees the last hour's domains.
+WHOLE_AT_LEAST_S = 3600.0
 
 
 def short_window_s(p: FleetPolicy) -> float:
-    """How long an arrival is kept whole: the windows that need its domains."""
-    return max(p.breaker.window_s, p.escalation.window_s)
+    """How long an arrival is kept whole: the windows that need its domains, an hour at least."""
+    return max(p.breaker.window_s, p.escalation.window_s, WHOLE_AT_LEAST_S)
 
 
-def run_key(run_id: str) -> str:
-    return run_id[:RUN_KEY_CHARS]
+def run_key(run_id: str, incident_id: str = "") -> str:
+    """One incident run, compact: its run id's random tail (an earlier release's run without an
+    id is its incident's, as the arrivals kept whole counted it)."""
+    return run_id.replace("-", "")[-RUN_KEY_CHARS:] if run_id else incident_id
+
+
+def uuid_key(uuid: str) -> str:
+    return uuid.removeprefix("GPU-").replace("-", "")[:UUID_KEY_CHARS]
 
 
 def named(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> list[tuple[str, str]]:
-    """What an arrival counts for, each key with what a notice calls it: its node, and each GPU by
-    its serial (a board keeps its record when it moves) or, without one, its UUID."""
-    serials = tuple(gpu_serials)
-    gpus = [(f"serial:{s}", f"GPU serial {s}") for s in serials] or [
-        (f"uuid:{u.removeprefix('GPU-')[:UUID_KEY_CHARS]}", f"GPU {u}") for u in gpu_uuids
-    ]
-    return [(f"node:{node}", node), *gpus]
+    """What an arrival counts for, each key once with what a notice calls it: its node, each GPU's
+    serial (a board keeps its record when it moves) and each GPU's UUID (reports of one GPU may
+    name either: the agent both, dcgm-exporter the UUID only)."""
+    found = {f"node:{node}": node}
+    found.update({f"serial:{s}": f"GPU serial {s}" for s in gpu_serials})
+    found.update({f"uuid:{uuid_key(u)}": f"GPU {u}" for u in gpu_uuids})
+    return list(found.items())
 
 
 def keys(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> tuple[str, ...]:
@@ -50,8 +59,8 @@ def seen(s: FleetState, incident_id: str, run_id: str, node: str, now: datetime)
     counts once; one older than the window counts anew, as it did when arrivals were kept whole)."""
     if any((a.incident_id, a.run_id) == (incident_id, run_id) for a in s.arrivals):
         return True
-    mine, oldest = run_key(run_id), now.timestamp() - s.policy.policy.repeat.window_s
-    return bool(run_id) and any(r == mine and t >= oldest for t, r in s.past.get(f"node:{node}", ()))
+    mine, oldest = run_key(run_id, incident_id), now.timestamp() - s.policy.policy.repeat.window_s
+    return any(r == mine and t >= oldest for t, r in s.past.get(f"node:{node}", ()))
 
 
 def age(s: FleetState, now: datetime) -> None:
@@ -70,11 +79,11 @@ def age(s: FleetState, now: datetime) -> None:
 
 
 def _keep(s: FleetState, a: Arrival) -> None:
-    """One entry under each key: the node's with the run's key (what `seen` asks), a GPU's with
-    its time only (one entry per run already: `seen` is asked before an arrival is recorded)."""
+    """One entry under each of its keys (each key once: `named`), so an entry is a run: the node's
+    with the run's key (what `seen` asks), a GPU's with its time only."""
     at = int(a.at.timestamp())
     node, *gpus = keys(a.node, a.gpu_uuids, a.gpu_serials)
-    s.past.setdefault(node, []).append((at, run_key(a.run_id) or a.incident_id))
+    s.past.setdefault(node, []).append((at, run_key(a.run_id, a.incident_id)))
     for key in gpus:
         s.past.setdefault(key, []).append((at, ""))
 
@@ -107,35 +116,29 @@ def shed(s: FleetState) -> bool:
 def count(s: FleetState, key: str, now: datetime, window_s: float) -> int:
     """How many incident runs counted for `key` within the window (recent ones and the books)."""
     oldest = now.timestamp() - window_s
-    earlier = sum(1 for t, _ in s.past.get(key, ()) if t >= oldest)  # one entry per run
-    kind, _, name = key.partition(":")
+    earlier = sum(1 for t, _ in s.past.get(key, ()) if t >= oldest)  # an entry per run (_keep)
     recent = {
         (a.incident_id, a.run_id)
         for a in s.arrivals
-        if (now - a.at).total_seconds() <= window_s and name in _names(a, kind)
+        if (now - a.at).total_seconds() <= window_s and key in keys(a.node, a.gpu_uuids, a.gpu_serials)
     }
-    return earlier + len(recent)
-
-
-def _names(a: Arrival, kind: str) -> tuple[str, ...]:
-    if kind == "node":
-        return (a.node,)
-    if kind == "serial":
-        return a.gpu_serials
-    return tuple(u.removeprefix("GPU-")[:UUID_KEY_CHARS] for u in a.gpu_uuids) if not a.gpu_serials else ()
+    return earlier + len(recent)  # (an arrival is whole or in the books, never both)
 
 
 def repeat_offender(
     s: FleetState, node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str], now: datetime
 ) -> str | None:
     """Why this is the node's (or a GPU's) `incidents`-th incident within the repeat window, or
-    None. Where the reports name the GPU's serial the count follows the board, not the node's
-    name (a board moved keeps its record; a node whose bad GPU was swapped starts afresh)."""
+    None; as gpuheal.core.fleet.breaker.repeat_offender decides it over whole arrivals. Where the
+    reports name the GPU's serial the count follows the board, not the node's name (a board moved
+    keeps its record; a node whose bad GPU was swapped starts afresh)."""
     p = s.policy.policy.repeat
     serials = tuple(gpu_serials)
-    for key, what in named(node, gpu_uuids, serials):
-        if key.startswith("node:") and serials:
-            continue
+    named_keys = named(node, gpu_uuids, serials)
+    order = [k for k in named_keys if k[0].startswith("serial:")]
+    order += [k for k in named_keys if k[0].startswith("node:") and not serials]
+    order += [k for k in named_keys if k[0].startswith("uuid:")]
+    for key, what in order:
         n = count(s, key, now, p.window_s)
         if n >= p.incidents:
             return f"repeat offender: {n} incidents on {what} within {p.window_s / 86400:g} days"

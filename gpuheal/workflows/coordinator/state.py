@@ -15,10 +15,22 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
+    from gpuheal.core.fleet import packing
     from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.coordination import Effects
-    from gpuheal.core.fleet.models import CoordinatorInput, DomainIncident, FleetState, GrantNotice, Note, OpenDomains
+    from gpuheal.core.fleet.models import (
+        CoordinatorInput,
+        DomainIncident,
+        FleetState,
+        GrantNotice,
+        Note,
+        OpenDomain,
+        OpenDomains,
+    )
     from gpuheal.core.fleet.policy import FleetPolicy
+
+
+CARRY_AGAIN_EVENTS = 500  # after a state too big to carry: history events before it tries again
 
 
 @dataclass
@@ -41,6 +53,7 @@ class CoordinatorState:
     showing: asyncio.Future[None] | None = None  # show, for coordinators with VIEW
     packed: bool = False  # from PACKED on: compact books, carried compressed, shorter runs
     publishes: bool = False  # from PUBLISHES on: the policy and open domains in the memo too
+    carry_after: int = 0  # history length before which it does not try to carry on again (too big)
 
     def pending(self) -> bool:
         return bool(self.signals or self.notes or self.domains)
@@ -61,6 +74,30 @@ class CoordinatorState:
         return CoordinatorInput(
             cluster=self.fleet.cluster, seed=self.seed, state=self.fleet, notes=notes, domains=domains
         )
+
+    def pack(self) -> bytes | None:
+        """The state to carry on (gpuheal.core.fleet.packing), or None: not this time. Shed to fit
+        (the repeat window's oldest days forgotten): the operators are told first, and it carries
+        on once that notice is on its way. Too big even so: never handed to Temporal (it would
+        terminate the run); this run goes on and tries again CARRY_AGAIN_EVENTS later."""
+        packed = packing.pack(self.fleet, workflow.now())
+        if not packed.fits():
+            self.carry_after = workflow.info().get_current_history_length() + CARRY_AGAIN_EVENTS
+            text = (
+                f"the coordinator's state is {len(packed.data) // 1024} KB packed, more than it may carry across "
+                f"continue-as-new ({packing.MOST_BYTES // 1024} KB): it goes on in this run (its history grows); "
+                "`gpuheal fleet` shows what it holds"
+            )
+            self.apply(Effects(notes=[("state_too_big", "critical", text)]))
+            return None
+        if packed.shed_days:
+            text = (
+                f"the coordinator forgot the oldest {packed.shed_days} day(s) of its repeat window to carry its "
+                "state on: repeat offenders are counted over a shorter window until it refills"
+            )
+            self.apply(Effects(notes=[("repeat_window_shortened", "critical", text)]))
+            return None
+        return packed.data
 
     def view_changed(self) -> None:
         """A state change: the view is drawn anew, by show() once for all the changes of this
@@ -94,6 +131,16 @@ class CoordinatorState:
                     published.update(changed)
 
     def levers(self) -> dict[str, Any]:
-        """What the operators' levers read (gpuheal.cli.policy, gpuheal.cli.fleet), by memo key."""
-        domains = tuple(d for d in self.fleet.domain_incidents.values() if not d.decided)
-        return {m.FLEET_POLICY_MEMO.key: self.fleet.policy, m.FLEET_DOMAINS.key: OpenDomains(incidents=domains)}
+        """What the operators' levers read (gpuheal.cli.policy, gpuheal.cli.fleet, gpuheal.cli.versions),
+        by memo key: the policy, the open domain incidents (a line each, not their nodes), and the
+        format the coordinator carries its state in (a rollout to a build that cannot read it is refused)."""
+        domains = tuple(
+            OpenDomain(domain=d.domain, incident_id=d.incident_id, nodes=len(d.nodes))
+            for d in self.fleet.domain_incidents.values()
+            if not d.decided
+        )
+        return {
+            m.FLEET_POLICY_MEMO.key: self.fleet.policy,
+            m.FLEET_DOMAINS.key: OpenDomains(incidents=domains),
+            m.FLEET_STATE_FORMAT.key: packing.WRITES,
+        }

@@ -38,6 +38,9 @@ BOOKS = "coordinator-books-never-lie"
 # 4,000 arrivals the continue-as-new input passed Temporal's 2 MiB and the run was terminated),
 # nor carry their state compressed, nor continue as new before Temporal's 2,000 updates per run.
 PACKED = "coordinator-carries-its-state-compact"
+# A run started before PACKED packs what it carries when it continues as new (else a fleet's
+# whole week, carried by the old way, could pass 2 MiB at the upgrade itself).
+PACK_CARRIED = "coordinator-packs-what-it-carries"
 # Nor did they publish what the operators' levers read (the policy, the open domain incidents) in
 # their memo: `gpuheal policy` and `gpuheal domain` asked a query, refused in a storm.
 PUBLISHES = "coordinator-publishes-its-policy-and-domains"
