@@ -13,7 +13,7 @@ from temporalio.client import Client, WorkflowHandle
 from gpuheal.core import ids
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
-from gpuheal.workers.main import WORKFLOWS, make_worker
+from gpuheal.workers.main import WORKFLOWS, declare_build, make_worker
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.stack import Sandbox
@@ -56,7 +56,9 @@ async def test_an_upgrade_while_an_incident_is_held(prod: Sandbox, prod_client: 
         before = await fleet_status(prod_client, settings)
         assert before.breaker.tripped and [h.incident_id for h in before.held] == [held.id]
 
-        async with make_worker(prod_client, settings.model_copy(update={"build_id": "v2"}), workflows=V2_WORKFLOWS):
+        v2 = settings.model_copy(update={"build_id": "v2"})
+        async with make_worker(prod_client, v2, workflows=V2_WORKFLOWS):
+            await declare_build(prod_client, v2)  # as a worker process does once it polls (run_worker)
             await make_current(prod, settings, "v2")
             shown = await gpuheal(prod, settings, "versions")
             lines = {line.split()[0]: line for line in shown.stdout.splitlines()[1:]}
