@@ -135,7 +135,7 @@ def measure(run: int, seed: int, compact: bool) -> Row:
     return Row(run, seed, compact, len(whole), len(packed), pack_ms, unpack_ms, admit_ms, request_ms, OUT, HELD)
 
 
-def report(rows: list[Row]) -> str:
+def report(rows: list[Row], beside: str = "") -> str:
     new = [r for r in rows if r.compact]
     old = [r for r in rows if not r.compact]
     carried = max(r.carried_bytes for r in new)
@@ -149,6 +149,8 @@ def report(rows: list[Row]) -> str:
         f" {SAMPLES} admissions and {SAMPLES} requests are timed on it (one decision each), and the state is packed"
         " as the next run's input. Baseline: the release before issue 33 (every arrival kept whole for the week,"
         " the state carried as JSON), on the same weeks.",
+        "",
+        f"Ran beside: {beside}. Times on a loaded machine are not this code's alone." if beside else "Ran alone.",
         "",
         "## Goals",
         "",
@@ -190,6 +192,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--baseline-runs", type=int, default=1)
+    ap.add_argument("--beside", default="", help="what else ran on the machine meanwhile (said in the results)")
     args = ap.parse_args()
     rows = []
     for run in range(1, args.runs + 1):
@@ -199,7 +202,7 @@ def main() -> None:
         rows.append(measure(run, 1000 + run, compact=False))
         print(f"baseline {run}: carried {rows[-1].carried_bytes / 1024:.0f} KB")
     distinct("a week", [r.seed for r in rows if r.compact])
-    RESULTS.write_text(report(rows))
+    RESULTS.write_text(report(rows, args.beside))
     print(f"wrote {RESULTS}")
 
 
