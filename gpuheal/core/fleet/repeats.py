@@ -3,8 +3,8 @@ repeat-offender count needs, indexed so that a decision's cost does not grow wit
 
 An arrival is kept whole (`FleetState.arrivals`) only while the short windows need it (the
 breaker's and the escalation's: their domains and nodes). Older, and within the repeat window,
-it is kept in `FleetState.past` under each key it counts for (its node, and its GPU: the board's
-serial where the report named it, else its UUID), as (epoch seconds, run key) pairs. A 10,000-node
+it is kept in `FleetState.past` under each key it counts for (its node, and each GPU's serial and
+UUID the reports named), one entry per incident run: (epoch seconds, run key). A 10,000-node
 fleet's worst week (10,000 arrivals) is then a few hundred KB carried, compressed
 (gpuheal.core.fleet.packing), and an admission reads only the entries of its own keys.
 Pure, no I/O (tests/test_state_bounds.py)."""
