@@ -76,7 +76,8 @@ histories: $(STAMP)
 	bash infra/k8s/build.sh
 	$(PY) -m tests.histories.record
 	GPUHEAL_RECORD_HISTORIES=tests/histories/coordinator/$$(git rev-parse --short HEAD) $(PY) -m pytest -q \
-	  tests/test_coordinator_faults.py tests/test_coordinator_books.py tests/test_coordinator_carry.py
+	  tests/test_coordinator_faults.py tests/test_coordinator_books.py tests/test_coordinator_carry.py \
+	  tests/test_coordinator_queue.py
 
 k8s: $(STAMP)
 	bash infra/k8s/build.sh

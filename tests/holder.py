@@ -4,6 +4,8 @@ the module a workflow is defined in, and a test module imports the activities' c
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
 
 
@@ -12,3 +14,13 @@ class Holder:
     @workflow.run
     async def run(self) -> None:
         await workflow.wait_condition(lambda: False)
+
+
+@workflow.defn(name="SlotHolder")
+class SlotHolder:
+    """An incident waiting in an activity (its capacity request, while the coordinator it asks
+    has not answered): the activity holds one of its queue's slots until the test lets it go."""
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.execute_activity("hold_a_slot", start_to_close_timeout=timedelta(hours=1))

@@ -54,6 +54,8 @@ def test_bad_settings_are_refused(env: dict[str, str]) -> None:
         ({"GPUHEAL_APPROVAL_REQUIRED": "reset_gpu,nuke_it"}, "GPUHEAL_APPROVAL_REQUIRED='reset_gpu,nuke_it': Input"),
         ({"GPUHEAL_CAPACITY_WAIT_S": "soon\x1b[2J"}, r"GPUHEAL_CAPACITY_WAIT_S='soon\x1b[2J'"),  # escaped, not sent raw
         ({"GPUHEAL_K8S_IN_CLUSTER": "true"}, "GPUHEAL_K8S_IN_CLUSTER='true': set it to 1"),
+        # Another cluster's coordinator's own queue (gpuheal-coordinator is that of queue gpuheal).
+        ({"GPUHEAL_TASK_QUEUE": "gpuheal-coordinator"}, "'gpuheal-coordinator' ends in '-coordinator'"),
     ],
 )
 def test_a_bad_value_names_its_variable_and_quotes_it(env: dict[str, str], says: str) -> None:

@@ -411,7 +411,7 @@ class Coordinator(RuleBasedStateMachine):
         it asks again later) and from gpuheal's drains that Slurm shows."""
         self.look_on_way = None  # the terminated run's look went with it
         live = set(self.live.values())
-        seen = {run for run in live if data.draw(st.booleans(), label=f"visible {run}")}
+        seen = {run for run in sorted(live) if data.draw(st.booleans(), label=f"visible {run}")}
         before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
         granted_before = {(g.incident_id, g.run_id) for g in self.s.grants.values()} & live
         found = []

@@ -5,6 +5,7 @@ next run decides on the same books, and both runs' histories replay. Runs are ma
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,8 +16,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from gpuheal.clients.temporal import DATA_CONVERTER
+from gpuheal.core import ids
 from gpuheal.core import messages as m
 from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy
+from gpuheal.workers.main import Workers
 from gpuheal.workflows import fleet
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
@@ -25,7 +28,18 @@ from tests.histories.recording import Recorder, destination
 from tests.holder import Holder
 from tests.test_coordinator_faults import Receiver, admit, ask, coordinator, holder
 
-SHORT_RUNS = 40  # events: HISTORY_LIMIT_PACKED here, and where its recorded histories replay
+# Events: HISTORY_LIMIT_PACKED here, and where its recordings replay. Each recording is named with
+# the limit it ran under (short_runs_<limit>_*), since a run continues as new where its limit says;
+# those named short_runs_test_* ran under the first one.
+SHORT_RUNS = 60
+FIRST_SHORT_RUNS = 40
+
+
+def short_runs_limit(recording: str) -> int | None:
+    """The HISTORY_LIMIT_PACKED a recording of this module ran under; None: not one of them."""
+    match = re.match(r"short_runs_(?:(\d+)_)?", recording)
+    return None if match is None else int(match[1] or FIRST_SHORT_RUNS)
+
 
 POLICY = FleetPolicy(
     budget=BudgetPolicy(cluster="2", per_pool=None, node_cooldown_s=0), breaker=BreakerPolicy(max_incidents=100)
@@ -34,14 +48,14 @@ POLICY = FleetPolicy(
 
 @pytest.fixture
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
-    """As tests/test_coordinator_faults.py's; its recordings are named short_runs_* (they replay
-    with HISTORY_LIMIT_PACKED at SHORT_RUNS, tests/test_replay.py)."""
+    """As tests/test_coordinator_faults.py's; its recordings are named short_runs_<limit>_* (they
+    replay with HISTORY_LIMIT_PACKED at that limit, tests/test_replay.py)."""
     recorder = Recorder()
     env = await start_time_skipping([recorder])
     yield env
     dest = destination()
     if dest is not None:
-        await recorder.save(env.client, f"short_runs_{request.node.name}", dest)
+        await recorder.save(env.client, f"short_runs_{SHORT_RUNS}_{request.node.name}", dest)
     await env.shutdown()
 
 
@@ -52,9 +66,12 @@ async def test_the_coordinator_carries_its_books_packed_into_its_next_run(
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
     workflows = [FleetCoordinator, DomainIncidentWorkflow, Holder]
     # Unsandboxed: the patched limit is this module's, not a fresh import's.
-    async with Worker(
-        env.client, task_queue=queue, workflows=workflows, activities=receiver.activities(),
-        workflow_runner=UnsandboxedWorkflowRunner(),
+    async with Workers(
+        Worker(
+            env.client, task_queue=queue, workflows=workflows, activities=receiver.activities(),
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ),
+        Worker(env.client, task_queue=ids.coordinator_queue(queue), activities=receiver.activities()),
     ):  # fmt: skip
         handle = await coordinator(env, queue, POLICY)
         first_run = (await handle.describe()).run_id

@@ -49,6 +49,7 @@ from gpuheal.core.fleet.models import (
 from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, PolicyChange
 from gpuheal.core.models.base import ActionClass, Stage
 from gpuheal.core.models.result import Notification
+from gpuheal.workers.main import Workers
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
@@ -126,9 +127,13 @@ async def holder(env: WorkflowEnvironment, queue: str, node: str) -> tuple[Workf
     return handle, handle.first_execution_run_id or ""
 
 
-def worker(env: WorkflowEnvironment, queue: str, receiver: Receiver) -> Worker:
-    workflows = [FleetCoordinator, DomainIncidentWorkflow, Holder]
-    return Worker(env.client, task_queue=queue, workflows=workflows, activities=receiver.activities())
+def worker(env: WorkflowEnvironment, queue: str, receiver: Receiver) -> Workers:
+    """As a gpuheal worker serves: the workflows on the queue, the coordinator's activities on its own."""
+    workflows, activities = [FleetCoordinator, DomainIncidentWorkflow, Holder], receiver.activities()
+    return Workers(
+        Worker(env.client, task_queue=queue, workflows=workflows, activities=activities),
+        Worker(env.client, task_queue=ids.coordinator_queue(queue), activities=activities),
+    )
 
 
 async def coordinator(env: WorkflowEnvironment, queue: str, policy: FleetPolicy) -> WorkflowHandle[object, None]:

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuheal.core import job_policy
+from gpuheal.core import job_policy, render
 from gpuheal.core.jobs import PastRecovery
-from gpuheal.core.models.slurm import JobProgress, JobSnapshot
+from gpuheal.core.models.slurm import CheckpointAsk, JobProgress, JobSnapshot
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -47,6 +47,21 @@ def test_a_job_is_asked_with_the_signal_it_named(kw: dict[str, object], signal: 
 )
 def test_a_job_that_named_no_signal_is_never_signalled(kw: dict[str, object]) -> None:
     assert job_policy.checkpoint_ask(job(**kw)) is None
+
+
+def test_a_progress_line_left_by_the_previous_run_asks_for_nothing() -> None:
+    """Just requeued: the comment is still run 0's, the run now starting (restart 1) has not
+    trapped USR1 yet, and an untrapped USR1 kills it."""
+    stale = job(restart_count=1, progress=JobProgress(step=15, checkpoint_step=10, restart=0, signal="USR1"))
+    assert job_policy.checkpoint_ask(stale) is None
+    assert "has not said yet" in render.not_signalled(stale).detail
+    fresh = job(restart_count=1, progress=JobProgress(step=16, checkpoint_step=10, restart=1, signal="USR1"))
+    assert job_policy.checkpoint_ask(fresh) == CheckpointAsk(job_id=fresh.job_id, signal="USR1", batch_only=True)
+    # Incidents started before the change replay as they ran: they took the old line's word.
+    assert job_policy.checkpoint_ask(stale, this_run_only=False) is not None
+    # A job that told Slurm itself (--signal) is asked whatever its line says.
+    told = stale.model_copy(update={"submit_line": "sbatch --signal=B:USR1@60 train.sh"})
+    assert job_policy.checkpoint_ask(told) is not None
 
 
 def test_owners_are_the_user_the_mail_user_and_the_progress_lines_notify_each_once() -> None:

@@ -24,7 +24,7 @@ from temporalio.client import WorkflowHistory
 
 from gpuheal.workflows import fleet
 from tests.replaying import replay
-from tests.test_coordinator_carry import SHORT_RUNS
+from tests.test_coordinator_carry import short_runs_limit
 
 HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json")) + sorted((HERE / "paths").glob("*.json"))
@@ -46,7 +46,7 @@ def test_histories_are_present() -> None:
 async def test_replay(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its commands replay, and every update answers what it answered when it was recorded."""
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    short = path.name.startswith("short_runs_")  # recorded with runs cut short (test_coordinator_carry)
-    if short:
-        monkeypatch.setattr(fleet, "HISTORY_LIMIT_PACKED", SHORT_RUNS)
-    assert await replay(history, unsandboxed=short) == []
+    limit = short_runs_limit(path.name)  # recorded with runs cut short (test_coordinator_carry)
+    if limit is not None:
+        monkeypatch.setattr(fleet, "HISTORY_LIMIT_PACKED", limit)
+    assert await replay(history, unsandboxed=limit is not None) == []

@@ -267,17 +267,26 @@ async def test_no_spare_waits_for_capacity_within_its_bound_then_closes_no_capac
     assert "decommission" not in fake.calls
 
 
-async def test_a_job_that_asks_for_no_signal_is_not_signalled(env: WorkflowEnvironment) -> None:
+@pytest.mark.parametrize(
+    ("run", "line", "why"),
+    [
+        (0, {"signal": None}, "did not say it traps a signal"),
+        # Just requeued onto this node: the comment is its run 0's, run 1 may not trap USR1 yet.
+        (1, {"restart": 0}, "has not said yet that it traps a signal"),
+    ],
+)
+async def test_a_job_that_asks_for_no_signal_is_not_signalled(
+    env: WorkflowEnvironment, run: int, line: dict[str, object], why: str
+) -> None:
     fake, s = FakeCluster(), settings()
-    fake.job = fake.job.model_copy(
-        update={"progress": fake.job.progress.model_copy(update={"signal": None}) if fake.job.progress else None}
-    )
+    assert fake.job.progress is not None
+    fake.job = fake.job.model_copy(update={"restart_count": run, "progress": fake.job.progress.model_copy(update=line)})
     async with worker(env, s, fake):
         result = await (await start_or_join(env.client, s, report(79))).result()
     assert "checkpoint" not in fake.calls and "confirm" not in fake.calls
     (account,) = result.jobs
     assert account.checkpoint is not None and account.checkpoint.signal is None
-    assert "not signalled" in account.checkpoint.detail
+    assert why in account.checkpoint.detail
     assert account.fate == JobFate.REQUEUED  # still recovered: requeued and verified
 
 

@@ -189,7 +189,7 @@ class FleetActivities:
             COORDINATOR.name,
             CoordinatorInput(cluster=cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
             id=ids.coordinator_id(cluster),
-            task_queue=activity.info().task_queue,
+            task_queue=ids.workflows_queue(activity.info().task_queue),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"Fleet coordinator of cluster {cluster}: policy, disruption budget, circuit breaker",
         )
@@ -407,7 +407,7 @@ class FleetActivities:
                 DOMAIN_INCIDENT.name,
                 DomainIncidentInput(cluster=incident.cluster, incident=incident),
                 id=incident.incident_id,
-                task_queue=activity.info().task_queue,
+                task_queue=ids.workflows_queue(activity.info().task_queue),  # run by the coordinator's own
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 static_summary=f"Domain incident: {incident.domain} ({len(incident.nodes)} nodes)",
             )

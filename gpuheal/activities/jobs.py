@@ -22,7 +22,7 @@ from gpuheal.activities.interface import implements
 from gpuheal.clients.owners import OwnerNotifier
 from gpuheal.clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core import ids, policy, polling, queries
+from gpuheal.core import ids, job_policy, policy, polling, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import NOT_RESUMED
 from gpuheal.core.jobs import (
@@ -73,9 +73,12 @@ class JobActivities:
 
     @implements(act.REQUEST_CHECKPOINT)
     async def request_checkpoint(self, req: CheckpointRequest) -> CheckpointSent:
-        """Send each job the signal it asked for, if it is still running there. A second signal
-        after a retry only asks for a checkpoint the job already has."""
-        running = {j.job_id for j in await self._slurm.jobs_on_node(req.node) if j.state == "RUNNING"}
+        """Send each job the signal it asked for, if it is still running there and the run there
+        now still says it traps one (requeued since it was listed, or at a retry, the run may be
+        a new one that has not trapped it yet: job_policy.checkpoint_ask). A second signal after
+        a retry only asks for a checkpoint the job already has."""
+        now = await self._slurm.jobs_on_node(req.node)
+        running = {j.job_id for j in now if j.state == "RUNNING" and job_policy.checkpoint_ask(j) is not None}
         sent = []
         for ask in req.asks:
             if ask.job_id in running:

@@ -49,6 +49,24 @@ def deployment_name(cluster: str) -> str:
     return f"{PREFIX}{cluster}"
 
 
+COORDINATOR_QUEUE_SUFFIX = "-coordinator"
+
+
+def coordinator_queue(task_queue: str) -> str:
+    """The task queue of the coordinator's own activities (its rebuild, its looks, its notices),
+    served by every worker beside the incidents' queue with slots of its own: in a storm the
+    incidents' capacity requests fill the incidents' queue's slots while they wait for the
+    coordinator, which could then never get the rebuild they wait for. (Not a workflow id.)"""
+    return f"{task_queue}{COORDINATOR_QUEUE_SUFFIX}"
+
+
+def workflows_queue(activity_queue: str) -> str:
+    """The cluster's task queue, where its workflows run, from the queue one of their activities
+    runs on (the coordinator's own, or the cluster's itself): a workflow an activity starts goes
+    there. (A cluster's queue never ends in the suffix: the settings refuse it.)"""
+    return activity_queue.removesuffix(COORDINATOR_QUEUE_SUFFIX)
+
+
 def recovery_id(cluster: str, job: JobSnapshot) -> str:
     """One recovery per failure of a job: every incident that saw this failure (same job, same
     submission, same restart count) lands in the same one; a later failure is a new one."""

@@ -29,11 +29,17 @@ _SIGNAL_OPTION = re.compile(r"--signal[= ](?P<flags>[RB]{1,2}:)?(?P<sig>[A-Za-z0
 _SIGNAL_NUMBERS = {"10": "USR1", "12": "USR2", "15": "TERM", "1": "HUP", "2": "INT"}
 
 
-def checkpoint_ask(job: JobSnapshot) -> CheckpointAsk | None:
+def checkpoint_ask(job: JobSnapshot, this_run_only: bool = True) -> CheckpointAsk | None:
     """The signal that asks this job to checkpoint, from what the job itself said; None when it
-    said nothing (it is then left alone: an untrapped SIGUSR1 kills)."""
-    if job.progress is not None and job.progress.signal:
-        return CheckpointAsk(job_id=job.job_id, signal=_signal_name(job.progress.signal), batch_only=True)
+    said nothing (it is then left alone: an untrapped SIGUSR1 kills).
+
+    A progress line speaks for the run that wrote it. Just after a requeue the job's comment is
+    still its previous run's (restart count behind the job's): the run now starting may not have
+    trapped the signal yet, so that line asks for nothing (incidents before this release took it
+    at its word, `this_run_only=False`, and killed such a run)."""
+    line = job.progress
+    if line is not None and line.signal and (line.restart == job.restart_count or not this_run_only):
+        return CheckpointAsk(job_id=job.job_id, signal=_signal_name(line.signal), batch_only=True)
     match = _SIGNAL_OPTION.search(job.submit_line)
     if match is None:
         return None

@@ -12,7 +12,10 @@ find its checkpoint. So gpuheal asks each job to publish its progress in its Slu
   requeue, so this field tells gpuheal's verifier whether the line is from the restarted run;
 - ``signal`` (optional): the signal the job traps to checkpoint at once. **A job is signalled
   only when it says so** (here, or with sbatch's ``--signal=B:USR1@...`` where Slurm reports it):
-  a signal's default action is to terminate, so a job that does not trap it would be killed;
+  a signal's default action is to terminate, so a job that does not trap it would be killed.
+  It speaks for the run that wrote the line (its ``restart`` the job's restart count): after a
+  requeue the old run's line asks for nothing until the new run publishes its own, so a job
+  should trap the signal first and publish a line at once (as infra/slurm/jobs/train.py does);
 - ``notify`` (optional): where its owner wants to hear about the job (beside the Slurm user).
 
 A job updates it with ``scontrol update jobid=$SLURM_JOB_ID comment="..."`` (what

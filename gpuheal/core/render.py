@@ -97,12 +97,12 @@ def checkpoints(jobs: int, outcomes: Sequence[CheckpointOutcome]) -> str:
 
 
 def not_signalled(job: JobSnapshot) -> CheckpointOutcome:
-    return CheckpointOutcome(
-        job_id=job.job_id,
-        signal=None,
-        confirmed=False,
-        detail="not signalled: it did not say it traps a signal (progress line signal=, or --signal=B:USR1)",
-    )
+    line = job.progress
+    if line is not None and line.signal and line.restart != job.restart_count:
+        why = f"its run {job.restart_count} has not said yet that it traps a signal (the line is run {line.restart}'s)"
+    else:
+        why = "it did not say it traps a signal (progress line signal=, or --signal=B:USR1)"
+    return CheckpointOutcome(job_id=job.job_id, signal=None, confirmed=False, detail=f"not signalled: {why}")
 
 
 def drained(result: DrainResult, why: str) -> str:

@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, SecretStr, StringConstraints
+from pydantic import AfterValidator, BaseModel, SecretStr, StringConstraints
 
+from gpuheal.core import ids
 from gpuheal.core.envvars import load, setting, table, variables
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.fleet import policy_file
@@ -194,9 +195,22 @@ class OwnerSettings(BaseModel):
 BuildId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 
+def _not_a_coordinator_queue(queue: str) -> str:
+    if queue.endswith(ids.COORDINATOR_QUEUE_SUFFIX):
+        raise ValueError(
+            f"{queue!r} ends in {ids.COORDINATOR_QUEUE_SUFFIX!r}, which names a coordinator's own queue "
+            f"(that of cluster queue {queue.removesuffix(ids.COORDINATOR_QUEUE_SUFFIX)!r}): choose another name"
+        )
+    return queue
+
+
+# A cluster's task queue; `<queue>-coordinator` beside it is its coordinator's (ids.coordinator_queue).
+TaskQueue = Annotated[str, AfterValidator(_not_a_coordinator_queue)]
+
+
 class Settings(BaseModel):
     temporal: TemporalSettings = TemporalSettings()
-    task_queue: str = setting("GPUHEAL_TASK_QUEUE", "gpuheal", "task queue of the worker")
+    task_queue: TaskQueue = setting("GPUHEAL_TASK_QUEUE", "gpuheal", "task queue of the worker")
     ui_url: str = setting("GPUHEAL_UI_URL", "http://127.0.0.1:8233", "Temporal Web UI, for links")
     metrics_host: str = setting(
         "GPUHEAL_METRICS_HOST", "127.0.0.1", "where the worker serves metrics (`0.0.0.0` in a pod)"

@@ -18,7 +18,9 @@ import shlex
 import signal
 import socket
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -61,6 +63,9 @@ from gpuheal.workflows.remediation import GpuRemediationWorkflow
 
 log = logging.getLogger("gpuheal.worker")
 MAX_CACHED_WORKFLOWS = 300
+# The coordinator's own activities at once (ids.coordinator_queue): a rebuild, a look, a few
+# notices and domain incidents beside them. Slots of their own, never the incidents'.
+COORDINATOR_ACTIVITY_SLOTS = 20
 
 
 def activity_list(settings: Settings) -> list[Callable[..., Any]]:
@@ -130,24 +135,60 @@ def deployment(settings: Settings) -> WorkerDeploymentConfig | None:
     )
 
 
+class Workers:
+    """The worker on the cluster's task queue (the workflows and the incidents' activities) and
+    the one on the coordinator's own queue (its activities), run and shut down together."""
+
+    def __init__(self, *workers: Worker) -> None:
+        self.workers = workers
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Workers:
+        async with AsyncExitStack() as stack:
+            for w in self.workers:
+                await stack.enter_async_context(w)
+            self._stack = stack.pop_all()  # all started: stopped together in __aexit__
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        # Both at once: each lets its running activities finish within its grace, not one after
+        # the other; then each exits as `async with` would (a worker's fatal error is raised).
+        await asyncio.gather(*(w.shutdown() for w in self.workers))
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+
 def make_worker(
     client: Client,
     settings: Settings,
     activities: list[Callable[..., Any]] | None = None,
     workflows: list[type] | None = None,
-) -> Worker:
+) -> Workers:
     """`workflows`: the product's (WORKFLOWS) unless a test brings another build's."""
-    return Worker(
+    served = activities if activities is not None else activity_list(settings)
+    version = deployment(settings)
+    grace = timedelta(seconds=10)
+    main = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=workflows if workflows is not None else WORKFLOWS,
-        activities=activities if activities is not None else activity_list(settings),
-        deployment_config=deployment(settings),
-        graceful_shutdown_timeout=timedelta(seconds=10),
+        activities=served,
+        deployment_config=version,
+        graceful_shutdown_timeout=grace,
         # A held incident sleeps for minutes: evicted, it costs one short replay when it wakes,
         # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
     )
+    coordinators = Worker(
+        client,
+        task_queue=ids.coordinator_queue(settings.task_queue),
+        activities=served,
+        deployment_config=version,
+        graceful_shutdown_timeout=grace,
+        max_concurrent_activities=COORDINATOR_ACTIVITY_SLOTS,
+    )
+    return Workers(main, coordinators)
 
 
 async def _refresh_gauges(client: Client, cluster: str) -> None:
@@ -273,9 +314,11 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         loop.add_signal_handler(sig, stop.set)
     refresher = asyncio.create_task(_refresh_gauges(client, settings.require_cluster()))
     log.info(
-        "worker for cluster %r on task queue %r (%s) at %s; provider %s; Slurm via %s; metrics :%d (gpuheal) :%d (SDK)",
+        "worker for cluster %r on task queue %r and %r (%s) at %s; provider %s; Slurm via %s; "
+        "metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,
         settings.task_queue,
+        ids.coordinator_queue(settings.task_queue),
         f"build {settings.build_id} of {ids.deployment_name(settings.cluster or '')}"
         if settings.build_id
         else "unversioned",

@@ -2,7 +2,8 @@
 
 `run(act.DRAIN_SLURM_NODE, request, summary=...)` checks at type-check time that `request` is
 the activity's input model and returns its output model; the project's retry policy and
-timeouts apply unless the call says otherwise. The summary shows in the Temporal UI.
+timeouts apply unless the call says otherwise. The summary shows in the Temporal UI; `task_queue`
+(the workflow's own by default) sends it to another queue's workers.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ async def run(
     timeout: timedelta = SHORT,
     heartbeat: timedelta | None = None,
     attempts: int | None = None,
+    task_queue: str | None = None,
 ) -> O:
     retry = RETRY
     if attempts is not None:
@@ -74,6 +76,7 @@ async def run(
         heartbeat_timeout=heartbeat,
         retry_policy=retry,
         summary=summary,
+        task_queue=task_queue,
     )
     return result
 

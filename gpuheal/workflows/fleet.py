@@ -27,10 +27,12 @@ from gpuheal.workflows.coordinator.versions import (
     COORDINATOR_2,
     COORDINATOR_3,
     COUNTS_LEFT,
+    GRANTS_WITHIN_ALL_OUT,
     HISTORY_BYTES_LIMIT,
     HISTORY_LIMIT,
     HISTORY_LIMIT_PACKED,
     KEEP_CONTAINED,
+    OWN_QUEUE,
     PACK_CARRIED,
     PACKED,
     PUBLISHES,
@@ -40,6 +42,7 @@ from gpuheal.workflows.coordinator.versions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from gpuheal.core import ids
     from gpuheal.core import messages as m
     from gpuheal.core.fleet import coordination, packing, reaping, steering
     from gpuheal.core.fleet import view as fleet_view
@@ -104,6 +107,10 @@ class FleetCoordinator:
     async def run(self, inp: CoordinatorInput, packed: bytes = b"") -> None:
         self._c.packed = workflow.patched(PACKED)
         self._c.publishes = workflow.patched(PUBLISHES)
+        if not workflow.patched(GRANTS_WITHIN_ALL_OUT):  # a rule of this run, never carried
+            self._s.decide_grants_by_the_budget_alone()
+        if workflow.patched(OWN_QUEUE):  # decided once per run: its activities all go one way
+            self._c.own_queue = ids.coordinator_queue(workflow.info().task_queue)
         if workflow.patched(VIEW):
             self._c.showing = asyncio.ensure_future(self._c.show())  # beside the loop, for the whole run
         if self._c.rebuilding and workflow.patched(REBUILD):

@@ -120,9 +120,19 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
         return True, "its node is out of service already (taken back before; granted again)"
     if req.placement.node in state.left:
         return True, "its node is out of service already (left drained by an earlier incident; taken over)"
-    for use in budget_uses(state, req.placement, asking=req.incident_id, asking_node=req.placement.node):
+    uses = budget_uses(state, req.placement, asking=req.incident_id, asking_node=req.placement.node)
+    for use in uses:
         if use.used >= use.limit:
             return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
+    # Its own contained node moves from the containment to the budget: nothing more goes out.
+    if state.grants_within_all_out and req.incident_id not in state.containing:
+        contained = containment_use(state, req.placement.cluster_size)
+        out, bound = uses[0].used + contained.used, uses[0].limit + contained.limit
+        if out >= bound:
+            return (
+                False,
+                f"{out} nodes out, the budget plus the containment bound ({bound}): none more until one is back",
+            )
     return True, "within the disruption budget"
 
 

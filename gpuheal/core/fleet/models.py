@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from gpuheal.core.fleet.policy import FleetPolicy, Mode, VersionedPolicy
 from gpuheal.core.models.base import ActionClass, Frozen, NodeName, OperatorName, Severity, Stage
@@ -282,6 +282,20 @@ class FleetState(BaseModel):
     # The digests offered before it, oldest first (at most steering.CONFIGURED_BEFORE_MOST): an older
     # worker restarting mid-rollout offers one of them again, and it is refused.
     configured_before: list[str] = []
+    # A rule of the run deciding, not state: never carried, set by each coordinator run from its
+    # patch (workflows/fleet.py; runs before it grant by the budget alone, to replay).
+    _grants_within_all_out: bool = PrivateAttr(default=True)
+
+    @property
+    def grants_within_all_out(self) -> bool:
+        """A grant keeps everything out (granted, taken back, left, contained while held) within
+        the budget plus the containment bound, even when more are contained than the bound allows
+        now (it was lowered, or a recreated coordinator found them drained)."""
+        return self._grants_within_all_out
+
+    def decide_grants_by_the_budget_alone(self) -> None:
+        """As coordinators before GRANTS_WITHIN_ALL_OUT did (their histories replay so)."""
+        self._grants_within_all_out = False
 
     def books(self) -> tuple[dict[str, Grant], dict[str, Grant], dict[str, Grant]]:
         """Where a run's hold on its node is kept (by incident id): granted, taken back, contained."""

@@ -52,7 +52,11 @@ async def rebuild(c: CoordinatorState) -> None:
     while True:
         try:
             found = await run(
-                act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild from the open incidents", **REBUILD
+                act.FIND_OPEN_INCIDENTS,
+                c.fleet.cluster,
+                summary="rebuild from the open incidents",
+                **REBUILD,
+                task_queue=c.own_queue,
             )
         except ActivityError as err:
             if not told:
@@ -92,7 +96,9 @@ async def _look_again(c: CoordinatorState) -> None:
     rebuilt too (what the coordinator knows since is left as it is)."""
     await workflow.sleep(timedelta(seconds=VISIBILITY_LAG_S), summary="look again for an earlier run")
     try:
-        found = await run(act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild: look again", **REBUILD)
+        found = await run(
+            act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild: look again", **REBUILD, task_queue=c.own_queue
+        )
     except ActivityError as err:
         c.undelivered.append(f"second look for an earlier run failed: {err.cause or err}")
         c.view_changed()
@@ -148,7 +154,9 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             closed = RunRefs()
             if closed_runs:
                 asked = RunRefs(runs=(*runs, *domains))
-                closed = await run(act.FIND_CLOSED_RUNS, asked, summary="look for closed runs", **LOOK)
+                closed = await run(
+                    act.FIND_CLOSED_RUNS, asked, summary="look for closed runs", **LOOK, task_queue=c.own_queue
+                )
             ended = [r for r in closed.runs if r in domains]
             closed = RunRefs(runs=tuple(r for r in closed.runs if r not in domains))
             # The left nodes as they are now, after the first look: those left since are asked too.
@@ -156,7 +164,9 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             try:
                 drained = check
                 if check.runs:
-                    drained = await run(act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK)
+                    drained = await run(
+                        act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK, task_queue=c.own_queue
+                    )
             except ActivityError:  # Slurm not answering: every node counts as still drained
                 drained = check
             if books:

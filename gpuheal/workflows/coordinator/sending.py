@@ -26,7 +26,9 @@ async def send(c: CoordinatorState) -> None:
     background = workflow.patched(COORDINATOR_2)
     while c.domains:
         domain = c.domains.pop(0)
-        opening = run(act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}")
+        opening = run(
+            act.OPEN_DOMAIN_INCIDENT, domain, summary=f"open domain incident {domain.domain}", task_queue=c.own_queue
+        )
         if background:
             in_background(c, domain, opening, f"domain incident {domain.domain} not opened")
         else:
@@ -51,7 +53,7 @@ async def send(c: CoordinatorState) -> None:
             # The coordinator lives on: the same event recurs, each occurrence its own notice.
             key=f"{workflow.info().workflow_id}:{event}:{workflow.now().isoformat()}:{len(c.notes)}",
         )
-        delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}")
+        delivery = run(act.NOTIFY_OPERATORS, note, summary=f"notify: {event}", task_queue=c.own_queue)
         if background:
             in_background(c, item, delivery, f"notice {event} undelivered")
         else:

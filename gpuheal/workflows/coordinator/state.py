@@ -53,6 +53,7 @@ class CoordinatorState:
     showing: asyncio.Future[None] | None = None  # show, for coordinators with VIEW
     packed: bool = False  # from PACKED on: compact books, carried compressed, shorter runs
     publishes: bool = False  # from PUBLISHES on: the policy and open domains in the memo too
+    own_queue: str | None = None  # from OWN_QUEUE on: where its activities go (None: its own task queue)
     carry_after: int = 0  # history length before which it does not try to carry on again (too big)
 
     def pending(self) -> bool:

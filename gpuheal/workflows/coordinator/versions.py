@@ -44,6 +44,14 @@ PACK_CARRIED = "coordinator-packs-what-it-carries"
 # Nor did they publish what the operators' levers read (the policy, the open domain incidents) in
 # their memo: `gpuheal policy` and `gpuheal domain` asked a query, refused in a storm.
 PUBLISHES = "coordinator-publishes-its-policy-and-domains"
+# Nor did they run their own activities on a queue of their own (gpuheal.core.ids.coordinator_queue):
+# in a storm a fresh coordinator's rebuild waited for a slot behind the incidents' capacity
+# requests, which waited for the rebuild, until REBUILD_WAIT_S tripped the breaker.
+OWN_QUEUE = "coordinator-runs-its-activities-on-its-own-queue"
+# Nor did they keep a grant within everything out (FleetState.grants_within_all_out): with more
+# nodes contained than a lowered bound allows, or found drained by a rebuild, a grant within the
+# budget alone put more out than the budget plus the containment bound.
+GRANTS_WITHIN_ALL_OUT = "coordinator-grants-within-all-out"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.

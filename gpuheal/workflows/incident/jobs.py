@@ -22,6 +22,10 @@ with workflow.unsafe.imports_passed_through():
 # verify_resume waits this much beyond the recoveries' own bound before it stops waiting.
 ANSWER_MARGIN_S = 120
 
+# Incidents before this release signalled a job its previous run's progress line named a signal
+# for; they keep doing so (workflow.patched) to replay.
+ASK_ONLY_THIS_RUN = "checkpoint-ask-only-what-this-run-said"
+
 
 async def protect_progress(s: IncidentState) -> str:
     """The jobs on the node now are the incident's to account for. Those that said they handle
@@ -30,7 +34,8 @@ async def protect_progress(s: IncidentState) -> str:
     settings = s.settings
     jobs = await act_run(act.LIST_JOBS_ON_NODE, s.ref, summary="find jobs on node")
     s.jobs.found(jobs.jobs)
-    asks = [a for a in (job_policy.checkpoint_ask(j) for j in jobs.jobs) if a is not None]
+    this_run_only = workflow.patched(ASK_ONLY_THIS_RUN)
+    asks = [a for a in (job_policy.checkpoint_ask(j, this_run_only) for j in jobs.jobs) if a is not None]
     s.jobs.checkpoints = {j.job_id: render.not_signalled(j) for j in jobs.jobs}
     if asks:
         req = CheckpointRequest(node=s.ref.node, asks=tuple(asks))
