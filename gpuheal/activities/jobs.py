@@ -77,14 +77,18 @@ class JobActivities:
         now still says it traps one (requeued since it was listed, or at a retry, the run may be
         a new one that has not trapped it yet: job_policy.checkpoint_ask). A second signal after
         a retry only asks for a checkpoint the job already has."""
-        now = await self._slurm.jobs_on_node(req.node)
-        running = {j.job_id for j in now if j.state == "RUNNING" and job_policy.checkpoint_ask(j) is not None}
+        now = {
+            j.job_id: job_policy.checkpoint_ask(j)
+            for j in await self._slurm.jobs_on_node(req.node)
+            if j.state == "RUNNING"
+        }
         sent = []
         for ask in req.asks:
-            if ask.job_id in running:
+            current = now.get(ask.job_id)
+            if current is not None:  # the signal the run there now names
                 at = time.time()
-                await self._slurm.signal_job(ask.job_id, ask.signal, ask.batch_only)
-                sent.append(ask.model_copy(update={"signalled_at": at}))
+                await self._slurm.signal_job(ask.job_id, current.signal, current.batch_only)
+                sent.append(current.model_copy(update={"signalled_at": at}))
         return CheckpointSent(asks=tuple(sent))
 
     @implements(act.WAIT_FOR_CHECKPOINTS)
@@ -306,7 +310,7 @@ class JobActivities:
                 JOB_RECOVERY.name,
                 JobRecoveryInput(cluster=cluster, job_id=join.job.job_id, settings=self._recovery),
                 id=recovery_id,
-                task_queue=activity.info().task_queue,
+                task_queue=ids.workflows_queue(activity.info().task_queue),
                 start_signal=RECOVERY_JOIN.name,
                 start_signal_args=[join],
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

@@ -97,6 +97,10 @@ class FleetCoordinator:
             domains=list(inp.domains),
             rebuilding=inp.state is None,  # a fresh start may be a recreation: rebuild first (run())
         )
+        # A rule of this run, never carried; decided here, before any handler of the first task
+        # decides (the SDK runs them before run() starts).
+        if not workflow.patched(GRANTS_WITHIN_ALL_OUT):
+            self._s.decide_grants_by_the_budget_alone()
 
     @property
     def _s(self) -> FleetState:
@@ -107,8 +111,6 @@ class FleetCoordinator:
     async def run(self, inp: CoordinatorInput, packed: bytes = b"") -> None:
         self._c.packed = workflow.patched(PACKED)
         self._c.publishes = workflow.patched(PUBLISHES)
-        if not workflow.patched(GRANTS_WITHIN_ALL_OUT):  # a rule of this run, never carried
-            self._s.decide_grants_by_the_budget_alone()
         if workflow.patched(OWN_QUEUE):  # decided once per run: its activities all go one way
             self._c.own_queue = ids.coordinator_queue(workflow.info().task_queue)
         if workflow.patched(VIEW):

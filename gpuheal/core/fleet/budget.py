@@ -79,8 +79,7 @@ def containment_decision(state: FleetState, req: CapacityRequest, total_bound: b
     # A pool's or a domain's own budget bounds everything out in it, contained nodes too: the
     # cluster-wide bound alone would let one pool be drained whole.
     for b in budget_uses(state, req.placement)[1:]:
-        kind, name = b.name.split(" ", 1)
-        inside = sum(1 for g in state.containing.values() if (g.pool == name if kind == "pool" else name in g.domains))
+        inside = _contained_in(state, b.name)
         if b.used + inside >= b.limit:
             return False, f"not contained: {b.used + inside} of {b.limit} nodes out in {b.name}"
     return True, "contained while held (nothing new lands on it)"
@@ -126,14 +125,39 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
             return False, f"disruption budget: {use.used} of {use.limit} nodes out of service ({use.name})"
     # Its own contained node moves from the containment to the budget: nothing more goes out.
     if state.grants_within_all_out and req.incident_id not in state.containing:
-        contained = containment_use(state, req.placement.cluster_size)
-        out, bound = uses[0].used + contained.used, uses[0].limit + contained.limit
-        if out >= bound:
-            return (
-                False,
-                f"{out} nodes out, the budget plus the containment bound ({bound}): none more until one is back",
-            )
+        why = _over_with_contained(state, req, uses)
+        if why:
+            return False, why
     return True, "within the disruption budget"
+
+
+def _over_with_contained(state: FleetState, req: CapacityRequest, uses: list[BudgetUse]) -> str:
+    """Why a grant would put more out than the limits allow once held incidents' contained nodes
+    are counted too ("" when it would not): the cluster's budget plus the containment bound, and
+    each pool's or domain's own budget (as containment_decision counts them). Only more contained
+    than the bound allows now (lowered since, or found drained by a recreated coordinator's
+    rebuild) can reach them after the budget itself let the grant through."""
+    contained = containment_use(state, req.placement.cluster_size)
+    cluster = uses[0]
+    if cluster.used + contained.used >= cluster.limit + contained.limit:
+        return (
+            f"{cluster.used} out under the budget (limit {cluster.limit}) and {contained.used} held nodes contained "
+            f"(bound {contained.limit}): nothing more goes out until a contained node is granted or back in service"
+        )
+    for use in uses[1:]:
+        inside = _contained_in(state, use.name)
+        if use.used + inside >= use.limit:
+            return (
+                f"{use.used} out under the budget of {use.name} and {inside} held nodes contained there "
+                f"(limit {use.limit}): nothing more goes out there until one is back"
+            )
+    return ""
+
+
+def _contained_in(state: FleetState, use_name: str) -> int:
+    """Held incidents' contained nodes in a pool or domain ("pool P", "domain D")."""
+    kind, name = use_name.split(" ", 1)
+    return sum(1 for g in state.containing.values() if (g.pool == name if kind == "pool" else name in g.domains))
 
 
 def needs_approval(mode: Mode, action: ActionClass, approval: ApprovalPolicy) -> bool:
