@@ -6,7 +6,8 @@
 #                                --fresh: new, empty databases
 #   cluster.sh stop              stop the server, then PostgreSQL
 #   cluster.sh restart-server    SIGTERM the server and start it again on the same databases
-#   cluster.sh restart-postgres  stop PostgreSQL (fast shutdown) and start it again
+#   cluster.sh restart-postgres  stop PostgreSQL (fast shutdown) and start it again (and the server,
+#                                if it exited meanwhile, as its supervisor would)
 #
 # GPUHEAL_TEMPORAL_DIR (default ./.run/temporal-cluster) holds the databases, config, logs and pid
 # files. GPUHEAL_TEMPORAL_PORT (default 7233) is the frontend's gRPC port; the other services take
@@ -211,6 +212,26 @@ server_start() {
   exit 1
 }
 
+# temporal-server exits (fatal) when its database goes away while its worker service is still
+# starting ("failed to verify if temporal system namespace exists", service/worker), which a
+# PostgreSQL restart just after a server restart hits; a platform's supervisor (systemd,
+# Kubernetes) starts it again. This does so for the moments after a PostgreSQL restart: the worker
+# service gives up after about 12 s of retries.
+server_outlives_postgres() {  # $1: the server's pid before the restart, $2: its log's size then
+  [ -n "$1" ] || return 0  # no server of ours was running
+  local why
+  for _ in $(seq 100); do
+    if ! kill -0 "$1" 2>/dev/null; then
+      why=$(tail -c +"$(($2 + 1))" "$DIR/server.log" | grep '"level":"fatal"' | tail -1 | cut -c1-160 || true)
+      log "the server exited after PostgreSQL restarted: ${why:-no fatal line in its log}"
+      log "starting it again, as its supervisor would"
+      server_start
+      return
+    fi
+    sleep 0.2
+  done
+}
+
 server_stop() {
   pid_stop "temporal-cluster: server" "$PIDF" 100 "$SERVER" || true
 }
@@ -266,6 +287,9 @@ case "${1:-}" in
   start) start "${2:-}" ;;
   stop) stop ;;
   restart-server) server_stop; server_start ;;
-  restart-postgres) pg_stop; pg_start ;;
+  restart-postgres)
+    pid=$(ours && cat "$PIDF" || true)
+    mark=$(stat -c %s "$DIR/server.log" 2>/dev/null || echo 0)
+    pg_stop; pg_start; server_outlives_postgres "$pid" "$mark" ;;
   *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac
