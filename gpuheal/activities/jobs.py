@@ -270,10 +270,10 @@ class JobActivities:
                 type=NOT_RESUMED,
                 non_retryable=True,
             )
-        p = job.progress
-        publishes = want.step_at_failure is not None or p is not None
+        publishes = want.step_at_failure is not None or job.progress is not None
+        p = job.this_runs_progress
         if publishes:
-            if p is None or p.restart != job.restart_count:
+            if p is None:
                 return None  # no line yet, or the comment is still the failed run's
             if p.step <= (want.checkpoint_step or 0):
                 return None

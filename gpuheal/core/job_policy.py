@@ -37,8 +37,8 @@ def checkpoint_ask(job: JobSnapshot, this_run_only: bool = True) -> CheckpointAs
     still its previous run's (restart count behind the job's): the run now starting may not have
     trapped the signal yet, so that line asks for nothing (incidents before this release took it
     at its word, `this_run_only=False`, and killed such a run)."""
-    line = job.progress
-    if line is not None and line.signal and (line.restart == job.restart_count or not this_run_only):
+    line = job.this_runs_progress if this_run_only else job.progress
+    if line is not None and line.signal:
         return CheckpointAsk(job_id=job.job_id, signal=_signal_name(line.signal), batch_only=True)
     match = _SIGNAL_OPTION.search(job.submit_line)
     if match is None:

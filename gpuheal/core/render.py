@@ -98,7 +98,7 @@ def checkpoints(jobs: int, outcomes: Sequence[CheckpointOutcome]) -> str:
 
 def not_signalled(job: JobSnapshot) -> CheckpointOutcome:
     line = job.progress
-    if line is not None and line.signal and line.restart != job.restart_count:
+    if line is not None and line.signal and job.this_runs_progress is None:
         why = f"its run {job.restart_count} has not said yet that it traps a signal (the line is run {line.restart}'s)"
     else:
         why = "it did not say it traps a signal (progress line signal=, or --signal=B:USR1)"

@@ -199,7 +199,7 @@ def _not_a_coordinator_queue(queue: str) -> str:
     if queue.endswith(ids.COORDINATOR_QUEUE_SUFFIX):
         raise ValueError(
             f"{queue!r} ends in {ids.COORDINATOR_QUEUE_SUFFIX!r}, which names a coordinator's own queue "
-            f"(that of cluster queue {queue.removesuffix(ids.COORDINATOR_QUEUE_SUFFIX)!r}): choose another name"
+            f"(that of cluster queue {ids.workflows_queue(queue)!r}): choose another name"
         )
     return queue
 

@@ -72,6 +72,13 @@ class JobSnapshot(Frozen):
     submit_line: str = ""  # the sbatch command line, where Slurm reports it (26.05+): --signal
     progress: JobProgress | None = None
 
+    @property
+    def this_runs_progress(self) -> JobProgress | None:
+        """The progress line if the run now going wrote it; None when there is none yet, or the
+        comment is still an earlier run's (it survives a requeue: its restart count is behind)."""
+        line = self.progress
+        return line if line is not None and line.restart == self.restart_count else None
+
 
 class DrainRequest(Frozen):
     node: NodeRef
