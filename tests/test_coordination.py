@@ -444,8 +444,9 @@ class Coordinator(RuleBasedStateMachine):
         assert {run for run in before if run in seen} <= after, "a visible hold forgotten"
         if earlier or found or left:
             assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
-        else:  # it found nothing: it looks again once visibility has caught up (reconcile.VISIBILITY_LAG_S)
-            self.looks_again = True
+        # Its earlier run not visible yet: it looks again once visibility has caught up
+        # (reconcile.VISIBILITY_LAG_S), whatever it found.
+        self.looks_again = not earlier
         self.dead.clear()  # what closed runs held went with the terminated coordinator (their nodes: left)
 
     @precondition(lambda self: self.looks_again)

@@ -25,6 +25,7 @@ from gpuheal.core.fleet.models import (
 )
 from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy
 from gpuheal.core.models.base import Stage
+from gpuheal.workflows.coordinator.reconcile import VISIBILITY_LAG_S
 from tests.test_coordinator_faults import Receiver, ask, coordinator, env, holder, placement, worker
 
 __all__ = ["env"]  # the fixture, shared with tests/test_coordinator_faults.py
@@ -53,6 +54,38 @@ async def test_a_coordinator_recreated_before_its_earlier_run_shows_still_rebuil
         assert not decision.granted and "not visible yet" in decision.reason
         status = await m.FLEET_STATUS.ask(fresh)
         assert [g.incident_id for g in status.out_of_service] == [first.id]
+        await fresh.terminate("test over")
+
+
+async def test_a_recreation_that_finds_only_incidents_holding_nothing_looks_again(env: WorkflowEnvironment) -> None:
+    """Recreated within visibility's lag with one open incident that holds nothing (an
+    application restart verifying): nothing is out, so the next grant goes; the rebuild looks
+    again after VISIBILITY_LAG_S, sees the earlier run, and trips, saying it was recreated
+    (before LOOK_UNTIL_SEEN it never looked again and the recreation went unsaid)."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        old = await coordinator(env, queue, POLICY)
+        cluster = old.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        await old.terminate("an operator, by hand")
+        restarting = OpenIncident(
+            incident_id="gpuheal-c-gpu01",
+            run_id="r1",
+            placement=placement("gpu01"),
+            stage=Stage.VERIFY,
+            takes_capacity=False,
+        )
+        receiver.open = OpenIncidents(incidents=(restarting,), earlier_run="")  # not visible yet
+        fresh = await env.client.start_workflow(
+            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+        )
+        second, run2 = await holder(env, queue, "gpu02")
+        assert (await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))).granted
+        assert not (await m.FLEET_STATUS.ask(fresh)).breaker.tripped
+        receiver.open = OpenIncidents(incidents=(restarting,), earlier_run="Terminated at 12:00:00")
+        await env.sleep(VISIBILITY_LAG_S + 5)
+        status = await until(fresh, lambda s: s.breaker.tripped)
+        assert "coordinator recreated (its earlier run: Terminated at 12:00:00)" in status.breaker.why
+        assert [g.incident_id for g in status.out_of_service] == [second.id], "the grant kept"
         await fresh.terminate("test over")
 
 

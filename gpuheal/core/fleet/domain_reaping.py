@@ -63,15 +63,10 @@ def overdue(s: FleetState, now: datetime, bound_s: float = DEFAULT_BOUND_S) -> l
     return [d for d in _undecided(s) if now - d.opened_at >= late]
 
 
-def next_overdue(s: FleetState, bound_s: float = DEFAULT_BOUND_S) -> datetime | None:
-    """When the next undecided domain incident falls overdue (for the coordinator's timer), or None."""
-    late = timedelta(seconds=bound_s + OVERDUE_MARGIN_S)
-    return min((d.opened_at + late for d in _undecided(s)), default=None)
-
-
 def release_overdue(s: FleetState, now: datetime, bound_s: float = DEFAULT_BOUND_S) -> Effects:
     """The overdue ones decided by their default: a domain incident that never started, or whose
-    decision never arrived, frees its domain all the same."""
+    decision never arrived, frees its domain all the same. Asked at each look for closed runs
+    (every REAP_EVERY_S): a few minutes late at most, against a margin of OVERDUE_MARGIN_S."""
     out = Effects()
     why = f"had no decision {(bound_s + OVERDUE_MARGIN_S) / 60:g} min after it opened"
     for d in overdue(s, now, bound_s):

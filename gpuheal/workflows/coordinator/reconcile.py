@@ -14,13 +14,13 @@ from temporalio.exceptions import ActivityError
 from gpuheal.workflows.activity import run
 from gpuheal.workflows.coordinator import sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
-from gpuheal.workflows.coordinator.versions import BOOKS
+from gpuheal.workflows.coordinator.versions import BOOKS, LOOK_UNTIL_SEEN
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core.fleet import coordination, domain_reaping, reaping
     from gpuheal.core.fleet.coordination import Effects
-    from gpuheal.core.fleet.models import Breaker, DomainIncident, RunRef, RunRefs
+    from gpuheal.core.fleet.models import Breaker, DomainIncident, OpenIncidents, RunRef, RunRefs
 
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
 LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
@@ -72,9 +72,20 @@ async def rebuild(c: CoordinatorState) -> None:
             await workflow.sleep(timedelta(seconds=REBUILD_AGAIN_S), summary="rebuild again")
             continue
         c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now())))
-        if not (found.earlier_run or found.incidents or found.left):
+        if _looks_again(found):
             c.look_again = asyncio.ensure_future(_look_again(c))
         return
+
+
+def _looks_again(found: OpenIncidents) -> bool:
+    """Whether the rebuild looks once more after VISIBILITY_LAG_S: whenever its earlier run did
+    not show (visibility lags the termination; what it lists may lag too). Before
+    LOOK_UNTIL_SEEN, only when it found nothing at all."""
+    if found.earlier_run:
+        return False
+    if workflow.patched(LOOK_UNTIL_SEEN):
+        return True
+    return not (found.incidents or found.left)
 
 
 def not_rebuilt_yet(c: CoordinatorState) -> None:

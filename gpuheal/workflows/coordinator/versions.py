@@ -52,6 +52,10 @@ OWN_QUEUE = "coordinator-runs-its-activities-on-its-own-queue"
 # nodes contained than a lowered bound allows, or found drained by a rebuild, a grant within the
 # budget alone put more out than the budget plus the containment bound.
 GRANTS_WITHIN_ALL_OUT = "coordinator-grants-within-all-out"
+# Nor did a rebuild that found open incidents (holding nothing: an application restart, a
+# triage) look again when its earlier run was not visible yet: that run showed later, unseen, and
+# the recreation was never said. They look again whenever the earlier run did not show.
+LOOK_UNTIL_SEEN = "coordinator-looks-again-until-its-earlier-run-shows"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
