@@ -444,9 +444,8 @@ class Coordinator(RuleBasedStateMachine):
         assert {run for run in before if run in seen} <= after, "a visible hold forgotten"
         if earlier or found or left:
             assert self.s.breaker.tripped, "a recreated coordinator must start tripped"
-        # Its earlier run not visible yet: it looks again once visibility has caught up
-        # (reconcile.VISIBILITY_LAG_S), whatever it found.
-        self.looks_again = not earlier
+        else:  # it said nothing and saw no earlier run: it looks again once visibility has caught
+            self.looks_again = True  # up (reconcile.VISIBILITY_LAG_S)
         self.dead.clear()  # what closed runs held went with the terminated coordinator (their nodes: left)
 
     @precondition(lambda self: self.looks_again)

@@ -89,6 +89,34 @@ async def test_a_recreation_that_finds_only_incidents_holding_nothing_looks_agai
         await fresh.terminate("test over")
 
 
+async def test_a_recreation_tripped_already_does_not_trip_again_over_a_resume(env: WorkflowEnvironment) -> None:
+    """Recreated within visibility's lag with gpu01's incident granted: the rebuild counts it and
+    trips, saying so once. An operator resumes within VISIBILITY_LAG_S; once the earlier run
+    shows, nothing trips the breaker again or says the recreation a second time."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        old = await coordinator(env, queue, POLICY)
+        cluster = old.id.removeprefix("gpuheal-").removesuffix("-fleet")
+        await old.terminate("an operator, by hand")
+        repairing = OpenIncident(
+            incident_id="gpuheal-c-gpu01", run_id="r1", placement=placement("gpu01"), stage=Stage.REPAIR
+        )
+        receiver.open = OpenIncidents(incidents=(repairing,), earlier_run="")  # not visible yet
+        fresh = await env.client.start_workflow(
+            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+        )
+        second, run2 = await holder(env, queue, "gpu02")
+        held = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
+        assert not held.granted and "not visible yet" in held.reason
+        await m.FLEET_RESUME.execute(fresh, OperatorAction(operator="alice", reason="gpu01 is being repaired"))
+        receiver.open = OpenIncidents(incidents=(repairing,), earlier_run="Terminated at 12:00:00")
+        await env.sleep(VISIBILITY_LAG_S + 5)
+        status = await m.FLEET_STATUS.ask(fresh)
+        assert not status.breaker.tripped, "a resume undone by a second look"
+        assert receiver.delivered.count("coordinator_rebuilt") == 1
+        await fresh.terminate("test over")
+
+
 async def test_a_rebuild_that_fails_grants_nothing_and_wedges_nothing_until_it_succeeds(
     env: WorkflowEnvironment,
 ) -> None:

@@ -33,10 +33,11 @@ REBUILD_AGAIN_S = 30.0  # between rounds of attempts while the rebuild fails
 # listing waits behind the storm's activities (bench/results/storm.md, beside the test suite: a
 # 60 s bound tripped a fresh cluster's breaker). A rebuild that fails stops the waits at once.
 REBUILD_WAIT_S = 600.0
-# A rebuild that found nothing open, nothing drained and no earlier run may have come within
-# visibility's lag of a termination (an admission recreates the coordinator within a second):
-# it looks once more this much later, beside the loop, and trips the breaker if an earlier run
-# shows then (its books were true: nothing was out; an operator's pause is what could be lost).
+# A rebuild that did not see its earlier run and said nothing (found nothing out: no incident
+# holding capacity, nothing drained) may have come within visibility's lag of a termination (an
+# admission recreates the coordinator within a second): it looks once more this much later,
+# beside the loop, and trips the breaker if an earlier run shows then (its books were true:
+# nothing was out; an operator's pause is what could be lost).
 VISIBILITY_LAG_S = 15.0
 
 
@@ -71,20 +72,22 @@ async def rebuild(c: CoordinatorState) -> None:
                 told = True
             await workflow.sleep(timedelta(seconds=REBUILD_AGAIN_S), summary="rebuild again")
             continue
-        c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now())))
-        if _looks_again(found):
+        said = reaping.rebuild(c.fleet, found, workflow.now())
+        c.apply(Effects(notes=said))
+        if _looks_again(found, tripped=bool(said)):
             c.look_again = asyncio.ensure_future(_look_again(c))
         return
 
 
-def _looks_again(found: OpenIncidents) -> bool:
+def _looks_again(found: OpenIncidents, tripped: bool) -> bool:
     """Whether the rebuild looks once more after VISIBILITY_LAG_S: whenever its earlier run did
-    not show (visibility lags the termination; what it lists may lag too). Before
-    LOOK_UNTIL_SEEN, only when it found nothing at all."""
+    not show and it has not tripped the breaker saying it was recreated (a second trip would
+    undo a resume given meanwhile and send the notice again). Before LOOK_UNTIL_SEEN, only when
+    it found nothing at all: open incidents holding nothing stopped the second look."""
     if found.earlier_run:
         return False
     if workflow.patched(LOOK_UNTIL_SEEN):
-        return True
+        return not tripped
     return not (found.incidents or found.left)
 
 
@@ -103,8 +106,9 @@ def not_rebuilt_yet(c: CoordinatorState) -> None:
 
 
 async def _look_again(c: CoordinatorState) -> None:
-    """The second look of a rebuild that found nothing (see VISIBILITY_LAG_S): what shows now is
-    rebuilt too (what the coordinator knows since is left as it is)."""
+    """The second look of a rebuild that saw no earlier run and said nothing (see
+    VISIBILITY_LAG_S): what shows now is rebuilt too (what the coordinator knows since is left as
+    it is)."""
     await workflow.sleep(timedelta(seconds=VISIBILITY_LAG_S), summary="look again for an earlier run")
     try:
         found = await run(
