@@ -83,6 +83,7 @@ class FakeCluster:
         replaced: EarlierReplacement | None = None,
     ) -> None:
         self.calls: list[str] = []
+        self.admitted: list[bool] = []  # each admission: told an application fault?
         self.releases: list[ReleaseRequest] = []  # what each release told the coordinator
         self.settings = settings or RemediationSettings(checkpoint_grace_s=30)
         self.policy = policy or FleetPolicy()
@@ -122,6 +123,7 @@ class FakeCluster:
         @implements(act.ADMIT_INCIDENT)
         async def admit(ask: AdmitAsk) -> AdmitAnswer:
             c.calls.append("admit")
+            c.admitted.append(ask.application_fault)
             policy = VersionedPolicy(version=1, policy=c.policy, changed_by="test", reason="test", at=datetime.now(UTC))
             return AdmitAnswer(
                 admission=Admission(policy=policy),

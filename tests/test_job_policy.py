@@ -86,6 +86,20 @@ def test_the_retry_budget_counts_gpuheals_requeues_and_names_the_suspects() -> N
     assert job_policy.retry_budget(third, allowed=3, window_s=86400, failing_now=[]).spent
 
 
+def test_nodes_excluded_for_another_open_incident_are_let_back_at_the_next_requeue_not_suspected() -> None:
+    """A requeue kept the job off gpu05 (its incident was open, its drain not yet come): the next
+    recovery lets the job back on gpu05 where healthy, and never names it a node it failed on."""
+    past = [
+        PastRecovery(recovery_id="r1", started_at=T0, requeued=True, failed_nodes=("gpu04",), avoided_nodes=("gpu05",)),
+        PastRecovery(recovery_id="r2", started_at=T0, requeued=False, avoided_nodes=("gpu06",)),  # never requeued
+    ]
+    budget = job_policy.retry_budget(past, allowed=3, window_s=86400, failing_now=["gpu07"])
+    assert budget.suspects == ("gpu04", "gpu07") and budget.avoided == ("gpu05",)
+    assert job_policy.released_exclusions(budget) == ("gpu04", "gpu07", "gpu05")
+    failed_there_since = [*past, PastRecovery(recovery_id="r3", started_at=T0, requeued=True, failed_nodes=("gpu05",))]
+    assert job_policy.retry_budget(failed_there_since, 3, 86400, []).avoided == ()  # a suspect now
+
+
 @pytest.mark.parametrize(
     ("state", "requeueable", "recoverable"),
     [("FAILED", True, True), ("NODE_FAIL", True, True), ("COMPLETED", True, False), ("FAILED", False, False)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from gpuheal.core.settings import Settings
 from gpuheal.triggers import start
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
+from tests.conftest import start_time_skipping
 from tests.fakes import FakeCluster
 
 Handle = WorkflowHandle[GpuRemediationWorkflow, RemediationResult]
@@ -70,13 +72,39 @@ def report(xid: int = 79) -> HealthReport:
     return HealthReport(node="gpu01", cluster=f"c{uuid.uuid4().hex[:8]}", xid=xid, gpu=0, observed_at=datetime.now(UTC))
 
 
-async def wait_for_stage(handle: Handle, stage: Stage) -> None:
-    for _ in range(200):
-        status = await handle.query(GpuRemediationWorkflow.status)
-        if status.stage == stage and (stage != Stage.APPROVAL or status.awaiting_approval):
+@pytest.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own (not the session's, tests/conftest.py): a test
+    that fails leaves its incident waiting, and the server then no longer skips time for the
+    next ones (seen: one failure beside a loaded machine, then every later approval timeout in
+    the module waiting out pytest's 300 s in real time)."""
+    env = await start_time_skipping()
+    yield env
+    await env.shutdown()
+
+
+# How long a test waits for what a workflow does next: generous, for a loaded machine (a wait
+# of 10 s failed beside a full suite run and a storm benchmark).
+WAIT_S = 60.0
+
+
+async def until_true(check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str) -> None:
+    """Poll `check` every 50 ms until it is true; fail naming `what` after WAIT_S."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        found = check()
+        if found if isinstance(found, bool) else await found:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"workflow never reached {stage}")
+    raise AssertionError(f"not within {WAIT_S:g} s: {what}")
+
+
+async def wait_for_stage(handle: Handle, stage: Stage) -> None:
+    async def reached() -> bool:
+        status = await handle.query(GpuRemediationWorkflow.status)
+        return status.stage == stage and (stage != Stage.APPROVAL or status.awaiting_approval)
+
+    await until_true(reached, f"the workflow reaching {stage}")
 
 
 def worker(env: WorkflowEnvironment, s: Settings, fake: FakeCluster) -> Worker:
@@ -307,10 +335,7 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.HELD)
-        for _ in range(100):  # contained: drained, nothing else
-            if "notify:held" in fake.calls and "drain" in fake.calls:
-                break
-            await asyncio.sleep(0.05)
+        await until_true(lambda: "notify:held" in fake.calls and "drain" in fake.calls, "contained: drained")
         assert "replace" not in fake.calls and "checkpoint" not in fake.calls
         status = await handle.query(GpuRemediationWorkflow.status)
         assert status.held is not None and "test: held" in status.held
@@ -330,10 +355,7 @@ async def test_a_held_incident_touches_nothing_while_the_breaker_is_tripped(env:
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
         await wait_for_stage(handle, Stage.HELD)
-        for _ in range(100):
-            if "notify:held" in fake.calls:
-                break
-            await asyncio.sleep(0.05)
+        await until_true(lambda: "notify:held" in fake.calls, "the held notice")
         assert "contain_while_held" in fake.calls and "drain" not in fake.calls
         status = await handle.query(GpuRemediationWorkflow.status)
         assert status.held is not None and "not contained: circuit breaker tripped" in status.held
@@ -426,8 +448,9 @@ async def test_report_for_a_node_slurm_has_not_and_gpuheal_never_replaced_fails_
 
 async def test_an_escalation_to_a_drain_asks_the_coordinator_before_draining(env: WorkflowEnvironment) -> None:
     """An application-class failure takes no capacity; when a second, more severe report comes
-    while the incident protects its jobs, the drain it now needs asks for a grant first (it
-    drained without one, past the budget and the breaker)."""
+    while the incident protects its jobs, it is admitted again as the hardware failure it now is
+    (the coordinator counted no arrival for the application fault), and the drain it now needs
+    asks for a grant first (it drained without one, past the budget and the breaker)."""
     fake, s = FakeCluster(), settings()
     fake.checkpoint_gate = asyncio.Event()
     first = report(13)
@@ -439,4 +462,27 @@ async def test_an_escalation_to_a_drain_asks_the_coordinator_before_draining(env
         fake.checkpoint_gate.set()
         result = await handle.result()
     assert result.action == ActionClass.REPLACE_NODE
-    assert fake.calls.index("request_capacity") < fake.calls.index("drain")
+    assert fake.calls.count("admit") == 2, fake.calls
+    readmitted = len(fake.calls) - 1 - fake.calls[::-1].index("admit")
+    assert readmitted < fake.calls.index("request_capacity") < fake.calls.index("drain")
+
+
+async def test_a_hardware_report_joining_an_application_fault_is_admitted_again_as_hardware(
+    env: WorkflowEnvironment,
+) -> None:
+    """XID 13 (the application: counted towards no hardware verdict), then XID 94 on the same
+    node while its jobs are asked to checkpoint: still a restart, but the board's memory. The
+    incident is admitted again, as no application fault, so the coordinator counts it; a restart
+    takes no capacity, so nothing is asked or drained."""
+    fake, s = FakeCluster(), settings()
+    fake.checkpoint_gate = asyncio.Event()
+    first = report(13)
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.PROTECT)
+        await start_or_join(env.client, s, first.model_copy(update={"xid": 94, "observed_at": datetime.now(UTC)}))
+        fake.checkpoint_gate.set()
+        result = await handle.result()
+    assert result.action == ActionClass.RESTART_APP
+    assert fake.admitted == [True, False], fake.calls
+    assert "request_capacity" not in fake.calls and "drain" not in fake.calls

@@ -178,6 +178,7 @@ class FleetActivities:
             gpu_uuids=ask.gpu_uuids,
             gpu_serials=ask.gpu_serials,
             seed=self._seed,
+            application_fault=ask.application_fault,
         )
         line = self._batcher(self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one)
         admission = await line.ask(req)

@@ -9,6 +9,7 @@ retried activity keeps the same bound.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime
 
@@ -16,6 +17,7 @@ from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
@@ -40,8 +42,8 @@ from gpuheal.core.jobs import (
     VerifyJobRequest,
     VerifyOutcome,
 )
-from gpuheal.core.messages import JOB_RECOVERY, RECOVERY_JOIN
-from gpuheal.core.models.base import REQUEUE_STATES
+from gpuheal.core.messages import INCIDENT, JOB_RECOVERY, RECOVERY_JOIN
+from gpuheal.core.models.base import REQUEUE_STATES, ActionClass, check_cluster_name
 from gpuheal.core.models.incident import JobRecoverySettings
 from gpuheal.core.models.kubernetes import NodeEmptyWait
 from gpuheal.core.models.result import ResumedJob
@@ -61,6 +63,11 @@ from gpuheal.core.models.slurm import (
 # it eligible at once waits for PENDING this often at most, this long in all.
 PENDING_POLL_S = 0.25
 PENDING_WAIT_S = 30.0
+
+
+# The actions whose open incidents leave their node healthy (a requeued job may land there).
+HEALTHY_NODE_ACTIONS = frozenset({ActionClass.RESTART_APP.value, ActionClass.IGNORE.value})
+log = logging.getLogger(__name__)
 
 
 class JobActivities:
@@ -177,13 +184,17 @@ class JobActivities:
         progress = current.progress
         if progress is None or progress.restart != before.restart_count:
             progress = before.progress  # the restarted run has overwritten the comment already
-        excluded = None
+        excluded: tuple[str, ...] | None = None
+        avoided: tuple[str, ...] = ()
         if req.exclude_failed_node:
             healthy = await self._healthy(req.release_nodes)
             keep = set(expand(current.excluded_nodes)) - healthy
-            excluded = tuple(sorted(keep | {req.failed_node, *req.also_failed}))
+            failed = {req.failed_node, *req.also_failed}
+            avoided = tuple(sorted(await self._nodes_with_open_incidents(req.cluster) - failed - keep))
+            excluded = tuple(sorted(keep | failed | set(avoided)))
         await self._when_pending(current.job_id, JobUpdate(start_now=True, excluded_nodes=excluded))
         return RequeueResult(
+            avoided=avoided,
             **base,
             requeued=True,
             already_requeued=already,
@@ -192,6 +203,32 @@ class JobActivities:
             checkpoint_step=progress.checkpoint_step if progress else None,
             checkpoint_at=progress.checkpoint_at if progress else None,
         )
+
+    async def _nodes_with_open_incidents(self, cluster: str) -> set[str]:
+        """The nodes of the cluster's running incidents that take their node out (visibility):
+        failing, whether or not their drain has come yet. An application restart's node is
+        healthy, an ignored report's too: not these. Best effort: visibility not answering
+        (a loaded server) costs the job this protection, never its requeue or the exclusion of
+        the nodes it failed on. None for a request without its cluster (a recovery started
+        before this release). The cluster's name reaches a query: it is checked first."""
+        if not cluster:
+            return set()
+        query = queries.where(
+            queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, check_cluster_name(cluster)), queries.status("Running")
+        )
+        found: set[str] = set()
+        try:
+            async for execution in activity.client().list_workflows(query):
+                attrs = execution.typed_search_attributes
+                node = attrs.get(sa.NODE)
+                if node and attrs.get(sa.ACTION) not in HEALTHY_NODE_ACTIONS:
+                    found.add(node)
+        except RPCError as err:
+            log.warning(
+                "requeue: the cluster's open incidents could not be listed (%s): only the failed nodes kept off", err
+            )
+            return set()
+        return found
 
     async def _healthy(self, nodes: tuple[str, ...]) -> set[str]:
         if not nodes:
@@ -347,6 +384,7 @@ class JobActivities:
                     started_at=execution.start_time,
                     requeued=bool(memo.get("requeued")),
                     failed_nodes=tuple(memo.get("failed_nodes") or ()),
+                    avoided_nodes=tuple(memo.get("avoided_nodes") or ()),
                 )
             )
         return JobHistory(recoveries=tuple(found))

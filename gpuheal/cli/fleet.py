@@ -73,6 +73,13 @@ async def show_fleet(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# What the breaker, the escalation and the repeat-offender rule count (coordination.admit).
+COUNTED = (
+    "hardware incidents only: application faults (XID 13, 31, 43 alone) restart their job "
+    "and move no breaker, domain or repeat count"
+)
+
+
 def render_view(v: FleetView, now: datetime) -> list[str]:
     age = max(0.0, (now - v.at).total_seconds())
     as_of = f"its last change {v.at:%H:%M:%S} UTC, {age:.0f} s ago" if not v.whole else "live"
@@ -80,6 +87,7 @@ def render_view(v: FleetView, now: datetime) -> list[str]:
     b = v.breaker
     at = f" at {b.at:%H:%M:%S}" if b.at else ""
     lines.append(f"breaker     {f'TRIPPED{at} ({b.why})' if b.tripped else 'closed'}")
+    lines.append(f"counted     {COUNTED}")
     for u in v.budget:
         lines.append(f"budget      {u.name}: {u.used} of {u.limit} out of service, {max(0, u.limit - u.used)} left")
     if v.budgets_not_shown:

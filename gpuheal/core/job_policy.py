@@ -66,18 +66,22 @@ def retry_budget(
 ) -> RetryBudget:
     """Requeues by gpuheal within the window (the caller asked visibility for that window), and
     the nodes the job failed on meanwhile: the suspects if the budget is spent."""
-    requeued = [r for r in past if r.requeued]
+    requeued = sorted((r for r in past if r.requeued), key=lambda r: r.started_at)
     suspects: list[str] = []
-    for node in [n for r in sorted(requeued, key=lambda r: r.started_at) for n in r.failed_nodes] + list(failing_now):
+    for node in [n for r in requeued for n in r.failed_nodes] + list(failing_now):
         if node not in suspects:
             suspects.append(node)
-    return RetryBudget(used=len(requeued), allowed=allowed, window_s=window_s, suspects=tuple(suspects))
+    avoided = tuple(dict.fromkeys(n for r in requeued for n in r.avoided_nodes if n not in suspects))
+    return RetryBudget(
+        used=len(requeued), allowed=allowed, window_s=window_s, suspects=tuple(suspects), avoided=avoided
+    )
 
 
 def released_exclusions(budget: RetryBudget) -> tuple[str, ...]:
-    """Nodes gpuheal excluded for this job before (its earlier failures): the requeue activity
-    lets the job back on those that are in service again, healthy."""
-    return budget.suspects
+    """Nodes gpuheal excluded for this job before (its earlier failures, and nodes another
+    incident was open on): the requeue activity lets the job back on those that are in service
+    again, healthy."""
+    return (*budget.suspects, *budget.avoided)
 
 
 def steps_at_risk(requeue: RequeueResult) -> int | None:

@@ -60,6 +60,7 @@ class PastRecovery(Frozen):
     started_at: datetime
     requeued: bool
     failed_nodes: tuple[str, ...] = ()
+    avoided_nodes: tuple[str, ...] = ()  # excluded for an open incident there (RequeueResult.avoided)
 
 
 class JobHistoryRequest(Frozen):
@@ -78,6 +79,7 @@ class RetryBudget(Frozen):
     allowed: int
     window_s: float
     suspects: tuple[str, ...] = ()  # the nodes it failed on within the window
+    avoided: tuple[str, ...] = ()  # nodes its recoveries excluded for another incident open there
 
     @property
     def spent(self) -> bool:

@@ -97,6 +97,20 @@ PLANS: dict[ActionClass, Plan] = {
 
 # A repeat offender is replaced, whatever these would otherwise have done.
 REPLACED_WHEN_REPEATED = frozenset({A.RESTART_APP, A.RESET_GPU, A.REBOOT_NODE})
+# XIDs that say "usually the application" (NVIDIA's catalogue: restart it). Not XID 94: a contained
+# ECC error restarts the application too, but it is the board's memory, and its repeats are the
+# usual case for an RMA.
+APPLICATION_XIDS = frozenset({13, 31, 43})
+
+
+def is_application_fault(reports: Sequence[HealthReport]) -> bool:
+    """Whether an incident's reports say only "the application": its action a restart, and every
+    report that asks for one an application XID (informational ones aside). From APP_FAULTS_APART
+    on, the coordinator counts such an incident towards no repeat offender, breaker or domain
+    escalation, and tells it no repeat verdict: a job's crashes never condemn a board."""
+    if not reports or triage_all(reports).action != A.RESTART_APP:
+        return False
+    return all(r.xid in APPLICATION_XIDS for r in reports if triage(r).action == A.RESTART_APP)
 
 
 def triage(report: HealthReport) -> Triage:

@@ -23,6 +23,7 @@ from gpuheal.workflows import gate
 from gpuheal.workflows.coordinator import reconcile, sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
 from gpuheal.workflows.coordinator.versions import (
+    APP_FAULTS_APART,
     BOOKS,
     COORDINATOR_2,
     COORDINATOR_3,
@@ -225,6 +226,7 @@ class FleetCoordinator:
             workflow.now(),
             serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
             compact=workflow.patched(PACKED),
+            app_faults_apart=workflow.patched(APP_FAULTS_APART),
         )
         self._c.apply(out)
         return answer

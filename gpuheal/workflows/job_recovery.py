@@ -17,7 +17,7 @@ job dies and at its deadline when it is silent; either way the answer says so.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
@@ -112,12 +112,16 @@ class JobRecoveryWorkflow:
             also_failed=tuple(self._failed_nodes()[1:]),
             exclude_failed_node=first.exclude_failed_node,
             release_nodes=job_policy.released_exclusions(budget),
+            cluster=self._input.cluster,
         )
         self._stage = "requeueing"
         requeue = await run(act.REQUEUE_SLURM_JOB, request, summary=f"requeue job {first.job.job_id}")
         # What a later recovery of this job reads (its retry budget, the nodes to let it back on).
         fresh = requeue.requeued and not requeue.already_requeued
-        workflow.upsert_memo({"requeued": fresh, "failed_nodes": self._failed_nodes()})
+        memo: dict[str, Any] = {"requeued": fresh, "failed_nodes": self._failed_nodes()}
+        if requeue.avoided:  # (only then: recoveries before this release upserted these two alone)
+            memo["avoided_nodes"] = list(requeue.avoided)
+        workflow.upsert_memo(memo)
         if not requeue.requeued:
             fate = JobFate.ENDED if requeue.ended_state else JobFate.NOT_REQUEUED
             return self._record(fate, requeue.reason, budget=budget, requeue=requeue)

@@ -85,6 +85,7 @@ class GpuRemediationWorkflow:
                 return await self._close_aborted(decision)
         await self._notify_remediating()
         await self._protect_progress()
+        await capacity.admit_again_if_hardware(s)  # a report saying hardware joined an application fault
         plan = policy.plan_for(s.current_action())  # a later report may have escalated it
         if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
             if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came

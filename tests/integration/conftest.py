@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     for tool in ("slurmctld", "slurmd", "munged", "sbatch"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             pytest.fail(f"{tool} is missing: run `make setup` (installs Debian's Slurm and munge)")
-    sb = Sandbox.named("tests", tmp_path_factory.mktemp("run"))
+    # GPUHEAL_TEST_PORTS: another use's ports (`bench`), to run some tests beside a whole run.
+    sb = Sandbox.named(os.environ.get("GPUHEAL_TEST_PORTS", "tests"), tmp_path_factory.mktemp("run"))
     sb.start_temporal()
     yield sb
     for backend, version in {("cli", v) for _, v in SLURM_MATRIX}:

@@ -6,19 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
 from temporalio.client import Client
 
 from gpuheal.clients.slurm.hostlist import expand
-from gpuheal.core.models.base import Stage
+from gpuheal.core.fleet.policy import BudgetPolicy
+from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.incident import ApprovalPolicy
 from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker
+from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import Inbox, max_activity_attempt, report, slurmctld_log, until, worker_env
+from tests.integration.conftest import (
+    Inbox,
+    gpuheal,
+    max_activity_attempt,
+    report,
+    slurmctld_log,
+    until,
+    worker_env,
+)
+from tests.integration.test_fleet import sized, with_fleet
 from tests.integration.test_loop import wait_for_recovery_stage
 
 pytestmark = pytest.mark.integration
@@ -230,3 +243,51 @@ async def test_a_restart_that_dies_is_seen_at_once_and_a_silent_one_at_its_deadl
         ).total_seconds()
         assert verify
     assert by_job[dies] < 15 <= by_job[hangs]  # dead at once; silent at its 20 s deadline
+
+
+async def test_a_requeued_job_never_lands_on_a_node_whose_incident_has_not_drained_it_yet(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """Two nodes in service, a budget of one, nothing drained while held, replacements approved
+    by a person. The node under a training job loses its GPU (XID 79): granted, it waits for
+    approval. The idle node reports XID 48: held by the budget, its incident open, its node in
+    service. Once approved, the job is requeued excluding both, so it waits for the replacement
+    instead of starting on the failing idle node (and being requeued from there again): one
+    restart, on the replacement."""
+    sized(slurm, 2, 2)
+    settings = with_fleet(
+        settings,
+        budget=BudgetPolicy(cluster="1", node_cooldown_s=0),
+        containment_while_held="none",
+        approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,), timeout_s=600),
+    )
+    job = slurm.submit_training("storm", sbatch_args=("--exclusive",))
+    first = await asyncio.to_thread(slurm.wait_for_step, job, 3)
+    (other,) = {"gpu01", "gpu02"} - {first}
+    async with make_worker(client, settings):
+        slurm.inject_gpu_fault(first)
+        lost = await start_or_join(client, settings, report(settings, first, 79))
+        await until(lambda: _awaiting(lost), f"{first}'s replacement waiting for approval")
+        failing = await start_or_join(client, settings, report(settings, other, 48))
+
+        async def held() -> bool:
+            return (await failing.query(GpuRemediationWorkflow.status)).stage == Stage.HELD
+
+        await until(held, f"{other}'s reset held by the budget")
+        assert not slurm.nodes()[other].drained  # failing, its incident open, and still in service
+        approved = await gpuheal(slurm, settings, "approve", first, "--operator", "t", "--reason", "go")
+        assert approved.returncode == 0, approved.stderr
+        result: RemediationResult = await asyncio.wait_for(lost.result(), 240)
+        reset = await asyncio.wait_for(failing.result(), 120)  # granted once the replacement freed the budget
+    assert result.outcome == "resolved" and result.replacement_node is not None, result.reason
+    assert reset.outcome == "resolved", reset.reason
+    (account,) = result.jobs
+    assert account.resumed is not None and account.resumed.node == result.replacement_node
+    said = [line for line in slurmctld_log(slurm).splitlines() if re.search(rf"JobId={job}\b", line)]
+    assert not any(other in line for line in said if "Allocate" in line or "Started" in line), "\n".join(said)
+    j = slurm.job(job)
+    assert j is not None and j.restart_count == 1 and j.nodes == result.replacement_node
+
+
+async def _awaiting(handle: Any) -> bool:
+    return bool((await handle.query(GpuRemediationWorkflow.status)).awaiting_approval)

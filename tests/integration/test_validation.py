@@ -16,6 +16,7 @@ from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import make_worker
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import across_slurm, nodes_in_service, report
+from tests.integration.test_fleet import fleet_status
 
 
 def validating(settings: Settings, slurm: Sandbox) -> Settings:
@@ -53,6 +54,7 @@ async def test_a_repaired_node_whose_gpu_still_fails_is_not_returned(
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
         result = await asyncio.wait_for(handle.result(), 120)
+        books = await fleet_status(client, settings)  # (a query: asked while a worker runs)
     assert result.outcome == "failed_validation" and result.node_state == NodeState.FAILED_VALIDATION
     assert "GPUs failed validation" in result.node_detail
     node = slurm.slurm("scontrol", "show", "node", "gpu01")
@@ -62,7 +64,9 @@ async def test_a_repaired_node_whose_gpu_still_fails_is_not_returned(
     (job,) = burn_ins(slurm)
     assert job.endswith("FAILED gpu01")
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
-    # The run is closed; the coordinator's look still counts its node (the drain names the incident).
+    # The run is closed: the coordinator counts its node as left, and its look (what it asks
+    # Slurm) keeps it counted: the drain names the incident.
+    assert [g.node for g in books.left] == ["gpu01"] and books.out_of_service == ()
     fleet = FleetActivities(build_slurm(settings.slurm), None, settings.fleet, settings.remediation, (), 1)
     run = RunRef(incident_id=incident, run_id=handle.result_run_id or "", node="gpu01")
     assert (await fleet.find_nodes_left_drained(RunRefs(runs=(run,)))).runs == (run,)

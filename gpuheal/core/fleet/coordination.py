@@ -54,16 +54,33 @@ class Effects:
 
 
 def admit(
-    s: FleetState, req: AdmitRequest, now: datetime, serve_when_freed: bool = False, compact: bool = False
+    s: FleetState,
+    req: AdmitRequest,
+    now: datetime,
+    serve_when_freed: bool = False,
+    compact: bool = False,
+    app_faults_apart: bool = False,
 ) -> tuple[Admission, Effects]:
     """A new incident: its arrival counts (once per run), the breaker and the domains are checked.
     With `serve_when_freed` (coordinators that serve the line only when something frees), the
     line is served when time freed something (a cooldown ended, the rate's window slid). With
     `compact` (coordinators from PACKED on), the repeat window's arrivals are kept compact and
-    counted by key (gpuheal.core.fleet.repeats): the cost does not grow with a week's arrivals."""
+    counted by key (gpuheal.core.fleet.repeats): the cost does not grow with a week's arrivals.
+    With `app_faults_apart` (from APP_FAULTS_APART on), an application fault
+    (`req.application_fault`, policy.is_application_fault) is no arrival: it moves no breaker, no
+    domain and no repeat count, and is told no repeat verdict (a job's crashes never condemn a
+    board)."""
     out = Effects()
     freed = windows.forget_before(s, now, compact=compact)
     budget.note_sizes(s, req.placement)
+    if app_faults_apart and req.application_fault:
+        domain = breaker.escalated_domain(s, req.placement)
+        answer = Admission(
+            policy=s.policy,
+            domain_incident=domain.incident_id if domain else None,
+            breaker=s.breaker.why if s.breaker.tripped else None,
+        )
+        return answer, serve_queue(s, now) if serve_when_freed and freed else out
     if compact:
         new = not repeats.seen(s, req.incident_id, req.run_id, req.placement.node, now)
     else:

@@ -40,6 +40,7 @@ class AdmitRequest(Frozen):
     gpu_uuids: tuple[str, ...] = ()
     gpu_serials: tuple[str, ...] = ()
     seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
+    application_fault: bool = False  # policy.is_application_fault: counted towards no hardware verdict
 
 
 class Admission(Frozen):
@@ -62,6 +63,7 @@ class AdmitAsk(Frozen):
     what: str
     gpu_uuids: tuple[str, ...] = ()
     gpu_serials: tuple[str, ...] = ()
+    application_fault: bool = False
 
 
 class AdmitAnswer(Frozen):

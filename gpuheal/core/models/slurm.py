@@ -141,6 +141,10 @@ class RequeueRequest(Frozen):
     exclude_failed_node: bool = True
     # Nodes gpuheal excluded for this job after earlier failures: let back in where healthy again.
     release_nodes: tuple[NodeName, ...] = ()
+    # The job's cluster: where set (recoveries from this release on), every node with an open
+    # incident there is excluded too, not only the failed ones: a node failing in the same storm
+    # whose drain has not come yet would take the job and fail it again.
+    cluster: str = ""
 
 
 class RequeueResult(Frozen):
@@ -149,6 +153,9 @@ class RequeueResult(Frozen):
     already_requeued: bool = False
     reason: str = ""
     ended_state: str = ""  # it had ended (COMPLETED, FAILED, ...) before it could be requeued
+    # Nodes excluded because an open incident was on them (RequeueRequest.cluster): a later
+    # recovery of the job lets it back on those that are healthy again.
+    avoided: tuple[str, ...] = ()
     restart_count_before: int = 0
     step_at_failure: int | None = None
     checkpoint_step: int | None = None

@@ -116,7 +116,7 @@ class Gpuheal:
             what=f.cause,
             seed=self.e.policy,
         )
-        admission, out = coordination.admit(self.s, req, self.e.clock(), serve_when_freed=True)
+        admission, out = coordination.admit(self.s, req, self.e.clock(), serve_when_freed=True, app_faults_apart=True)
         if admission.repeat_offender is not None and action in policy.REPLACED_WHEN_REPEATED:
             inc.action = ActionClass.REPLACE_NODE
         self.apply(out)

@@ -56,6 +56,11 @@ GRANTS_WITHIN_ALL_OUT = "coordinator-grants-within-all-out"
 # triage) look again when its earlier run was not visible yet: that run showed later, unseen, and
 # the recreation was never said. They look again whenever the earlier run did not show.
 LOOK_UNTIL_SEEN = "coordinator-looks-again-until-its-earlier-run-shows"
+# Nor did they keep application faults (policy.is_application_fault: XID 13/31/43) apart: each
+# counted as an arrival towards the breaker, a domain's escalation and the repeat-offender rule,
+# so three crashes of one job in a week replaced a healthy node. From this marker an application
+# fault moves none of them and is told no repeat verdict.
+APP_FAULTS_APART = "coordinator-keeps-application-faults-apart"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.

@@ -23,7 +23,7 @@ from gpuheal.workflows.incident.timeline import in_stage, notify
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import render
+    from gpuheal.core import policy, render
     from gpuheal.core.fleet.models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
     from gpuheal.core.fleet.reaping import REAP_EVERY_S
     from gpuheal.core.models.base import ActionClass, NodeState, Stage
@@ -38,6 +38,11 @@ BOUNDED_CONTAINMENT = "containment-while-held-asks-the-coordinator"
 # Incidents started before it drained their node without a grant when a later report escalated
 # an action that needed none (an application restart) to one that drains.
 ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
+# Incidents started before it were admitted once, whatever a later report made of them. From it,
+# one admitted as an application fault whose reports now say hardware is admitted again as what
+# it now is: the coordinator counted no arrival for the application fault (APP_FAULTS_APART), and
+# the breaker, the escalation and the repeat-offender rule must see the hardware failure.
+ESCALATION_ADMITS = "an-escalation-to-hardware-is-admitted-again"
 # Incidents started before it failed (no named ending; dedupe then took the run for one that
 # handled nothing) when the coordinator did not answer a request, a confirmation or the release
 # at the close after their attempts; they keep failing so (workflow.patched) to replay. Asked only
@@ -72,6 +77,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         what=what,
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
         gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
+        application_fault=policy.is_application_fault(s.reports),
     )
     # The storm's calls (admission, grants) wait in the worker's line without heartbeats: a
     # thousand heartbeating waits cost the server a write each per 48 s, and on starved cores
@@ -83,6 +89,20 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
     s.settings, s.placement = answer.settings, answer.placement
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
+    s.admitted_as_application_fault = ask.application_fault
+
+
+async def admit_again_if_hardware(s: IncidentState) -> None:
+    """Admitted as an application fault (counted towards no hardware verdict), the incident now
+    has a report that says hardware (an XID 79 or 94 joined its XID 13): it is admitted again, as
+    what it now is (the same run: counted once), so the breaker and the escalation count it and a
+    repeat offender is replaced. Asked before any capacity request and once its jobs are asked
+    to checkpoint (a restart takes no capacity: no request comes)."""
+    if not s.admitted_as_application_fault or policy.is_application_fault(s.reports):
+        return
+    if workflow.patched(ESCALATION_ADMITS):
+        what = ", ".join(dict.fromkeys(r.describe() for r in s.reports))
+        await admit(s, s.current_action(), what)
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ Ask = Callable[[IncidentState], Awaitable[CapacityDecision | Unanswered]]
 
 async def request(s: IncidentState) -> CapacityDecision | Unanswered:
     """Before capacity leaves service: granted now, or held in line (or no answer at all)."""
+    await admit_again_if_hardware(s)
     _forget_earlier_notices(s)
     try:
         return await act_run(

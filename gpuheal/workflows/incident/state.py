@@ -43,6 +43,7 @@ class IncidentState:
     policy: VersionedPolicy | None = None
     placement: Placement | None = None
     repeat: str | None = None
+    admitted_as_application_fault: bool = False  # what its last admission told the coordinator
     rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
     kube: KubeNodeRef | None = None  # set when the node is also a Kubernetes node
     earlier: EarlierReplacement | None = None  # a late report for a node gpuheal replaced
