@@ -11,10 +11,13 @@ every call so a test can assert what the workflows asked for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from gpuheal.activities import interface as act
@@ -67,6 +70,14 @@ from gpuheal.core.rma import RmaEvidence, RmaRequest
 from gpuheal.core.settings import OwnerSettings
 
 
+async def _heartbeating(gate: asyncio.Event) -> None:
+    """Wait for the test to open `gate`, as a waiting activity does: heartbeating."""
+    while not gate.is_set():
+        activity.heartbeat()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gate.wait(), 1.0)
+
+
 class FakeCluster:
     """`settings` are the worker's, `policy` the cluster's, as the coordinator's admission would
     hand them to the incident; `grant` is what every capacity request is answered."""
@@ -96,6 +107,9 @@ class FakeCluster:
         self.draining = asyncio.Event()
         self.drain_gate: asyncio.Event | None = None
         self.checkpoint_gate: asyncio.Event | None = None
+        self.verify_gate: asyncio.Event | None = None  # holds job recoveries in their verify
+        self.verify_requests: list[tuple[float, VerifyJobRequest]] = []  # (when asked, what)
+        self.close_gate: asyncio.Event | None = None  # holds an incident in its close (its notice)
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
@@ -174,6 +188,8 @@ class FakeCluster:
         @implements(act.NOTIFY_OPERATORS)
         async def notify(note: Notification) -> None:
             c.calls.append(f"notify:{note.event}")
+            if c.close_gate is not None and note.event.startswith("closed_"):
+                await c.close_gate.wait()
             if c.notices_down:  # the operators' receiver refuses every delivery
                 raise ApplicationError("connection refused")
             c.notes.append(note)
@@ -320,6 +336,9 @@ class FakeCluster:
         @implements(act.WAIT_FOR_JOB_RESUME)
         async def verify(req: VerifyJobRequest) -> VerifyOutcome:
             c.calls.append("verify")
+            c.verify_requests.append((time.time(), req))
+            if c.verify_gate is not None:
+                await _heartbeating(c.verify_gate)
             back = ResumedJob(
                 job_id=req.requeue.job_id,
                 node="gpu02",

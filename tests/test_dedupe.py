@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowContinuedAsNewError, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -337,6 +337,7 @@ def pasts(draw: st.DrawFn, run_id: str) -> PastIncident:
         alert_keys=draw(st.frozensets(st.sampled_from(KEYS), max_size=2)),
         failures=() if no_result else tuple(draw(st.lists(failures, max_size=3))),
         action=None if no_result else draw(st.sampled_from(list(ActionClass))),
+        outcome=None if no_result else draw(st.sampled_from(get_args(Outcome))),
         node_state=state,
         completed=not no_result,
     )
@@ -357,8 +358,10 @@ probes = st.sampled_from([None, True, False])
 
 
 def fresh_key(r: HealthReport, incidents: list[PastIncident]) -> bool:
-    """No incident that ran to its result had this alert."""
-    return r.alert_key is None or all(r.alert_key not in i.alert_keys or not i.completed for i in incidents)
+    """No incident that acted on this alert had it: one that ran to its close, and was granted."""
+    return r.alert_key is None or all(
+        r.alert_key not in i.alert_keys or not i.completed or i.outcome == "not_granted" for i in incidents
+    )
 
 
 def more_severe(a: ActionClass, b: ActionClass) -> bool:
@@ -460,7 +463,9 @@ class FakeTemporal:
                 return fake.runs[-1]
 
             async def result(self, follow_runs: bool = True) -> RemediationResult:
-                run = next(r for r in fake.runs if r.run_id == run_id)
+                run = next(r for r in [*fake.runs, *fake.visible] if r.run_id == run_id)
+                if run.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                    raise WorkflowContinuedAsNewError("next")
                 if run.result is None:
                     raise WorkflowFailureError(cause=RuntimeError("terminated"))
                 return run.result
@@ -599,3 +604,31 @@ async def test_a_terminated_run_swallows_nothing_not_even_its_own_alert() -> Non
     fake = FakeTemporal(runs=[Run("r1", WorkflowExecutionStatus.TERMINATED, datetime.now(UTC), ("fp@1",))])
     assert await handled(fake, report(79)) is None
     assert await handled(fake, report(79, key="fp@1")) is None
+
+
+async def test_a_run_never_granted_swallows_no_resend_of_its_alert() -> None:
+    """Held past its bound (`not_granted`), it did nothing: Alertmanager's re-send of the alert
+    that still fires is news, within the window and past it."""
+    sent = report(79, key="fp@1")
+    never = just_closed(sent, S.UNTOUCHED, A.REPLACE_NODE, "not_granted")
+    fake = FakeTemporal(runs=[never], visible=[never])
+    assert await handled(fake, sent) is None
+    assert await handled(fake, sent, window=0) is None
+    never.close_time = datetime.now(UTC) - timedelta(days=2)
+    fake.runs = [just_closed(report(63), S.UNTOUCHED, A.IGNORE, "ignored", run="r2")]
+    fake.visible = [never, *fake.runs]
+    assert await handled(fake, sent) is None  # found by its key beyond the window: still nothing done
+    never.result = result(sent, S.RETURNED, A.REPLACE_NODE, "resolved")
+    assert await handled(fake, sent) is not None  # (one that acted does swallow it)
+
+
+async def test_a_run_that_passed_an_alert_to_its_follow_up_keeps_only_what_it_acted_on() -> None:
+    """XID 13 restarted the job; XID 79 came once that plan was set, and a follow-up run (the
+    same incident, continued as new) acted on it. The first run keeps its own alert; the second
+    has the XID 79's: if the follow-up failed, the re-send of the XID 79 alert is news again."""
+    first = Run("r1", WorkflowExecutionStatus.CONTINUED_AS_NEW, datetime.now(UTC), ("app@1",))
+    failed = Run("r2", WorkflowExecutionStatus.FAILED, datetime.now(UTC), ("gone@1",))
+    fake = FakeTemporal(runs=[first, failed], visible=[first, failed])
+    by = await handled(fake, report(13, key="app@1"))
+    assert by is not None and (by.kind, by.run_id) == ("same_alert", "r1")
+    assert await handled(fake, report(79, key="gone@1")) is None

@@ -22,6 +22,7 @@ from gpuheal.core.models.incident import POLICY_OPERATOR, ApprovalPolicy, Decisi
 from gpuheal.core.models.replacement import EarlierReplacement
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import JobFate, RemediationResult
+from gpuheal.core.search_attributes import ALERT_KEYS
 from gpuheal.core.settings import Settings
 from gpuheal.triggers import start
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
@@ -486,3 +487,104 @@ async def test_a_hardware_report_joining_an_application_fault_is_admitted_again_
     assert result.action == ActionClass.RESTART_APP
     assert fake.admitted == [True, False], fake.calls
     assert "request_capacity" not in fake.calls and "drain" not in fake.calls
+
+
+# --- a more severe report after the plan (issue 34, item 3) -----------------------------------
+
+
+async def _first_run_of(handle: Handle) -> tuple[str, list[str]]:
+    """The incident's first run: how it closed, and its event types (a follow-up runs on after it)."""
+    first = handle.result_run_id
+    assert first is not None
+    history = await handle._client.get_workflow_handle(handle.id, run_id=first).fetch_history()
+    kinds = [e.WhichOneof("attributes") or "" for e in history.events]
+    return kinds[-1], kinds
+
+
+async def test_a_severe_report_while_an_application_restart_verifies_is_acted_on_at_once(
+    env: WorkflowEnvironment,
+) -> None:
+    """XID 13: the job restarts where it ran, and the incident waits for its recovery's answer.
+    XID 79 then: the GPU is gone. The incident stops waiting at once (the recovery is still in its
+    verify), closes `followed_up`, and a follow-up run of the same incident drains and replaces
+    the node before that verify ends (the job is requeued off it again)."""
+    fake, s = FakeCluster(), settings()
+    fake.verify_gate = asyncio.Event()
+    first = report(13)
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.VERIFY)
+        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
+        await until_true(lambda: "replace" in fake.calls, "the follow-up replacing the node")
+        assert not fake.verify_gate.is_set()  # acted on at once: the restart's verify never ended
+        fake.verify_gate.set()
+        result: RemediationResult = await handle.result()  # (follows the incident's runs)
+    assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE, result.reason
+    assert [r.xid for r in result.reports] == [79]
+    closed, _ = await _first_run_of(handle)
+    assert closed == "workflow_execution_continued_as_new_event_attributes"
+    assert "notify:closed_followed_up" in fake.calls
+    assert fake.calls.index("notify:closed_followed_up") < fake.calls.index("drain")
+    assert fake.admitted == [True, False], fake.calls  # the follow-up was admitted as hardware
+    assert [bool(r.run_id) for r in fake.releases] == [True, True]  # each run gave its grant back
+    told = [n.key for n in fake.notes if n.event == "remediating"]
+    assert len(told) == len(set(told)) == 2  # the follow-up's notices are news, not a repeat
+
+
+async def test_a_severe_report_while_an_ignored_incident_closes_starts_a_follow_up(env: WorkflowEnvironment) -> None:
+    """XID 63 (informational) is ignored; XID 79 on the same node arrives while that incident
+    closes. It is not swallowed: a follow-up run replaces the node."""
+    fake, s = FakeCluster(), settings()
+    fake.close_gate = asyncio.Event()
+    first = report(63).model_copy(update={"alert_key": "remap@1"})
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.CLOSE)
+        late = first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC), "alert_key": "gone@1"})
+        await start_or_join(env.client, s, late)
+        fake.close_gate.set()
+        result: RemediationResult = await handle.result()
+    assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE, result.reason
+    assert "notify:closed_ignored" in fake.calls and "decommission" in fake.calls
+    # Each run names the alerts it acted on (a re-send is the same alert only for that run).
+    assert handle.result_run_id is not None
+    ignored = await env.client.get_workflow_handle(handle.id, run_id=handle.result_run_id).describe()
+    assert ignored.typed_search_attributes.get(ALERT_KEYS) == ["remap@1"]
+    assert (await handle.describe()).typed_search_attributes.get(ALERT_KEYS) == ["gone@1"]
+
+
+async def test_a_severe_report_while_a_drained_node_is_repaired_follows_up_after_the_repair(
+    env: WorkflowEnvironment,
+) -> None:
+    """XID 48 (reset), then XID 79 while the reset's jobs are verified: the node is out of
+    service already, so the run finishes its own plan (the health check before a resume), and a
+    follow-up run of the incident replaces the node as it closes."""
+    fake, s = FakeCluster(), settings()
+    fake.verify_gate = asyncio.Event()
+    first = report(48)
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.VERIFY)
+        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
+        await asyncio.sleep(0.5)
+        assert "health" not in fake.calls  # the drained node's run waits for its jobs as before
+        fake.verify_gate.set()
+        result: RemediationResult = await handle.result()
+    assert result.action == ActionClass.REPLACE_NODE and [r.xid for r in result.reports] == [79], result.reason
+    assert fake.calls.index("health") < fake.calls.index("replace")
+
+
+@pytest.mark.parametrize(("xid", "avoided"), [(79, ("gpu01",)), (13, ())])
+async def test_a_requeued_jobs_deadline_counts_from_when_it_runs_again(
+    env: WorkflowEnvironment, xid: int, avoided: tuple[str, ...]
+) -> None:
+    """Its recovery gives the job its whole verify timeout from when it runs again, within an
+    outer bound that leaves room to wait in Slurm first (a replacement, its burn-in); only a node
+    it was requeued away from is a wrong place to run (an application restart avoids none)."""
+    fake, s = FakeCluster(), settings()
+    async with worker(env, s, fake):
+        await (await start_or_join(env.client, s, report(xid))).result()
+    ((asked_at, req),) = fake.verify_requests
+    jobs = fake.settings.jobs
+    assert req.run_for_s == jobs.verify_timeout_s and req.avoid_nodes == avoided
+    assert req.deadline_at - asked_at >= jobs.start_wait_s + jobs.verify_timeout_s - 5

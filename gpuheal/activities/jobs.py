@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from gpuheal.activities import interface as act
@@ -26,7 +26,6 @@ from gpuheal.clients.slurm import JobUpdate, RequeueUnavailable, SlurmBackend
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.core import ids, job_policy, policy, polling, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.errors import NOT_RESUMED
 from gpuheal.core.jobs import (
     ABNORMAL_ENDS,
     ENDED_STATES,
@@ -192,7 +191,12 @@ class JobActivities:
             failed = {req.failed_node, *req.also_failed}
             avoided = tuple(sorted(await self._nodes_with_open_incidents(req.cluster) - failed - keep))
             excluded = tuple(sorted(keep | failed | set(avoided)))
-        await self._when_pending(current.job_id, JobUpdate(start_now=True, excluded_nodes=excluded))
+        # Slurm holds a requeued job back for CredExpire (BeginTime): its credential is revoked
+        # on the nodes it ran on, and a launch there before then is killed ("Job credential
+        # revoked": the job FAILED, lost). It starts at once only where none of them can take it.
+        ran_on = set(expand(before.nodes)) | set(expand(current.nodes))
+        at_once = excluded is not None and ran_on <= set(excluded)
+        await self._when_pending(current.job_id, JobUpdate(start_now=at_once, excluded_nodes=excluded))
         return RequeueResult(
             avoided=avoided,
             **base,
@@ -274,6 +278,7 @@ class JobActivities:
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
         pace, running = polling.Pace(req.poll_interval_s), -1
+        running_since: float | None = None  # when it first ran again: its deadline counts from here
         while True:
             pace.asking()
             job = await self._slurm.job(want.job_id)
@@ -281,14 +286,19 @@ class JobActivities:
                 # RUNNING again: its first steps come within a second, watched closely again
                 pace.restart()
                 running = job.restart_count
+                if running > want.restart_count_before and running_since is None:
+                    running_since = time.time()
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
             if job.state in ENDED_STATES:
                 return VerifyOutcome(job_id=job.job_id, outcome="died", state=job.state, reason=job.state_reason)
-            resumed = self._resumed(job, want, req.avoid_nodes)
+            if wrong := self._on_failed_node(job, want, req.avoid_nodes):
+                why = f"it runs again on {', '.join(wrong)}, a node it was requeued away from"
+                return VerifyOutcome(job_id=job.job_id, outcome="on_failed_node", state=job.state, reason=why)
+            resumed = self._resumed(job, want)
             if resumed is not None:
                 return VerifyOutcome(job_id=job.job_id, outcome="resumed", state=job.state, resumed=resumed)
-            if time.time() >= req.deadline_at:
+            if time.time() >= req.silent_at(running_since):
                 why = (
                     f"{job.state} ({job.state_reason})" if job.state != "RUNNING" else "no progress past its checkpoint"
                 )
@@ -297,16 +307,16 @@ class JobActivities:
             await pace.sleep()
 
     @staticmethod
-    def _resumed(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> ResumedJob | None:
+    def _on_failed_node(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> list[str]:
+        if job.state != "RUNNING" or job.restart_count <= want.restart_count_before:
+            return []
+        return sorted(set(avoid) & set(expand(job.nodes)))
+
+    @staticmethod
+    def _resumed(job: JobSnapshot, want: RequeueResult) -> ResumedJob | None:
         if job.state != "RUNNING" or job.restart_count <= want.restart_count_before:
             return None
         nodes = expand(job.nodes)
-        if set(avoid) & set(nodes):
-            raise ApplicationError(
-                f"job {job.job_id} restarted on a failed node ({', '.join(sorted(set(avoid) & set(nodes)))})",
-                type=NOT_RESUMED,
-                non_retryable=True,
-            )
         publishes = want.step_at_failure is not None or job.progress is not None
         p = job.this_runs_progress
         if publishes:

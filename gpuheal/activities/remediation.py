@@ -83,7 +83,7 @@ class RemediationActivities:
         )
         # Most recently closed first: visibility's documented default order (as already_handled).
         async for wf in client.list_workflows(query, limit=20):
-            result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
+            result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
             if result.replacement_node:
                 earlier = EarlierReplacement(
                     node=ref.node,

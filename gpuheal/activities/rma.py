@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from temporalio import activity
+from temporalio.client import WorkflowContinuedAsNewError
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
@@ -42,8 +43,11 @@ class RmaActivities:
             outcome = ""
             if wf.close_time is not None:
                 try:
-                    result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
+                    # (never follow its runs: a follow-up of this incident may be the caller)
+                    result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
                     outcome = result.outcome
+                except WorkflowContinuedAsNewError:
+                    outcome = "followed_up"
                 except Exception as err:  # a failed or terminated run: say so, keep the rest
                     outcome = f"no result ({type(err).__name__})"
             history.append(

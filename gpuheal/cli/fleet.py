@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowContinuedAsNewError, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.cli.incident import incident_id
@@ -188,8 +188,10 @@ async def node_history(settings: Settings, args: argparse.Namespace) -> int:
         outcome = ""
         if wf.close_time is not None:
             try:
-                result = await client.get_workflow_handle(wf.id, run_id=wf.run_id).result()
+                result = await client.get_workflow_handle(wf.id, run_id=wf.run_id).result(follow_runs=False)
                 outcome = str(result.get("outcome", "")) if isinstance(result, dict) else ""
+            except WorkflowContinuedAsNewError:  # its follow-up run, listed beside it, has the result
+                outcome = "followed_up"
             except Exception as err:  # a failed run: say so
                 outcome = f"failed: {err}"[:80]
         node = wf.typed_search_attributes.get(sa.NODE, "?")

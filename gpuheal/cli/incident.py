@@ -12,7 +12,7 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import WorkflowContinuedAsNewError, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from gpuheal.cli import errors
@@ -158,10 +158,12 @@ async def list_incidents(settings: Settings, args: argparse.Namespace) -> int:
         outcome, mttr = "open", None
         if wf.status != WorkflowExecutionStatus.RUNNING:
             try:
-                result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result()
+                result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
                 outcome, mttr = result.outcome, result.mttr_s
             except WorkflowFailureError:
                 outcome = "failed"
+            except WorkflowContinuedAsNewError:  # its follow-up run, listed beside it, has the result
+                outcome = "followed_up"
         if args.outcome and outcome != args.outcome:
             continue
         rows.append(

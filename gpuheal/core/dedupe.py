@@ -4,9 +4,11 @@ The start path (gpuheal.triggers.start) reads the node's recent incidents from T
 where it can, whether the scheduler has the node in service now); this decides. It dedupes by the
 failure, not by the node:
 
-- the same alert (fingerprint@startsAt) is a duplicate of whichever incident had it and ran to its
-  result, always: Alertmanager re-sends a firing alert every repeat_interval (an incident that
-  failed or was terminated handled nothing: the alert is news again);
+- the same alert (fingerprint@startsAt) is a duplicate of whichever incident acted on it, always:
+  Alertmanager re-sends a firing alert every repeat_interval. An incident that failed or was
+  terminated handled nothing, and one never granted (`not_granted`) did nothing: the alert is news
+  again. A run that passed a more severe report to its follow-up keeps only the alerts it acted
+  on (workflows/incident/follow_up.py);
 - the same failure (XID or signal, on the same GPU) while the node is still out of service from
   the incident that handled it, within the duplicate window, is a duplicate of that incident: a
   second source (the agent and a DCGM rule) or a late delivery of what it already acted on;
@@ -42,6 +44,8 @@ OUT_OF_SERVICE = frozenset(
 # XID 79 before it leaves it drained). Every other state (returned, left_drained: someone else's
 # drain, unknown) says the node is no longer out from any incident of ours.
 AS_FOUND = frozenset({NodeState.UNTOUCHED, NodeState.IN_SERVICE})
+# Incidents that ran to a close without acting on what they had: their alerts are news again.
+NOT_ACTED_ON: frozenset[Outcome] = frozenset({"not_granted"})
 
 
 class Failure(Frozen):
@@ -84,7 +88,12 @@ class PastIncident(Frozen):
     action: ActionClass | None = None
     outcome: Outcome | None = None
     node_state: NodeState = NodeState.UNKNOWN
-    completed: bool = True  # ran to its result (not failed, terminated, cancelled or timed out)
+    completed: bool = True  # ran to its close (not failed, terminated, cancelled or timed out)
+
+    @property
+    def acted(self) -> bool:
+        """Whether it acted on the alerts it names (an outcome not known is taken as acted)."""
+        return self.completed and self.outcome not in NOT_ACTED_ON
 
 
 class Duplicate(Frozen):
@@ -128,9 +137,10 @@ def decide(
     person resumed after an aborted incident takes the next failure as news."""
     if report.alert_key:
         for incident in incidents:
-            # Only an incident that ran to its result handled the alert: one that failed or was
-            # terminated (a Slurm outage at triage) must not swallow every re-send of it forever.
-            if report.alert_key in incident.alert_keys and incident.completed:
+            # Only an incident that acted on the alert handled it: one that failed or was
+            # terminated (a Slurm outage at triage), or was never granted, must not swallow every
+            # re-send of it forever.
+            if report.alert_key in incident.alert_keys and incident.acted:
                 return Duplicate(
                     incident_id=incident.incident_id,
                     run_id=incident.run_id,

@@ -13,10 +13,8 @@ from pydantic import ValidationError
 
 # The node is not a node this cluster can remediate: retrying cannot help.
 UNKNOWN_NODE = "UnknownNode"
-# A requeued job came back on the failed node: a wrong placement, not a transient error.
-NOT_RESUMED = "TrainingNotResumed"
 
-NON_RETRYABLE = (UNKNOWN_NODE, NOT_RESUMED)
+NON_RETRYABLE = (UNKNOWN_NODE,)
 
 
 class SettingsError(ValueError):

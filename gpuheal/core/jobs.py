@@ -88,14 +88,25 @@ class RetryBudget(Frozen):
 
 class VerifyJobRequest(Frozen):
     requeue: RequeueResult
-    avoid_nodes: tuple[str, ...] = ()
-    deadline_at: float  # unix time: a silent job's verification ends here
+    avoid_nodes: tuple[str, ...] = ()  # the nodes it was requeued away from
+    deadline_at: float  # unix time: a silent job's verification ends here at the latest
+    # Once it runs again, it has this long to train past its checkpoint (a wait in Slurm for a
+    # replacement and its burn-in is not its own slowness). None: deadline_at alone (before this release).
+    run_for_s: float | None = None
     poll_interval_s: float = 0.5
+
+    def silent_at(self, running_since: float | None) -> float:
+        """When a job that has not resumed is called silent: `run_for_s` after it runs again."""
+        if self.run_for_s is None or running_since is None:
+            return self.deadline_at
+        return min(self.deadline_at, running_since + self.run_for_s)
 
 
 class VerifyOutcome(Frozen):
     job_id: int
-    outcome: Literal["resumed", "died", "silent"]
+    # on_failed_node: it runs again on a node it was requeued away from (an exclusion lost, or
+    # the node resumed by hand): not resumed, and said so, never an error.
+    outcome: Literal["resumed", "died", "silent", "on_failed_node"]
     state: str = ""  # Slurm's state at the end
     reason: str = ""
     resumed: ResumedJob | None = None

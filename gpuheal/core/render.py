@@ -28,7 +28,7 @@ from gpuheal.core.models.slurm import (
     RequeueResult,
     ValidationResult,
 )
-from gpuheal.core.policy import Plan
+from gpuheal.core.policy import Plan, triage
 
 # --- stage outcomes (the line each stage leaves in the UI's current details) ----------------
 
@@ -147,6 +147,8 @@ def verified(v: VerifyOutcome) -> str:
         return f"running again on {v.resumed.node}, step {v.resumed.step} > checkpoint {v.resumed.checkpoint_step}"
     if v.outcome == "died":
         return f"did not resume: it {v.state}" + (f" ({v.reason})" if v.reason and v.reason != "None" else "")
+    if v.outcome == "on_failed_node":
+        return f"did not resume: {v.reason}"
     return f"did not resume by its deadline: {v.reason}"
 
 
@@ -335,6 +337,14 @@ def approval_needed(report: HealthReport, action: ActionClass | None, why: str, 
 
 def abort_notice(d: RecordedDecision) -> str:
     return f"remediation aborted by {d.operator}: {d.reason}"
+
+
+def followed_up(reason: str, late: HealthReport) -> str:
+    more = triage(late)
+    return (
+        f"{reason}; then {late.describe()} asked for more ({more.action.value}: {more.reason}) once the plan "
+        "had left the node in service: a follow-up run of this incident acts on it"
+    )
 
 
 def closed_notice(outcome: Outcome, node_detail: str, result: RemediationResult) -> str:

@@ -9,7 +9,9 @@ time-skipping server from ``ALL``. On a production namespace, register them once
 
 from typing import Any
 
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+
+from gpuheal.core.models.report import HealthReport
 
 NODE = SearchAttributeKey.for_keyword("NodeName")
 CLUSTER = SearchAttributeKey.for_keyword("Cluster")
@@ -23,6 +25,24 @@ ALERT_KEYS = SearchAttributeKey.for_keyword_list("AlertKeys")  # fingerprint@sta
 GPU_SERIALS = SearchAttributeKey.for_keyword_list("GpuSerials")
 
 ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS, GPU_SERIALS)
+
+
+def of_incident(reports: list[HealthReport] | tuple[HealthReport, ...], stage: str) -> TypedSearchAttributes:
+    """An incident's attributes as it starts: its node, what failed (the first report's XID), the
+    alerts and GPU serials its reports name. A start and a follow-up run set the same ones."""
+    first = reports[0]
+    attrs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(NODE, first.node),
+        SearchAttributePair(CLUSTER, first.cluster),
+        SearchAttributePair(STAGE, stage),
+    ]
+    if first.xid is not None:
+        attrs.append(SearchAttributePair(XID, first.xid))
+    if keys := sorted({r.alert_key for r in reports if r.alert_key}):
+        attrs.append(SearchAttributePair(ALERT_KEYS, keys))
+    if serials := sorted({r.gpu_serial for r in reports if r.gpu_serial}):
+        attrs.append(SearchAttributePair(GPU_SERIALS, serials))
+    return TypedSearchAttributes(attrs)
 
 
 def type_name(key: SearchAttributeKey[Any]) -> str:

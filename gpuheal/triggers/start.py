@@ -23,13 +23,13 @@ from typing import Any
 
 from temporalio.client import (
     Client,
+    WorkflowContinuedAsNewError,
     WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.clients.slurm.base import NodeOutOfService, SlurmBackend, UnknownNode
@@ -78,17 +78,6 @@ async def start_or_join(
     client: Client, settings: Settings, report: HealthReport
 ) -> WorkflowHandle[Any, RemediationResult]:
     check_own_cluster(settings, report.cluster)
-    attrs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(sa.NODE, report.node),
-        SearchAttributePair(sa.CLUSTER, report.cluster),
-        SearchAttributePair(sa.STAGE, Stage.TRIAGE.value),
-    ]
-    if report.xid is not None:
-        attrs.append(SearchAttributePair(sa.XID, report.xid))
-    if report.alert_key:
-        attrs.append(SearchAttributePair(sa.ALERT_KEYS, [report.alert_key]))
-    if report.gpu_serial:
-        attrs.append(SearchAttributePair(sa.GPU_SERIALS, [report.gpu_serial]))
     return await client.start_workflow(
         INCIDENT.name,
         RemediationInput(report=report),
@@ -97,7 +86,7 @@ async def start_or_join(
         task_queue=settings.task_queue,
         start_signal=INCIDENT_REPORT.name,
         start_signal_args=[report],
-        search_attributes=TypedSearchAttributes(attrs),
+        search_attributes=sa.of_incident([report], Stage.TRIAGE.value),
         static_summary=f"GPU failure: {report.describe()}",
         static_details=(f"Reported by `{report.source}` at {report.observed_at.isoformat()}.\n\n{report.summary}"),
     )
@@ -160,11 +149,12 @@ async def already_handled(
             queries.after(queries.CLOSE_TIME, now - timedelta(seconds=window)),
         )
         closed += [wf async for wf in client.list_workflows(recent, limit=RECENT_LIMIT) if wf.run_id != latest.run_id]
-    past = [await _past(client, wf, with_result=window > 0) for wf in closed]
+    # (the result says whether it acted on its alerts, and how it left the node: see dedupe)
+    past = [await _past(client, wf, with_result=window > 0 or bool(report.alert_key)) for wf in closed]
     if report.alert_key and not any(report.alert_key in p.alert_keys for p in past):
         # an older run beyond the window may have had it (the window does not bound the same alert)
         same_alert = queries.where(*_node_terms(report), queries.contains(sa.ALERT_KEYS, report.alert_key))
-        past += [await _past(client, wf, with_result=False) async for wf in client.list_workflows(same_alert, limit=1)]
+        past += [await _past(client, wf, with_result=True) async for wf in client.list_workflows(same_alert, limit=1)]
     verdict = dedupe.decide(report, past, now=now, window_s=window)
     if isinstance(verdict, dedupe.Duplicate) and verdict.kind == "same_failure" and node_in_service is not None:
         if await _ask(node_in_service, report.node):
@@ -184,7 +174,8 @@ async def _past(client: Client, wf: WorkflowExecution, *, with_result: bool) -> 
     `with_result`) what it handled and how it left the node, from its result."""
     keys = frozenset(wf.typed_search_attributes.get(sa.ALERT_KEYS) or ())
     closed_at = wf.close_time or datetime.now(UTC)
-    completed = wf.status == WorkflowExecutionStatus.COMPLETED
+    # A run that continued as new (a follow-up) ran to its close too; it keeps only the alerts it acted on.
+    completed = wf.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CONTINUED_AS_NEW)
     base = dedupe.PastIncident(
         incident_id=wf.id, run_id=wf.run_id, closed_at=closed_at, alert_keys=keys, completed=completed
     )
@@ -194,6 +185,8 @@ async def _past(client: Client, wf: WorkflowExecution, *, with_result: bool) -> 
         result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
     except WorkflowFailureError:
         return base  # failed or terminated: no record of the node's state, nothing to swallow
+    except WorkflowContinuedAsNewError:
+        return base  # a follow-up took over: its own run says how it left the node
     return dedupe.PastIncident(
         incident_id=wf.id,
         run_id=wf.run_id,

@@ -110,7 +110,7 @@ class JobRecoveryWorkflow:
             job=first.job,
             failed_node=first.failed_node,
             also_failed=tuple(self._failed_nodes()[1:]),
-            exclude_failed_node=first.exclude_failed_node,
+            exclude_failed_node=self._excludes(),
             release_nodes=job_policy.released_exclusions(budget),
             cluster=self._input.cluster,
         )
@@ -154,17 +154,21 @@ class JobRecoveryWorkflow:
         )
 
     async def _verify(self, requeue: RequeueResult) -> VerifyOutcome:
-        timeout = self._input.settings.verify_timeout_s
+        """Its deadline counts from when it runs again (at most start_wait_s in Slurm first);
+        only the nodes it was requeued away from are wrong places for it to run."""
+        s = self._input.settings
+        bound = s.start_wait_s + s.verify_timeout_s
         request = VerifyJobRequest(
             requeue=requeue,
-            avoid_nodes=tuple(self._failed_nodes()),
-            deadline_at=workflow.now().timestamp() + timeout,
+            avoid_nodes=tuple(self._failed_nodes()) if self._excludes() else (),
+            deadline_at=workflow.now().timestamp() + bound,
+            run_for_s=s.verify_timeout_s,
         )
         return await run_waiting(
             act.WAIT_FOR_JOB_RESUME,
             request,
             summary=f"wait for job {requeue.job_id} to train past its checkpoint",
-            deadline_s=timeout,
+            deadline_s=bound,
         )
 
     async def _tell_owner(self, event: OwnerEvent, message: str, **fields: object) -> None:
@@ -217,6 +221,11 @@ class JobRecoveryWorkflow:
             if j.failed_node not in nodes:
                 nodes.append(j.failed_node)
         return nodes
+
+    def _excludes(self) -> bool:
+        """Kept off its failed nodes when any incident that joined takes its node out (an
+        application restart alone leaves the job free to run where it ran)."""
+        return any(j.exclude_failed_node for j in self._joins)
 
     def _unanswered(self) -> list[str]:
         if self._result is None:

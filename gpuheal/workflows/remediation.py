@@ -29,11 +29,11 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
-from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, holding, jobs, node
+from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, follow_up, holding, jobs, node
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
 from gpuheal.workflows.incident.state import IncidentState
-from gpuheal.workflows.incident.timeline import in_stage, notify, set_action
+from gpuheal.workflows.incident.timeline import in_stage, index_report, notify, set_action
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
@@ -60,18 +60,27 @@ class GpuRemediationWorkflow:
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
-        self._s = IncidentState(ref=ref, reports=[inp.report])
+        info = workflow.info()
+        run, told = info.first_execution_run_id, follow_up.notice_key(inp, info)
+        self._s = IncidentState(ref=ref, reports=[inp.report, *inp.also], run_key=run, notice_key=told)
 
     # --- run: the stages in order ---------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
+        result = await self._remediate()
+        if self._s.follow_up is not None:  # a more severe report the plan could not take in
+            follow_up.continue_as_follow_up(self._s)
+        return result
+
+    async def _remediate(self) -> RemediationResult:
         s = self._s
         action = await self._triage()
         if s.earlier is not None:
             s.node_at = render.replaced_earlier_state(s.earlier)
             return await self._close("already_replaced", render.replaced_earlier(s.earlier))
         if action == ActionClass.IGNORE:
+            s.planned = True
             return await self._close("ignored", s.reason())
         if s.observing:
             return await self._observe(action)
@@ -87,6 +96,7 @@ class GpuRemediationWorkflow:
         await self._protect_progress()
         await capacity.admit_again_if_hardware(s)  # a report saying hardware joined an application fault
         plan = policy.plan_for(s.current_action())  # a later report may have escalated it
+        s.planned = True  # from here a more severe report is a follow-up's (follow_up.py)
         if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
             if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came
                 return ended
@@ -104,6 +114,8 @@ class GpuRemediationWorkflow:
                 return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
         if s.jobs.recoveries:
             await self._verify_resume()
+        if (late := follow_up.in_service_outgrown(s)) is not None:  # the follow-up takes the node now
+            return await self._close("followed_up", render.followed_up(s.reason(), late))
         await self._return_to_service(plan.repair)
         if s.node_at.state == NodeState.FAILED_VALIDATION:
             return await self._close("failed_validation", f"{s.reason()}; {s.node_at.detail}")
@@ -320,17 +332,15 @@ class GpuRemediationWorkflow:
             s.duplicates += 1
             return
         s.reports.append(report)
-        if report.alert_key:  # the same alert re-sent after this incident closed starts nothing
-            keys = sorted({r.alert_key for r in s.reports if r.alert_key})
-            workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
-        if report.gpu_serial:  # a board's history follows its serial (`gpuheal history --serial`)
-            serials = sorted({r.gpu_serial for r in s.reports if r.gpu_serial})
-            workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(serials)])
+        index_report(s, report)
+        outgrown = follow_up.outgrows(s)  # (read before an escalation below moves the action)
         # Before the node is repaired, a more severe report escalates the remediation.
         if s.action is not None and s.stage in ESCALATABLE:
             escalated = policy.triage_all(s.reports).action
             if escalated != s.action:
                 set_action(s, escalated)
+        if outgrown and workflow.patched(follow_up.LATE_SEVERE_FOLLOWS):
+            follow_up.note(s, report)  # after the plan: never swallowed, a follow-up run acts on it
 
     @workflow.signal(name=m.INCIDENT_CAPACITY.name)
     def capacity(self, notice: GrantNotice) -> None:

@@ -48,7 +48,9 @@ Verdict = Literal["approve", "abort"]
 # node with the rest of its domain), not_granted (held past the bound: the budget never freed),
 # already_replaced (a late report for a node gpuheal replaced earlier: the result names by which
 # node and in which incident; nothing touched), failed_validation (repaired, but its GPUs failed
-# the validation run before it would take jobs: drained and out, for the vendor).
+# the validation run before it would take jobs: drained and out, for the vendor), followed_up (a
+# more severe report came once its plan had left the node in service: a follow-up run of the same
+# incident, started as this one closed, acts on it).
 Outcome = Literal[
     "resolved",
     "ignored",
@@ -59,6 +61,7 @@ Outcome = Literal[
     "not_granted",
     "already_replaced",
     "failed_validation",
+    "followed_up",
 ]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).

@@ -89,6 +89,13 @@ class JobRecoverySettings(Frozen):
         "GPUHEAL_JOB_GATHER_S", 2.0, "a job recovery waits this long for incidents on the job's other nodes", ge=0
     )
     verify_timeout_s: float = _verify_timeout_s()
+    start_wait_s: float = setting(
+        "GPUHEAL_JOB_START_WAIT_S",
+        7200.0,
+        "a requeued job's verify deadline counts from when it runs again; it may wait this long in Slurm"
+        " first (for a replacement and its burn-in)",
+        ge=0,
+    )
     retry_budget: int = setting("GPUHEAL_JOB_RETRY_BUDGET", 3, "requeues by gpuheal of one job ...", ge=1)
     retry_window_s: float = setting(
         "GPUHEAL_JOB_RETRY_WINDOW_S", 24 * 3600.0, "... within this window; one more failure holds the job", gt=0
@@ -142,6 +149,10 @@ class RemediationInput(Frozen):
     """A report says what failed, never how to remediate: the policy is the cluster's."""
 
     report: HealthReport
+    # A follow-up run: the reports after `report` that came with it, and the run whose plan it
+    # outgrew (a more severe report than that run's plan handles, after the plan was set).
+    also: tuple[HealthReport, ...] = ()
+    follows: str | None = None
 
 
 class Decision(Frozen):

@@ -28,6 +28,10 @@ with workflow.unsafe.imports_passed_through():
 class IncidentState:
     ref: NodeRef
     reports: list[HealthReport]
+    # Its holdings are the incident's run's: its chain from its first run id (stable across a
+    # reset; a follow-up run continues it, follow_up.py). Each run tells its own notices.
+    run_key: str = ""
+    notice_key: str = ""
     duplicates: int = 0  # reports received again (signal-with-start re-delivers the first)
     notices: dict[str, int] = field(default_factory=dict)  # how often each event was told (its keys)
 
@@ -36,6 +40,7 @@ class IncidentState:
     stages: list[StageRecord] = field(default_factory=list)
     done: list[str] = field(default_factory=list)
     action: ActionClass | None = None  # set at triage; a later, more severe report escalates it
+    planned: bool = False  # the plan was read for the last time: a more severe report follows up
 
     # Set when the coordinator admits the incident: the worker's settings, the cluster's policy
     # (recorded in history by the admission's result), where the node sits, a repeat offender.
@@ -54,6 +59,7 @@ class IncidentState:
     awaiting_approval: bool = False
     decision: RecordedDecision | None = None
     give_back_by: Decision | None = None  # an operator asked for the borrowed node back
+    follow_up: HealthReport | None = None  # the first report that outgrew the plan (follow_up.py)
 
     # What it has done: the facts its close reports.
     drain: DrainResult | None = None

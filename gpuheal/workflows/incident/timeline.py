@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import search_attributes as sa
     from gpuheal.core.models.base import ActionClass, Severity, Stage
     from gpuheal.core.models.kubernetes import KubeEvent, KubeNodeRef
+    from gpuheal.core.models.report import HealthReport
     from gpuheal.core.models.result import Notification, StageRecord
 
 
@@ -56,6 +57,17 @@ async def post_event(node: KubeNodeRef, stage: Stage, message: str) -> None:
         workflow.logger.warning("could not post Event %s on %s: %s", reason, node.kube_node, err.cause)
 
 
+def index_report(s: IncidentState, report: HealthReport) -> None:
+    """A joining report's alert and GPU serial, findable: the same alert re-sent after the close
+    starts nothing, and a board's history follows its serial (`gpuheal history --serial`)."""
+    if report.alert_key:
+        keys = sorted({r.alert_key for r in s.reports if r.alert_key})
+        workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
+    if report.gpu_serial:
+        serials = sorted({r.gpu_serial for r in s.reports if r.gpu_serial})
+        workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(serials)])
+
+
 def set_action(s: IncidentState, action: ActionClass) -> None:
     s.action = action
     workflow.upsert_search_attributes([sa.ACTION.value_set(action.value)])
@@ -74,7 +86,7 @@ async def notify(s: IncidentState, event: str, severity: Severity, message: str)
         node=ref.node,
         cluster=ref.cluster,
         # The second approval request of a run is news too: each telling has its own key.
-        key=f"{ref.incident_id}/{workflow.info().first_execution_run_id}:{event}:{s.notices.get(event, 0)}",
+        key=f"{ref.incident_id}/{s.notice_key}:{event}:{s.notices.get(event, 0)}",
     )
     s.notices[event] = s.notices.get(event, 0) + 1
     try:

@@ -32,9 +32,10 @@ IGNORE_REQUEST = os.environ.get("TRAIN_IGNORE_CHECKPOINT_REQUEST") == "1"
 # for as long as it needs, instead of racing a grace period).
 CHECKPOINT_WHEN = os.environ.get("TRAIN_CHECKPOINT_WHEN", "")
 # After a requeue: fail at once (exit 1), or hang without a step (a broken restart), for tests of
-# gpuheal's verification of the resume.
-ON_RESTART = os.environ.get("TRAIN_ON_RESTART", "")  # "", "fail" or "hang"
-RESTARTED = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+# gpuheal's verification of the resume; "hang-first": hang after the first requeue only.
+ON_RESTART = os.environ.get("TRAIN_ON_RESTART", "")  # "", "fail", "hang" or "hang-first"
+RESTARTS = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+RESTARTED = RESTARTS > 0
 CKPT = Path(os.environ["TRAIN_CKPT"])
 FAULTS = Path(os.environ.get("GPUHEAL_FAULT_DIR", "/nonexistent"))
 NODE = os.environ.get("SLURMD_NODENAME", "?")
@@ -78,7 +79,7 @@ def main() -> int:
     if RESTARTED and ON_RESTART == "fail":
         print("cannot find my checkpoint: giving up", flush=True)
         return 1
-    if RESTARTED and ON_RESTART == "hang":
+    if (RESTARTED and ON_RESTART == "hang") or (RESTARTS == 1 and ON_RESTART == "hang-first"):
         print("stuck in NCCL set-up", flush=True)
         time.sleep(3600)
     rng = random.Random(0)

@@ -1,0 +1,110 @@
+"""A requeued job's verification (JobActivities.wait_for_job_resume) over what Slurm shows, poll
+by poll: its deadline counts from when it runs again, not from the requeue (a wait in Slurm for a
+replacement and its burn-in is not the job's slowness), and a job that runs again on a node it
+was requeued away from is "not resumed", said so, never an error that fails its recovery."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+from temporalio.testing import ActivityEnvironment
+
+from gpuheal.activities.jobs import JobActivities
+from gpuheal.clients.owners import OwnerDelivery
+from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.core.jobs import VerifyJobRequest, VerifyOutcome
+from gpuheal.core.models.incident import JobRecoverySettings
+from gpuheal.core.models.slurm import JobProgress, JobSnapshot, RequeueResult
+from gpuheal.core.settings import OwnerSettings
+
+POLL_S = 0.02
+
+
+def job(state: str, nodes: str = "", restart: int = 0, step: int | None = None, reason: str = "") -> JobSnapshot:
+    progress = JobProgress(step=step, checkpoint_step=40, restart=restart) if step is not None else None
+    return JobSnapshot(
+        job_id=3,
+        name="train",
+        state=state,
+        state_reason=reason,
+        nodes=nodes,
+        requeueable=True,
+        restart_count=restart,
+        progress=progress,
+    )
+
+
+class Showing:
+    """Slurm's answers, one per poll; the last one repeats."""
+
+    def __init__(self, *answers: JobSnapshot) -> None:
+        self._answers: Iterator[JobSnapshot] = iter(answers)
+        self._last = answers[-1]
+        self.polls = 0
+
+    async def job(self, job_id: int) -> JobSnapshot:
+        self.polls += 1
+        self._last = next(self._answers, self._last)
+        return self._last
+
+
+async def run(slurm: Showing, **kw: Any) -> VerifyOutcome:
+    acts = JobActivities(
+        slurm=cast(SlurmBackend, slurm), owners=OwnerDelivery(OwnerSettings()), recovery=JobRecoverySettings()
+    )
+    req = VerifyJobRequest(
+        requeue=RequeueResult(job_id=3, requeued=True, restart_count_before=0, step_at_failure=42, checkpoint_step=40),
+        avoid_nodes=kw.get("avoid", ()),
+        deadline_at=time.time() + kw["within_s"],
+        run_for_s=kw.get("run_for_s"),
+        poll_interval_s=POLL_S,
+    )
+    return await ActivityEnvironment().run(acts.wait_for_job_resume, req)
+
+
+PENDING = job("PENDING", reason="Resources")
+
+
+async def test_a_job_waiting_for_its_replacement_has_its_whole_deadline_once_it_runs() -> None:
+    """Pending (a replacement, its burn-in) for longer than its 0.5 s to train past its
+    checkpoint, then running and past it: resumed, not silent at 0.5 s after the requeue."""
+    pending = [PENDING] * 40  # 40 polls: well past 0.5 s
+    slurm = Showing(*pending, job("RUNNING", "gpu09", 1), job("RUNNING", "gpu09", 1, step=41))
+    started = time.monotonic()
+    got = await run(slurm, run_for_s=0.5, within_s=30)
+    assert got.outcome == "resumed" and got.resumed is not None and got.resumed.node == "gpu09", got
+    assert time.monotonic() - started > 0.5  # it did wait past the deadline a requeue-based clock had
+
+
+async def test_a_job_that_runs_and_stays_silent_is_called_so_its_deadline_after_it_started() -> None:
+    slurm = Showing(*[PENDING] * 10, job("RUNNING", "gpu09", 1))  # running, never past its checkpoint
+    started = time.monotonic()
+    got = await run(slurm, run_for_s=0.5, within_s=30)
+    took = time.monotonic() - started
+    assert got.outcome == "silent" and "no progress past its checkpoint" in got.reason, got
+    assert 0.5 <= took < 10  # from its start, far before the outer bound
+
+
+async def test_a_job_that_never_runs_is_silent_at_the_outer_bound() -> None:
+    got = await run(Showing(PENDING), run_for_s=0.2, within_s=1.0)
+    assert got.outcome == "silent" and "PENDING (Resources)" in got.reason, got
+
+
+async def test_without_run_for_s_a_recovery_of_an_earlier_release_keeps_its_requeue_deadline() -> None:
+    got = await run(Showing(PENDING), run_for_s=None, within_s=0.3)
+    assert got.outcome == "silent"
+
+
+async def test_a_job_back_on_a_node_it_was_requeued_away_from_is_not_resumed_and_no_error() -> None:
+    slurm = Showing(PENDING, job("RUNNING", "gpu02", 1, step=43))
+    got = await run(slurm, run_for_s=5, within_s=30, avoid=("gpu02",))
+    assert got.outcome == "on_failed_node" and got.resumed is None
+    assert "gpu02" in got.reason and "requeued away from" in got.reason
+
+
+async def test_a_job_restarted_where_it_ran_resumes_when_nothing_was_to_be_avoided() -> None:
+    """An application restart (XID 13) never takes the node out: back on it is resumed."""
+    got = await run(Showing(job("RUNNING", "gpu02", 1, step=43)), run_for_s=5, within_s=30)
+    assert got.outcome == "resumed" and got.resumed is not None and got.resumed.node == "gpu02"
