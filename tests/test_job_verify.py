@@ -5,6 +5,7 @@ was requeued away from is "not resumed", said so, never an error that fails its 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any, cast
@@ -51,6 +52,7 @@ class Showing:
 
 
 async def run(slurm: Showing, **kw: Any) -> VerifyOutcome:
+    """One attempt of the activity; `beat`: what an earlier attempt heartbeated."""
     acts = JobActivities(
         slurm=cast(SlurmBackend, slurm), owners=OwnerDelivery(OwnerSettings()), recovery=JobRecoverySettings()
     )
@@ -61,7 +63,10 @@ async def run(slurm: Showing, **kw: Any) -> VerifyOutcome:
         run_for_s=kw.get("run_for_s"),
         poll_interval_s=POLL_S,
     )
-    return await ActivityEnvironment().run(acts.wait_for_job_resume, req)
+    env = ActivityEnvironment()
+    if "beat" in kw:
+        env.info = dataclasses.replace(env.info, heartbeat_details=[kw["beat"]])
+    return await env.run(acts.wait_for_job_resume, req)
 
 
 PENDING = job("PENDING", reason="Resources")
@@ -70,7 +75,7 @@ PENDING = job("PENDING", reason="Resources")
 async def test_a_job_waiting_for_its_replacement_has_its_whole_deadline_once_it_runs() -> None:
     """Pending (a replacement, its burn-in) for longer than its 0.5 s to train past its
     checkpoint, then running and past it: resumed, not silent at 0.5 s after the requeue."""
-    pending = [PENDING] * 40  # 40 polls: well past 0.5 s
+    pending = [PENDING] * 3  # 3 polls of a pending job (0.4 s apart): past 0.5 s
     slurm = Showing(*pending, job("RUNNING", "gpu09", 1), job("RUNNING", "gpu09", 1, step=41))
     started = time.monotonic()
     got = await run(slurm, run_for_s=0.5, within_s=30)
@@ -79,7 +84,7 @@ async def test_a_job_waiting_for_its_replacement_has_its_whole_deadline_once_it_
 
 
 async def test_a_job_that_runs_and_stays_silent_is_called_so_its_deadline_after_it_started() -> None:
-    slurm = Showing(*[PENDING] * 10, job("RUNNING", "gpu09", 1))  # running, never past its checkpoint
+    slurm = Showing(*[PENDING] * 3, job("RUNNING", "gpu09", 1))  # running, never past its checkpoint
     started = time.monotonic()
     got = await run(slurm, run_for_s=0.5, within_s=30)
     took = time.monotonic() - started
@@ -88,8 +93,10 @@ async def test_a_job_that_runs_and_stays_silent_is_called_so_its_deadline_after_
 
 
 async def test_a_job_that_never_runs_is_silent_at_the_outer_bound() -> None:
+    started = time.monotonic()
     got = await run(Showing(PENDING), run_for_s=0.2, within_s=1.0)
     assert got.outcome == "silent" and "PENDING (Resources)" in got.reason, got
+    assert time.monotonic() - started >= 1.0  # not at run_for_s: it never ran
 
 
 async def test_without_run_for_s_a_recovery_of_an_earlier_release_keeps_its_requeue_deadline() -> None:
@@ -108,3 +115,11 @@ async def test_a_job_restarted_where_it_ran_resumes_when_nothing_was_to_be_avoid
     """An application restart (XID 13) never takes the node out: back on it is resumed."""
     got = await run(Showing(job("RUNNING", "gpu02", 1, step=43)), run_for_s=5, within_s=30)
     assert got.outcome == "resumed" and got.resumed is not None and got.resumed.node == "gpu02"
+
+
+async def test_a_retry_keeps_the_deadline_from_when_the_job_first_ran_again() -> None:
+    """A worker restart retries the wait: the job's start, heartbeated, still counts."""
+    started = time.monotonic()
+    beat = {"job": 3, "state": "RUNNING", "running_since": time.time() - 60}
+    got = await run(Showing(job("RUNNING", "gpu09", 1)), run_for_s=30, within_s=300, beat=beat)
+    assert got.outcome == "silent" and time.monotonic() - started < 5  # 60 s in: past its 30 s already

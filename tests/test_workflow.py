@@ -553,12 +553,12 @@ async def test_a_severe_report_while_an_ignored_incident_closes_starts_a_follow_
     assert (await handle.describe()).typed_search_attributes.get(ALERT_KEYS) == ["gone@1"]
 
 
-async def test_a_severe_report_while_a_drained_node_is_repaired_follows_up_after_the_repair(
+async def test_a_severe_report_while_a_reset_verifies_keeps_the_node_drained_for_the_follow_up(
     env: WorkflowEnvironment,
 ) -> None:
-    """XID 48 (reset), then XID 79 while the reset's jobs are verified: the node is out of
-    service already, so the run finishes its own plan (the health check before a resume), and a
-    follow-up run of the incident replaces the node as it closes."""
+    """XID 48 (reset), then XID 79 while the reset node's jobs are verified: the node is never
+    resumed (a health check that says "Ready" says nothing of a GPU gone). The run stops waiting,
+    closes `followed_up` with the node kept drained, and the follow-up replaces it at once."""
     fake, s = FakeCluster(), settings()
     fake.verify_gate = asyncio.Event()
     first = report(48)
@@ -566,12 +566,12 @@ async def test_a_severe_report_while_a_drained_node_is_repaired_follows_up_after
         handle = await start_or_join(env.client, s, first)
         await wait_for_stage(handle, Stage.VERIFY)
         await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
-        await asyncio.sleep(0.5)
-        assert "health" not in fake.calls  # the drained node's run waits for its jobs as before
+        await until_true(lambda: "replace" in fake.calls, "the follow-up replacing the node")
         fake.verify_gate.set()
         result: RemediationResult = await handle.result()
     assert result.action == ActionClass.REPLACE_NODE and [r.xid for r in result.reports] == [79], result.reason
-    assert fake.calls.index("health") < fake.calls.index("replace")
+    assert "resume" not in fake.calls and "health" not in fake.calls, fake.calls
+    assert [r.left_drained for r in fake.releases] == [True, False]  # counted until the follow-up took it
 
 
 @pytest.mark.parametrize(("xid", "avoided"), [(79, ("gpu01",)), (13, ())])

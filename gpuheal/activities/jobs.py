@@ -69,6 +69,18 @@ HEALTHY_NODE_ACTIONS = frozenset({ActionClass.RESTART_APP.value, ActionClass.IGN
 log = logging.getLogger(__name__)
 
 
+# A pending job's verification asks Slurm at most every PENDING_POLL_S (PENDING_POLLS polls).
+PENDING_POLL_S = 10.0
+PENDING_POLLS = 20
+
+
+def _heartbeat_field(name: str) -> float | None:
+    """A value the last attempt of this activity heartbeated (None on a first attempt)."""
+    details = activity.info().heartbeat_details if activity.in_activity() else ()
+    value = details[0].get(name) if details and isinstance(details[0], dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 class JobActivities:
     def __init__(self, slurm: SlurmBackend, owners: OwnerNotifier, recovery: JobRecoverySettings) -> None:
         self._slurm = slurm
@@ -278,7 +290,8 @@ class JobActivities:
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
         pace, running = polling.Pace(req.poll_interval_s), -1
-        running_since: float | None = None  # when it first ran again: its deadline counts from here
+        # When it first ran again (its deadline counts from here), carried across a retry.
+        running_since: float | None = _heartbeat_field("running_since")
         while True:
             pace.asking()
             job = await self._slurm.job(want.job_id)
@@ -303,8 +316,13 @@ class JobActivities:
                     f"{job.state} ({job.state_reason})" if job.state != "RUNNING" else "no progress past its checkpoint"
                 )
                 return VerifyOutcome(job_id=job.job_id, outcome="silent", state=job.state, reason=why)
-            activity.heartbeat({"job": job.job_id, "state": job.state, "reason": job.state_reason})
-            await pace.sleep()
+            activity.heartbeat(
+                {"job": job.job_id, "state": job.state, "reason": job.state_reason, "running_since": running_since}
+            )
+            if job.state == "PENDING":  # waiting in Slurm (for hours, maybe): asked less often
+                await asyncio.sleep(min(PENDING_POLL_S, PENDING_POLLS * req.poll_interval_s))
+            else:
+                await pace.sleep()
 
     @staticmethod
     def _on_failed_node(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> list[str]:

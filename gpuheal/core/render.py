@@ -275,6 +275,13 @@ def returned_repaired(detail: str) -> NodeAt:
     return NodeAt(NodeState.RETURNED, f"repaired, health check passed; {detail}")
 
 
+def kept_for_follow_up(node: str, drain: DrainResult | None) -> NodeAt:
+    """A more severe report came: the node is left as it is for the follow-up run (never resumed)."""
+    if drain is None or not drain.drained_by_us:
+        return NodeAt(NodeState.IN_SERVICE, f"{node} in service (never drained): the follow-up run takes it")
+    return NodeAt(NodeState.DRAINED, f"{node} kept drained, not resumed: the follow-up run takes it")
+
+
 def left_drained(drain: DrainResult | None) -> NodeAt:
     before = drain.previous_reason if drain else ""
     return NodeAt(

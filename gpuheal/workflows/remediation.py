@@ -69,7 +69,7 @@ class GpuRemediationWorkflow:
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
         result = await self._remediate()
-        if self._s.follow_up is not None:  # a more severe report the plan could not take in
+        if follow_up.due(self._s):  # a more severe report the plan could not take in
             follow_up.continue_as_follow_up(self._s)
         return result
 
@@ -114,7 +114,8 @@ class GpuRemediationWorkflow:
                 return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
         if s.jobs.recoveries:
             await self._verify_resume()
-        if (late := follow_up.in_service_outgrown(s)) is not None:  # the follow-up takes the node now
+        if (late := s.follow_up) is not None:  # the follow-up takes the node as it is, now
+            s.node_at = render.kept_for_follow_up(s.ref.node, s.drain)
             return await self._close("followed_up", render.followed_up(s.reason(), late))
         await self._return_to_service(plan.repair)
         if s.node_at.state == NodeState.FAILED_VALIDATION:
@@ -333,14 +334,15 @@ class GpuRemediationWorkflow:
             return
         s.reports.append(report)
         index_report(s, report)
-        outgrown = follow_up.outgrows(s)  # (read before an escalation below moves the action)
-        # Before the node is repaired, a more severe report escalates the remediation.
-        if s.action is not None and s.stage in ESCALATABLE:
+        # After the plan: never swallowed, a follow-up run acts on it (and this run keeps its action).
+        follows = follow_up.outgrows(s) and workflow.patched(follow_up.LATE_SEVERE_FOLLOWS)
+        # Before that, a more severe report escalates the remediation.
+        if s.action is not None and s.stage in ESCALATABLE and not follows:
             escalated = policy.triage_all(s.reports).action
             if escalated != s.action:
                 set_action(s, escalated)
-        if outgrown and workflow.patched(follow_up.LATE_SEVERE_FOLLOWS):
-            follow_up.note(s, report)  # after the plan: never swallowed, a follow-up run acts on it
+        if follows:
+            follow_up.note(s, report)
 
     @workflow.signal(name=m.INCIDENT_CAPACITY.name)
     def capacity(self, notice: GrantNotice) -> None:

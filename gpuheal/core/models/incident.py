@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from gpuheal.core.envvars import section, setting
 from gpuheal.core.models.base import ActionClass, Frozen, OperatorName, Verdict
@@ -153,6 +153,18 @@ class RemediationInput(Frozen):
     # outgrew (a more severe report than that run's plan handles, after the plan was set).
     also: tuple[HealthReport, ...] = ()
     follows: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A start reads the same as before to a worker of the release before (during a rolling
+        upgrade or a rollback; its model forbids unknown fields): the follow-up's fields go only
+        where they are set."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in ("also", "follows"):
+                if not getattr(self, name):
+                    data.pop(name, None)
+        return data
 
 
 class Decision(Frozen):

@@ -3,10 +3,11 @@
 Until the plan is read for the last time (after protect_progress) a more severe report
 escalates it in place. After that (`IncidentState.planned`) a report that asks for more
 (an XID 79 while a restart_app incident verifies its job, or while an ignored XID 63 closes) is
-the follow-up's. Where the plan left the node in service, the run stops waiting for its jobs at
-once and closes `followed_up`; where it took the node out, the node stays out and the run ends
-as its plan says (the health check before a resume is still asked). Either way, as it closes
-the run continues as new, in the same incident, with the severe report first: the follow-up run
+the follow-up's. The run stops waiting for its jobs' answers at once and closes `followed_up`
+without returning the node to service: a node it never drained stays in service, one it drained
+stays drained (counted, taken over by the follow-up's grant). A report that comes while it
+returns the node is acted on once that ends, unless that return replaced the node already. As
+it closes the run continues as new, in the same incident, with the severe report first: the follow-up run
 triages, is admitted and acts on it like any start. Its holdings stay the incident's (its chain
 from the first run id, as the coordinator's reaper reads it; the run before released its own);
 its notices are its own.
@@ -50,9 +51,15 @@ def note(s: IncidentState, report: HealthReport) -> None:
     s.follow_up = report
 
 
-def in_service_outgrown(s: IncidentState) -> HealthReport | None:
-    """The report this run stops waiting at once for: its plan never took the node out."""
-    return s.follow_up if s.drain is None else None
+def due(s: IncidentState) -> bool:
+    """Whether a follow-up run is still wanted as this run closes: the report still asks for more
+    than what this run ended doing (a failed health check may have replaced the node since)."""
+    if s.follow_up is None:
+        return False
+    if s.replacement is not None and s.replacement.new_node is not None:
+        return False  # the node is gone: a report for it is late, not news
+    wanted, done = policy.triage_all(s.reports).action, s.current_action()
+    return wanted != done and policy.more_severe(wanted, done) == wanted
 
 
 def continue_as_follow_up(s: IncidentState) -> None:

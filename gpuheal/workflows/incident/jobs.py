@@ -11,7 +11,6 @@ from temporalio import workflow
 from gpuheal.workflows import gate
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.activity import run_waiting
-from gpuheal.workflows.incident import follow_up
 from gpuheal.workflows.incident.state import IncidentState
 
 with workflow.unsafe.imports_passed_through():
@@ -95,11 +94,11 @@ async def hand_over_from(s: IncidentState, job: JobSnapshot, node: str, what: st
 
 async def collect_answers(s: IncidentState) -> str:
     """The job recoveries verify (each job once, across all its new nodes); this collects their
-    answers for at most their bound, or until a more severe report outgrows a plan that left the
-    node in service. The unanswered are recorded as such; their recoveries go on."""
+    answers for at most their bound, or until a more severe report outgrows the plan (the
+    follow-up run acts at once). The unanswered are recorded as such; their recoveries go on."""
     bound = s.settings.jobs.verify_timeout_s + s.settings.jobs.gather_s + ANSWER_MARGIN_S
     await gate.wait_for(
-        lambda: True if s.jobs.all_answered() or follow_up.in_service_outgrown(s) is not None else None,
+        lambda: True if s.jobs.all_answered() or s.follow_up is not None else None,
         within=timedelta(seconds=bound),
         summary="job recoveries: stop waiting for their answers",
     )
