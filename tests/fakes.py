@@ -24,6 +24,7 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
+from gpuheal.core.app_faults import AppFault, AppFaults, AppFaultsRequest
 from gpuheal.core.errors import UNKNOWN_NODE
 from gpuheal.core.fleet.models import (
     Admission,
@@ -108,6 +109,8 @@ class FakeCluster:
         self.drain_gate: asyncio.Event | None = None
         self.checkpoint_gate: asyncio.Event | None = None
         self.verify_gate: asyncio.Event | None = None  # holds job recoveries in their verify
+        self.app_faults: list[AppFault] = []  # the GPU's earlier application faults, as Temporal has them
+        self.app_fault_asks: list[AppFaultsRequest] = []
         self.verify_requests: list[tuple[float, VerifyJobRequest]] = []  # (when asked, what)
         self.close_gate: asyncio.Event | None = None  # holds an incident in its close (its notice)
         self.owner_notices: list[OwnerNotice] = []
@@ -232,6 +235,12 @@ class FakeCluster:
             c.calls.append("gather_rma")
             return RmaEvidence(**dict(req), history=())
 
+        @implements(act.FIND_APPLICATION_FAULTS)
+        async def app_faults(req: AppFaultsRequest) -> AppFaults:
+            c.calls.append("find_application_faults")
+            c.app_fault_asks.append(req)
+            return AppFaults(faults=tuple(c.app_faults))
+
         @implements(act.FILE_RMA)
         async def file_rma(evidence: RmaEvidence) -> str:
             c.calls.append("file_rma")
@@ -278,6 +287,7 @@ class FakeCluster:
             validate,
             gather_rma,
             file_rma,
+            app_faults,
             resume,
             decommission,
             record,

@@ -12,7 +12,9 @@ the incident workflow was split into workflows/incident/ (597bac0), so every pat
 whole loop, replays through the code as it is now; with them one coordinator history from the
 same release through the paths its successor changes (a grant taken back by the breaker, an
 override, a cooldown hold served by the next event, a domain incident released), so a running
-coordinator survives the upgrade.
+coordinator survives the upgrade. The issue34_* ones (each run of a continue-as-new chain its own
+file) are the paths issue 34 added: a late, more severe report followed up, the application-fault
+ladder's burn-in passed and failed.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import activity
 
+from gpuheal.core.app_faults import AppFaults, AppFaultsRequest
 from gpuheal.core.fleet.models import (
     AdmitAnswer,
     AdmitAsk,
@@ -180,7 +181,8 @@ REMEDIATION = (
 VALIDATION = (VALIDATE_NODE_GPUS,)
 GATHER_RMA_EVIDENCE = Activity("gather_rma_evidence", RmaRequest, RmaEvidence)
 FILE_RMA = Activity("file_rma", RmaEvidence, str)
-RMA = (GATHER_RMA_EVIDENCE, FILE_RMA)
+FIND_APPLICATION_FAULTS = Activity("find_application_faults", AppFaultsRequest, AppFaults)
+RMA = (GATHER_RMA_EVIDENCE, FILE_RMA, FIND_APPLICATION_FAULTS)
 JOBS = (
     REQUEST_CHECKPOINT,
     WAIT_FOR_CHECKPOINTS,

@@ -1,5 +1,6 @@
 """Evidence for the vendor: the board's history from Temporal's visibility (by serial, across
-nodes, renames and re-images), and the bundle handed to the site's ticket hook.
+nodes, renames and re-images), and the bundle handed to the site's ticket hook; and the same
+history's application faults, which the ladder reads (gpuheal.core.app_faults).
 
 ``GPUHEAL_RMA_HOOK`` is called as ``HOOK rma NODE INCIDENT`` with the bundle (JSON) on stdin and
 prints ``{"ticket": "..."}``. The bundle names the incident run, so a hook that files once per
@@ -16,8 +17,9 @@ from temporalio.client import WorkflowContinuedAsNewError
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients import proc
-from gpuheal.core import queries
+from gpuheal.core import policy, queries
 from gpuheal.core import search_attributes as sa
+from gpuheal.core.app_faults import AppFault, AppFaults, AppFaultsRequest
 from gpuheal.core.messages import INCIDENT
 from gpuheal.core.rma import RmaEvidence, RmaRequest, XidRecord
 
@@ -62,6 +64,38 @@ class RmaActivities:
                 )
             )
         return RmaEvidence(**dict(req), history=tuple(history))
+
+    @implements(act.FIND_APPLICATION_FAULTS)
+    async def find_application_faults(self, req: AppFaultsRequest) -> AppFaults:
+        """This GPU's earlier incidents that were application faults, with their jobs, from
+        Temporal: by serial where known (it follows the board), else the node's on the same GPU.
+        Visibility that lags can only leave one out (the job restarts; the next one counts it)."""
+        client = activity.client()
+        who = [queries.contains(sa.GPU_SERIALS, s) for s in req.serials] or [queries.eq(sa.NODE, req.node)]
+        query = queries.where(
+            queries.of_type(INCIDENT),
+            queries.eq(sa.CLUSTER, req.cluster),
+            queries.any_of(*who),
+            queries.status("Completed"),
+            queries.after(queries.CLOSE_TIME, req.since),
+        )
+        found: list[AppFault] = []
+        async for wf in client.list_workflows(query, limit=HISTORY_LIMIT):
+            result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
+            if not policy.is_application_fault(result.reports) and result.burn_in is None:
+                continue
+            if not req.serials and req.gpu is not None and all(r.gpu not in (None, req.gpu) for r in result.reports):
+                continue  # another GPU of the node
+            found.append(
+                AppFault(
+                    incident_id=wf.id,
+                    run_id=wf.run_id,
+                    closed_at=result.closed_at,
+                    jobs=tuple(a.job_id for a in result.jobs),
+                    burn_in=result.burn_in,
+                )
+            )
+        return AppFaults(faults=tuple(found))
 
     @implements(act.FILE_RMA)
     async def file_rma(self, evidence: RmaEvidence) -> str:

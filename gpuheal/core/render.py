@@ -319,16 +319,40 @@ def failed_validation(health: str, v: ValidationResult) -> NodeAt:
     )
 
 
-def replaced_after_failed_health_check(
-    health: str,
+def replaced_after_failed_check(
+    why: str,
     new_node: str | None,
     detail: str,
     verdict: ValidationResult | None = None,
     rejected: tuple[str, ...] = (),
 ) -> NodeAt:
-    """A repair that did not take: the node went, a spare came."""
+    """A check of its GPUs failed (`why`: a repair that did not take, a failed burn-in): the node
+    went, a spare came."""
     replaced = returned_replaced(new_node, detail, verdict, rejected)
-    return NodeAt(replaced.state, f"health check failed after the repair ({health}): {replaced.detail}")
+    return NodeAt(replaced.state, f"{why}: {replaced.detail}")
+
+
+def burn_in_due(first: HealthReport, jobs: Sequence[int], window_s: float) -> str:
+    gpu = f"GPU {first.gpu_serial or first.gpu}" if first.gpu_serial or first.gpu is not None else "a GPU"
+    return (
+        f"application faults on {gpu} of {first.node} hit {len(jobs)} different jobs within "
+        f"{window_s / 86400:g} days ({', '.join(str(j) for j in jobs)}): drained for a burn-in"
+    )
+
+
+def no_burn_in(node: str, why: str) -> str:
+    return (
+        f"{why.replace(': drained for a burn-in', '')}; {node} wants diagnostics, but no validation job is set "
+        "(GPUHEAL_VALIDATE_JOB): its job restarts in place"
+    )
+
+
+def burn_in_failed(detail: str) -> str:
+    return f"its GPUs failed the burn-in ({detail})"
+
+
+def health_check_failed(health: str) -> str:
+    return f"health check failed after the repair ({health})"
 
 
 # --- notifications --------------------------------------------------------------------------

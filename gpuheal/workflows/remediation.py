@@ -29,7 +29,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
-from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, follow_up, holding, jobs, node
+from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, follow_up, holding, jobs, ladder, node
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
 from gpuheal.workflows.incident.state import IncidentState
@@ -95,7 +95,8 @@ class GpuRemediationWorkflow:
         await self._notify_remediating()
         await self._protect_progress()
         await capacity.admit_again_if_hardware(s)  # a report saying hardware joined an application fault
-        plan = policy.plan_for(s.current_action())  # a later report may have escalated it
+        await ladder.climb(s)  # an application fault one too many for its GPU: a burn-in
+        plan = ladder.plan_for(s)  # a later report may have escalated it
         s.planned = True  # from here a more severe report is a follow-up's (follow_up.py)
         if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
             if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came
@@ -291,7 +292,8 @@ class GpuRemediationWorkflow:
     async def _return_to_service(self, repair: ActionClass | None) -> None:
         """Resume a repaired node only after its health check passes; a replaced node leaves."""
         async with in_stage(self._s, Stage.RETURN) as rec:
-            self._s.node_at = await node.back_in_service(self._s, repair)
+            s = self._s
+            s.node_at = await (ladder.after_burn_in(s) if s.burn_in else node.back_in_service(s, repair))
             rec.outcome = self._s.node_at.detail
 
     async def _await_decision(self, why: str = "policy asks for a human") -> RecordedDecision:

@@ -181,7 +181,11 @@ async def test_no_spare_ends_in_a_clear_state_within_its_bound(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
     settings = tuned(
-        settings, capacity_wait_s=8, capacity_retry_s=2, verify_timeout_s=15, jobs={"verify_timeout_s": 15}
+        settings,
+        capacity_wait_s=8,
+        capacity_retry_s=2,
+        verify_timeout_s=15,
+        jobs={"verify_timeout_s": 15, "start_wait_s": 10},  # it never runs again: silent after both
     )
     slurm.spares_out_of_stock(True)
     job = slurm.submit_training("stuck")

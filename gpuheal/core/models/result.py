@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, model_validator
 
@@ -107,6 +107,9 @@ class RemediationResult(BaseModel):
     policy_version: int | None = None  # and the version of the cluster's policy
     replacement_node: str | None = None
     rma: RmaEvidence | None = None  # a replaced, failed or repeat-offending board: for the vendor
+    # An application fault that recurred across different jobs drained the node for a burn-in
+    # (gpuheal.core.app_faults): its verdict. A passed one clears the GPU's count.
+    burn_in: Literal["passed", "failed"] | None = None
     mttr_s: float | None = None
     steps_lost: int = 0
     gpu_seconds_lost: float = 0.0

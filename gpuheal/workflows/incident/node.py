@@ -164,17 +164,7 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
     if s.replacement is None:
         health = await act_run(act.CHECK_NODE_HEALTH, ref, summary=f"health check {ref.node}")
         if not health.healthy:  # a repair that did not take: the node goes, a spare comes
-            set_action(s, ActionClass.REPLACE_NODE)
-            s.replacement = await replace(s)
-            await validate_new_node(s)  # one whose GPUs fail is none
-            if s.replacement.new_node is None and workflow.patched(NO_SPARE_IS_NOT_RESOLVED):
-                # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
-                kept = f"kept drained, not removed: {s.replacement.no_capacity}"
-                return render.replaced_after_failed_health_check(health.detail, None, kept)
-            msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
-            return render.replaced_after_failed_health_check(
-                health.detail, s.replacement.new_node, msg, s.new_node_verdict, s.rejected
-            )
+            return await replace_after(s, render.health_check_failed(health.detail))
         if drain is not None and drain.drained_by_us:
             if s.settings.validate_job:  # "Ready" says nothing about a GPU: burn it in first
                 verdict = await validate(s, s.settings.validate_job)
@@ -182,12 +172,32 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
                     return render.left_drained(drain)
                 if not verdict.passed:
                     return render.failed_validation(health.detail, verdict)
-            msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
-            if policy.KEPT_FOR_THE_VENDOR in msg:  # never back to work: still out, still counted
-                return render.failed_validation(health.detail, ValidationResult(passed=False, detail=msg))
-            if s.kube is not None:
-                msg += "; " + await act_run(act.UNCORDON_NODE, s.kube, summary="uncordon")
-            return render.returned_repaired(msg)
+            return await resume(s, health.detail)
         return render.left_drained(drain)
     msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
     return render.returned_replaced(s.replacement.new_node, msg, s.new_node_verdict, s.rejected)
+
+
+async def resume(s: IncidentState, checked: str) -> NodeAt:
+    """Back into Slurm (and uncordoned) after `checked` said its GPUs are fine."""
+    ref = s.ref
+    msg = await act_run(act.RESUME_SLURM_NODE, ref, summary=f"resume {ref.node}")
+    if policy.KEPT_FOR_THE_VENDOR in msg:  # never back to work: still out, still counted
+        return render.failed_validation(checked, ValidationResult(passed=False, detail=msg))
+    if s.kube is not None:
+        msg += "; " + await act_run(act.UNCORDON_NODE, s.kube, summary="uncordon")
+    return render.returned_repaired(msg)
+
+
+async def replace_after(s: IncidentState, why: str) -> NodeAt:
+    """The node's GPUs failed a check (`why` says which): it goes, a spare comes."""
+    ref = s.ref
+    set_action(s, ActionClass.REPLACE_NODE)
+    s.replacement = await replace(s)
+    await validate_new_node(s)  # one whose GPUs fail is none
+    if s.replacement.new_node is None and workflow.patched(NO_SPARE_IS_NOT_RESOLVED):
+        # Nothing in its place: it stays drained and counted, not removed (the close says no_capacity).
+        kept = f"kept drained, not removed: {s.replacement.no_capacity}"
+        return render.replaced_after_failed_check(why, None, kept)
+    msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
+    return render.replaced_after_failed_check(why, s.replacement.new_node, msg, s.new_node_verdict, s.rejected)

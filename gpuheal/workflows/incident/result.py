@@ -42,6 +42,7 @@ def result_for(s: IncidentState, outcome: Outcome, reason: str) -> RemediationRe
         jobs_resumed=back,
         replacement_node=s.replacement.new_node if s.replacement else None,
         rma=s.rma,
+        burn_in=s.burn_in_verdict,
         borrowed_node=s.borrowed.node if s.borrowed else None,
         mode=s.policy.policy.mode if s.policy is not None else "",
         policy_version=s.policy.version if s.policy is not None else None,

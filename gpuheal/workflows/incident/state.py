@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from temporalio import workflow
 
@@ -49,6 +50,8 @@ class IncidentState:
     placement: Placement | None = None
     repeat: str | None = None
     admitted_as_application_fault: bool = False  # what its last admission told the coordinator
+    burn_in: str | None = None  # an application fault one too many for its GPU: why (ladder.py)
+    burn_in_verdict: Literal["passed", "failed"] | None = None
     rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
     kube: KubeNodeRef | None = None  # set when the node is also a Kubernetes node
     earlier: EarlierReplacement | None = None  # a late report for a node gpuheal replaced
@@ -96,6 +99,8 @@ class IncidentState:
 
     def reason(self) -> str:
         verdict = policy.triage_all(self.reports)
+        if self.burn_in:
+            return f"{self.burn_in} (this time: {verdict.reason})"
         if self.repeat and verdict.action != ActionClass.IGNORE:
             return f"{self.repeat} (this time: {verdict.reason})"
         return verdict.reason
