@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from random import Random
 
 import pytest
 from hypothesis import given
@@ -13,8 +14,11 @@ from hypothesis import strategies as st
 from temporalio.testing import WorkflowEnvironment
 
 from gpuheal.core.app_faults import AppFault, burn_in_due
+from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.incident import ApprovalPolicy
 from gpuheal.core.models.result import RemediationResult
+from gpuheal.core.models.slurm import ValidationResult
 from tests.conftest import start_time_skipping
 from tests.fakes import FakeCluster
 from tests.test_workflow import report, settings, start_or_join, worker
@@ -43,24 +47,30 @@ def _earlier(h: list[tuple[list[int], str | None]]) -> list[AppFault]:
     return [fault(n, tuple(jobs), b) for n, (jobs, b) in enumerate(h)]
 
 
-@given(histories, st.lists(st.integers(1, 6), max_size=2))
-def test_no_burn_in_without_as_many_different_jobs_since_the_last_passed_one(
-    h: list[tuple[list[int], str | None]], now: list[int]
+@given(histories, st.lists(st.integers(1, 6), max_size=2), st.randoms())
+def test_a_burn_in_exactly_when_as_many_lone_jobs_were_hit_since_the_last_passed_one(
+    h: list[tuple[list[int], str | None]], now: list[int], rnd: Random
 ) -> None:
+    """Since the GPU's last passed burn-in (in time, whatever order Temporal lists them in), the
+    different jobs of the incidents that had one job on the node, this one's among them: as many
+    as the policy says, a burn-in naming them; fewer, a restart."""
     earlier = _earlier(h)
+    rnd.shuffle(earlier)
     got = burn_in_due(earlier, now, NEEDED)
     passed = [i for i, (_, b) in enumerate(h) if b == "passed"]
-    since = h[passed[-1] + 1 :] if passed else h
-    jobs = {j for js, _ in since for j in js} | set(now)
-    if got is not None:
-        assert len(set(got)) >= NEEDED and set(got) <= jobs  # as many different jobs, all this GPU's since
-    if len(jobs) < NEEDED:
-        assert got is None
+    since = [jobs for jobs, _ in (h[passed[-1] + 1 :] if passed else h)] + [now]
+    lone = {jobs[0] for jobs in since if len(set(jobs)) == 1}
+    assert got == (tuple(sorted(lone)) if len(lone) >= NEEDED else None)
 
 
 @given(st.integers(1, 9), st.integers(1, 8))
 def test_one_job_crashing_again_and_again_never_condemns_the_gpu(job: int, times: int) -> None:
     assert burn_in_due([fault(n, (job,)) for n in range(times)], [job], NEEDED) is None
+
+
+def test_a_shared_node_never_climbs_the_ladder() -> None:
+    """Job 1 crashing on its GPU beside ever new neighbours is still one job."""
+    assert burn_in_due([fault(0, (1, 2)), fault(1, (1, 3))], [1, 4], NEEDED) is None
 
 
 def test_the_third_different_job_is_one_too_many_and_a_passed_burn_in_clears_the_count() -> None:
@@ -133,3 +143,39 @@ async def test_a_hardware_fault_never_asks_for_the_ladder(env: WorkflowEnvironme
     fake = ladder()
     await remediate(env, fake, xid=94)  # a restart, but the board's memory: the repeat rule's
     assert "find_application_faults" not in fake.calls
+
+
+async def test_a_burn_in_the_coordinator_cannot_grant_now_restarts_the_job_in_place(env: WorkflowEnvironment) -> None:
+    """A crashed job never waits for a diagnosis: held, the incident leaves the line at once,
+    restarts the job where it ran, and the operators are told the GPU wants diagnostics."""
+    fake = ladder()
+    fake.grant = False
+    result = await remediate(env, fake)
+    assert result.outcome == "resolved" and result.burn_in is None and result.drain is None
+    assert "notify:burn_in_wanted" in fake.calls and "notify:held" not in fake.calls
+    note = next(n for n in fake.notes if n.event == "burn_in_wanted")
+    assert "no capacity for it now" in note.message and "restarts in place" in note.message
+    assert fake.calls.index("request_capacity") < fake.calls.index("release_capacity") < fake.calls.index("requeue:7")
+
+
+async def test_where_a_person_approves_replacements_the_ladder_only_tells(env: WorkflowEnvironment) -> None:
+    fake = ladder()
+    fake.policy = FleetPolicy(approval=ApprovalPolicy(required_for=(ActionClass.REPLACE_NODE,)))
+    result = await remediate(env, fake)
+    assert result.burn_in is None and "drain" not in fake.calls and "notify:burn_in_wanted" in fake.calls
+
+
+async def test_a_burn_in_that_gave_no_verdict_replaces_nothing(env: WorkflowEnvironment) -> None:
+    fake = ladder()
+    fake.validation = ValidationResult(passed=False, detail="the burn-in could not run: sbatch refused it")
+    result = await remediate(env, fake)
+    assert result.outcome == "failed_validation" and result.replacement_node is None, result.reason
+    assert "replace" not in fake.calls and "resume" not in fake.calls
+
+
+async def test_a_failed_burn_in_is_counted_as_hardware_before_the_node_is_replaced(env: WorkflowEnvironment) -> None:
+    fake = ladder(passes=False)
+    await remediate(env, fake)
+    assert fake.admitted == [True, False], fake.calls  # admitted again, as hardware this time
+    readmitted = len(fake.calls) - 1 - fake.calls[::-1].index("admit")
+    assert readmitted < fake.calls.index("confirm_capacity") < fake.calls.index("replace")

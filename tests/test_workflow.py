@@ -459,7 +459,7 @@ async def test_an_escalation_to_a_drain_asks_the_coordinator_before_draining(env
         handle = await start_or_join(env.client, s, first)
         await wait_for_stage(handle, Stage.PROTECT)
         assert "request_capacity" not in fake.calls
-        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
+        await report_late(env, s, first)
         fake.checkpoint_gate.set()
         result = await handle.result()
     assert result.action == ActionClass.REPLACE_NODE
@@ -492,6 +492,12 @@ async def test_a_hardware_report_joining_an_application_fault_is_admitted_again_
 # --- a more severe report after the plan (issue 34, item 3) -----------------------------------
 
 
+async def report_late(env: WorkflowEnvironment, s: Settings, first: HealthReport, **more: Any) -> None:
+    """An XID 79 on the first report's node and GPU, now (after the incident's plan was set)."""
+    late = first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC), **more})
+    await start_or_join(env.client, s, late)
+
+
 async def _first_run_of(handle: Handle) -> tuple[str, list[str]]:
     """The incident's first run: how it closed, and its event types (a follow-up runs on after it)."""
     first = handle.result_run_id
@@ -501,29 +507,35 @@ async def _first_run_of(handle: Handle) -> tuple[str, list[str]]:
     return kinds[-1], kinds
 
 
+async def followed_up_from_verify(env: WorkflowEnvironment, xid: int) -> tuple[FakeCluster, Handle, RemediationResult]:
+    """An incident for `xid` waits in verify_resume for its job's recovery; XID 79 comes. The
+    follow-up run replaces the node while that recovery is still verifying (the test then lets
+    it end), so the incident acted at once."""
+    fake, s = FakeCluster(), settings()
+    fake.verify_gate = asyncio.Event()
+    first = report(xid)
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, first)
+        await wait_for_stage(handle, Stage.VERIFY)
+        await report_late(env, s, first)
+        await until_true(lambda: "replace" in fake.calls, "the follow-up replacing the node")
+        assert not fake.verify_gate.is_set()  # acted on at once: the first run's verify never ended
+        fake.verify_gate.set()
+        result: RemediationResult = await handle.result()  # (follows the incident's runs)
+    assert result.action == ActionClass.REPLACE_NODE and [r.xid for r in result.reports] == [79], result.reason
+    assert result.outcome == "resolved" and "notify:closed_followed_up" in fake.calls
+    return fake, handle, result
+
+
 async def test_a_severe_report_while_an_application_restart_verifies_is_acted_on_at_once(
     env: WorkflowEnvironment,
 ) -> None:
     """XID 13: the job restarts where it ran, and the incident waits for its recovery's answer.
-    XID 79 then: the GPU is gone. The incident stops waiting at once (the recovery is still in its
-    verify), closes `followed_up`, and a follow-up run of the same incident drains and replaces
-    the node before that verify ends (the job is requeued off it again)."""
-    fake, s = FakeCluster(), settings()
-    fake.verify_gate = asyncio.Event()
-    first = report(13)
-    async with worker(env, s, fake):
-        handle = await start_or_join(env.client, s, first)
-        await wait_for_stage(handle, Stage.VERIFY)
-        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
-        await until_true(lambda: "replace" in fake.calls, "the follow-up replacing the node")
-        assert not fake.verify_gate.is_set()  # acted on at once: the restart's verify never ended
-        fake.verify_gate.set()
-        result: RemediationResult = await handle.result()  # (follows the incident's runs)
-    assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE, result.reason
-    assert [r.xid for r in result.reports] == [79]
+    XID 79 then: the GPU is gone. The incident stops waiting at once, closes `followed_up`, and a
+    follow-up run of the same incident drains and replaces the node (the job requeued off it)."""
+    fake, handle, _ = await followed_up_from_verify(env, 13)
     closed, _ = await _first_run_of(handle)
     assert closed == "workflow_execution_continued_as_new_event_attributes"
-    assert "notify:closed_followed_up" in fake.calls
     assert fake.calls.index("notify:closed_followed_up") < fake.calls.index("drain")
     assert fake.admitted == [True, False], fake.calls  # the follow-up was admitted as hardware
     # each run gave back what it held, under the incident's key (its chain from the first run)
@@ -541,8 +553,7 @@ async def test_a_severe_report_while_an_ignored_incident_closes_starts_a_follow_
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, first)
         await wait_for_stage(handle, Stage.CLOSE)
-        late = first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC), "alert_key": "gone@1"})
-        await start_or_join(env.client, s, late)
+        await report_late(env, s, first, alert_key="gone@1")
         fake.close_gate.set()
         result: RemediationResult = await handle.result()
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE, result.reason
@@ -560,19 +571,32 @@ async def test_a_severe_report_while_a_reset_verifies_keeps_the_node_drained_for
     """XID 48 (reset), then XID 79 while the reset node's jobs are verified: the node is never
     resumed (a health check that says "Ready" says nothing of a GPU gone). The run stops waiting,
     closes `followed_up` with the node kept drained, and the follow-up replaces it at once."""
+    fake, _, _ = await followed_up_from_verify(env, 48)
+    assert "resume" not in fake.calls and "health" not in fake.calls, fake.calls
+    assert [r.left_drained for r in fake.releases] == [True, False]  # counted until the follow-up took it
+
+
+async def test_a_severe_report_while_a_reset_drains_follows_up_without_resuming(env: WorkflowEnvironment) -> None:
+    """XID 48 (reset) is draining its node when XID 79 comes: past the plan, so the run keeps its
+    action, repairs what it planned, and then closes `followed_up` with the node kept drained;
+    the follow-up replaces it (a resume in between would give a node without a GPU jobs)."""
     fake, s = FakeCluster(), settings()
-    fake.verify_gate = asyncio.Event()
+    fake.drain_gate = asyncio.Event()
     first = report(48)
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, first)
-        await wait_for_stage(handle, Stage.VERIFY)
-        await start_or_join(env.client, s, first.model_copy(update={"xid": 79, "observed_at": datetime.now(UTC)}))
-        await until_true(lambda: "replace" in fake.calls, "the follow-up replacing the node")
-        fake.verify_gate.set()
+        await until_true(fake.draining.is_set, "the reset's drain")
+        await report_late(env, s, first)
+        await until_true(lambda: handle_reports(handle, 2), "the late report received")
+        fake.drain_gate.set()
         result: RemediationResult = await handle.result()
     assert result.action == ActionClass.REPLACE_NODE and [r.xid for r in result.reports] == [79], result.reason
-    assert "resume" not in fake.calls and "health" not in fake.calls, fake.calls
-    assert [r.left_drained for r in fake.releases] == [True, False]  # counted until the follow-up took it
+    assert "notify:closed_followed_up" in fake.calls and "resume" not in fake.calls
+    assert fake.calls.index("repair:reset_gpu") < fake.calls.index("notify:closed_followed_up")
+
+
+async def handle_reports(handle: Handle, n: int) -> bool:
+    return (await handle.query(GpuRemediationWorkflow.status)).reports_received >= n
 
 
 @pytest.mark.parametrize(("xid", "avoided"), [(79, ("gpu01",)), (13, ())])

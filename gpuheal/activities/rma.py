@@ -9,10 +9,12 @@ run (the retried activity calls it again) files one ticket.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Sequence
 
 from temporalio import activity
-from temporalio.client import WorkflowContinuedAsNewError
+from temporalio.client import WorkflowContinuedAsNewError, WorkflowExecution
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
@@ -21,9 +23,11 @@ from gpuheal.core import policy, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.app_faults import AppFault, AppFaults, AppFaultsRequest
 from gpuheal.core.messages import INCIDENT
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.rma import RmaEvidence, RmaRequest, XidRecord
 
 HISTORY_LIMIT = 50  # incidents of one board: more is a fleet problem, not one board's
+RESULT_READS = 8  # closed runs' results read at once
 HOOK_TIMEOUT_S = 60.0
 
 
@@ -68,34 +72,35 @@ class RmaActivities:
     @implements(act.FIND_APPLICATION_FAULTS)
     async def find_application_faults(self, req: AppFaultsRequest) -> AppFaults:
         """This GPU's earlier incidents that were application faults, with their jobs, from
-        Temporal: by serial where known (it follows the board), else the node's on the same GPU.
-        Visibility that lags can only leave one out (the job restarts; the next one counts it)."""
+        Temporal: those whose first report is XID 13, 31 or 43 (every application fault's is),
+        by serial (it follows the board) or on this node, closed within the window; then those
+        of this GPU (the same serial where both name one, else the same GPU index). Visibility
+        that lags can only leave one out: the job restarts, and the next fault counts it."""
         client = activity.client()
-        who = [queries.contains(sa.GPU_SERIALS, s) for s in req.serials] or [queries.eq(sa.NODE, req.node)]
+        who = [queries.contains(sa.GPU_SERIALS, s) for s in req.serials] + [queries.eq(sa.NODE, req.node)]
         query = queries.where(
             queries.of_type(INCIDENT),
             queries.eq(sa.CLUSTER, req.cluster),
             queries.any_of(*who),
+            queries.any_of(*(queries.eq(sa.XID, x) for x in sorted(policy.APPLICATION_XIDS))),
             queries.status("Completed"),
             queries.after(queries.CLOSE_TIME, req.since),
         )
-        found: list[AppFault] = []
-        async for wf in client.list_workflows(query, limit=HISTORY_LIMIT):
-            result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
-            if not policy.is_application_fault(result.reports) and result.burn_in is None:
-                continue
-            if not req.serials and req.gpu is not None and all(r.gpu not in (None, req.gpu) for r in result.reports):
-                continue  # another GPU of the node
-            found.append(
-                AppFault(
-                    incident_id=wf.id,
-                    run_id=wf.run_id,
-                    closed_at=result.closed_at,
-                    jobs=tuple(a.job_id for a in result.jobs),
-                    burn_in=result.burn_in,
-                )
+        runs = [wf async for wf in client.list_workflows(query, limit=HISTORY_LIMIT)]
+        reading = asyncio.Semaphore(RESULT_READS)
+
+        async def read(wf: WorkflowExecution) -> AppFault | None:
+            async with reading:
+                result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
+            if not policy.is_application_fault(result.reports) or not _this_gpu(req, result.reports):
+                return None
+            jobs = tuple(a.job_id for a in result.jobs)
+            return AppFault(
+                incident_id=wf.id, run_id=wf.run_id, closed_at=result.closed_at, jobs=jobs, burn_in=result.burn_in
             )
-        return AppFaults(faults=tuple(found))
+
+        found = await asyncio.gather(*(read(wf) for wf in runs))
+        return AppFaults(faults=tuple(f for f in found if f is not None))
 
     @implements(act.FILE_RMA)
     async def file_rma(self, evidence: RmaEvidence) -> str:
@@ -110,3 +115,12 @@ class RmaActivities:
         )
         out = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
         return str(out.get("ticket") or "filed (the hook named no ticket)")[:200]
+
+
+def _this_gpu(req: AppFaultsRequest, reports: Sequence[HealthReport]) -> bool:
+    """An incident's reports name this GPU: its serial where both sides name one, else its index
+    (a report naming no GPU cannot be told apart: it counts)."""
+    theirs = {r.gpu_serial for r in reports if r.gpu_serial}
+    if req.serials and theirs:
+        return bool(theirs & set(req.serials))
+    return req.gpu is None or any(r.gpu in (None, req.gpu) for r in reports)

@@ -51,14 +51,18 @@ def burn_in_due(earlier: Sequence[AppFault], jobs_now: Sequence[int], needed: in
 
     Counted since the GPU's last passed burn-in: an incident counts when it brought a job none of
     the counted ones had, this one (with `jobs_now`) last. A job that crashes again and again counts
-    once; an incident with no job on the node counts nothing (nothing says it was not the board,
-    nor that it was)."""
+    once. Only an incident with one job on its node counts: with none, nothing says it was not the
+    board, nor that it was; with several, which of them ran on this GPU is not known (Slurm's GPU
+    index per job is not read), and a job crashing again beside a changing neighbour must not look
+    like a new one. Shared nodes therefore never climb the ladder: their faults restart in place."""
     ordered = sorted(earlier, key=lambda f: f.closed_at)
     cleared = [i for i, f in enumerate(ordered) if f.burn_in == "passed"]
     since = ordered[cleared[-1] + 1 :] if cleared else ordered
     seen: set[int] = set()
     counted = 0
     for jobs in [*(f.jobs for f in since), tuple(jobs_now)]:
+        if len(set(jobs)) != 1:
+            continue
         new = set(jobs) - seen
         if new:
             counted += 1

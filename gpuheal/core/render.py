@@ -340,11 +340,9 @@ def burn_in_due(first: HealthReport, jobs: Sequence[int], window_s: float) -> st
     )
 
 
-def no_burn_in(node: str, why: str) -> str:
-    return (
-        f"{why.replace(': drained for a burn-in', '')}; {node} wants diagnostics, but no validation job is set "
-        "(GPUHEAL_VALIDATE_JOB): its job restarts in place"
-    )
+def no_burn_in(node: str, why: str, not_now: str) -> str:
+    pattern = why.replace(": drained for a burn-in", "")
+    return f"{pattern}; {node} wants diagnostics, but {not_now}: its job restarts in place"
 
 
 def burn_in_failed(detail: str) -> str:

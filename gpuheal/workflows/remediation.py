@@ -98,6 +98,7 @@ class GpuRemediationWorkflow:
         await ladder.climb(s)  # an application fault one too many for its GPU: a burn-in
         plan = ladder.plan_for(s)  # a later report may have escalated it
         s.planned = True  # from here a more severe report is a follow-up's (follow_up.py)
+        asked = asked or ladder.burning_in(s)  # (the ladder's burn-in was granted as it was decided)
         if (plan.drain or plan.repair is not None) and not asked and workflow.patched(capacity.ESCALATION_ASKS):
             if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came
                 return ended
@@ -293,7 +294,7 @@ class GpuRemediationWorkflow:
         """Resume a repaired node only after its health check passes; a replaced node leaves."""
         async with in_stage(self._s, Stage.RETURN) as rec:
             s = self._s
-            s.node_at = await (ladder.after_burn_in(s) if s.burn_in else node.back_in_service(s, repair))
+            s.node_at = await (ladder.after_burn_in(s) if ladder.burning_in(s) else node.back_in_service(s, repair))
             rec.outcome = self._s.node_at.detail
 
     async def _await_decision(self, why: str = "policy asks for a human") -> RecordedDecision:

@@ -67,7 +67,7 @@ STILL_OUT = frozenset(
 )
 
 
-async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
+async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool = False) -> None:
     ask = AdmitAsk(
         incident_id=s.ref.incident_id,
         run_id=s.run_key,
@@ -77,7 +77,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str) -> None:
         what=what,
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
         gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
-        application_fault=policy.is_application_fault(s.reports),
+        application_fault=not hardware and policy.is_application_fault(s.reports),
     )
     # The storm's calls (admission, grants) wait in the worker's line without heartbeats: a
     # thousand heartbeating waits cost the server a write each per 48 s, and on starved cores
