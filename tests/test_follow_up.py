@@ -38,7 +38,7 @@ def joined(s: IncidentState, xid: int) -> bool:
     """What the report signal does after the plan: note the report when it outgrows it."""
     s.reports.append(rep(xid))
     if follow_up.outgrows(s):
-        follow_up.note(s, s.reports[-1])
+        s.follow_up = s.reports[-1]  # (as the report signal does)
         return True
     return False
 

@@ -74,6 +74,11 @@ PENDING_POLL_S = 10.0
 PENDING_POLLS = 20
 
 
+def _running_again(job: JobSnapshot, want: RequeueResult) -> bool:
+    """RUNNING in a run after the requeue (a higher restart count than before it)."""
+    return job.state == "RUNNING" and job.restart_count > want.restart_count_before
+
+
 def _heartbeat_field(name: str) -> float | None:
     """A value the last attempt of this activity heartbeated (None on a first attempt)."""
     details = activity.info().heartbeat_details if activity.in_activity() else ()
@@ -299,7 +304,7 @@ class JobActivities:
                 # RUNNING again: its first steps come within a second, watched closely again
                 pace.restart()
                 running = job.restart_count
-                if running > want.restart_count_before and running_since is None:
+                if _running_again(job, want) and running_since is None:
                     running_since = time.time()
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
@@ -326,13 +331,11 @@ class JobActivities:
 
     @staticmethod
     def _on_failed_node(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> list[str]:
-        if job.state != "RUNNING" or job.restart_count <= want.restart_count_before:
-            return []
-        return sorted(set(avoid) & set(expand(job.nodes)))
+        return sorted(set(avoid) & set(expand(job.nodes))) if _running_again(job, want) else []
 
     @staticmethod
     def _resumed(job: JobSnapshot, want: RequeueResult) -> ResumedJob | None:
-        if job.state != "RUNNING" or job.restart_count <= want.restart_count_before:
+        if not _running_again(job, want):
             return None
         nodes = expand(job.nodes)
         publishes = want.step_at_failure is not None or job.progress is not None

@@ -164,7 +164,7 @@ def decide(
         handled = ", ".join(sorted({f.describe() for f in out.failures})) or "nothing known"
         return New(why=f"{failure.describe()} is not what {out.incident_id} handled ({handled})")
     action = policy.triage(report).action
-    if out.action is not None and action != out.action and policy.more_severe(action, out.action) == action:
+    if out.action is not None and policy.asks_more(action, out.action):
         return New(why=f"{action.value} is more severe than {out.incident_id}'s {out.action.value}")
     return Duplicate(
         incident_id=out.incident_id,

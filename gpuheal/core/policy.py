@@ -135,6 +135,11 @@ def more_severe(a: ActionClass, b: ActionClass) -> ActionClass:
     return a if _SEVERITY[a] >= _SEVERITY[b] else b
 
 
+def asks_more(a: ActionClass, b: ActionClass) -> bool:
+    """Whether `a` is strictly more severe than `b` (another action, not just as much)."""
+    return a != b and more_severe(a, b) == a
+
+
 def triage_all(reports: Sequence[HealthReport]) -> Triage:
     """The action for every report an incident has received: the most severe one wins, and a
     GPU that asks for a reset again and again is replaced."""

@@ -7,6 +7,7 @@ time-skipping server from ``ALL``. On a production namespace, register them once
 ``temporal operator search-attribute create`` and the same names and types.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -27,7 +28,7 @@ GPU_SERIALS = SearchAttributeKey.for_keyword_list("GpuSerials")
 ALL = (NODE, CLUSTER, XID, STAGE, ACTION, JOB_ID, BORROWED, ALERT_KEYS, GPU_SERIALS)
 
 
-def of_incident(reports: list[HealthReport] | tuple[HealthReport, ...], stage: str) -> TypedSearchAttributes:
+def of_incident(reports: Sequence[HealthReport], stage: str) -> TypedSearchAttributes:
     """An incident's attributes as it starts: its node, what failed (the first report's XID), the
     alerts and GPU serials its reports name. A start and a follow-up run set the same ones."""
     first = reports[0]
@@ -38,11 +39,21 @@ def of_incident(reports: list[HealthReport] | tuple[HealthReport, ...], stage: s
     ]
     if first.xid is not None:
         attrs.append(SearchAttributePair(XID, first.xid))
-    if keys := sorted({r.alert_key for r in reports if r.alert_key}):
+    if keys := alert_keys(reports):
         attrs.append(SearchAttributePair(ALERT_KEYS, keys))
-    if serials := sorted({r.gpu_serial for r in reports if r.gpu_serial}):
-        attrs.append(SearchAttributePair(GPU_SERIALS, serials))
+    if named := serials(reports):
+        attrs.append(SearchAttributePair(GPU_SERIALS, named))
     return TypedSearchAttributes(attrs)
+
+
+def alert_keys(reports: Sequence[HealthReport]) -> list[str]:
+    """The alerts (fingerprint@startsAt) the reports carry, as ALERT_KEYS holds them."""
+    return sorted({r.alert_key for r in reports if r.alert_key})
+
+
+def serials(reports: Sequence[HealthReport]) -> list[str]:
+    """The GPU serials the reports name, as GPU_SERIALS holds them."""
+    return sorted({r.gpu_serial for r in reports if r.gpu_serial})
 
 
 def type_name(key: SearchAttributeKey[Any]) -> str:

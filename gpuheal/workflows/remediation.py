@@ -60,9 +60,8 @@ class GpuRemediationWorkflow:
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
         ref = NodeRef(cluster=inp.report.cluster, node=inp.report.node, incident_id=workflow.info().workflow_id)
-        info = workflow.info()
-        run, told = info.first_execution_run_id, follow_up.notice_key(inp, info)
-        self._s = IncidentState(ref=ref, reports=[inp.report, *inp.also], run_key=run, notice_key=told)
+        told = follow_up.notice_key(inp, workflow.info())
+        self._s = IncidentState(ref=ref, reports=[inp.report, *inp.also], notice_key=told)
 
     # --- run: the stages in order ---------------------------------------------------------
 
@@ -345,7 +344,7 @@ class GpuRemediationWorkflow:
             if escalated != s.action:
                 set_action(s, escalated)
         if follows:
-            follow_up.note(s, report)
+            s.follow_up = report  # the first report that outgrew the plan: the follow-up starts from it
 
     @workflow.signal(name=m.INCIDENT_CAPACITY.name)
     def capacity(self, notice: GrantNotice) -> None:

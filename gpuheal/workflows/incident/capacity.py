@@ -70,7 +70,7 @@ STILL_OUT = frozenset(
 async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool = False) -> None:
     ask = AdmitAsk(
         incident_id=s.ref.incident_id,
-        run_id=s.run_key,
+        run_id=workflow.info().first_execution_run_id,
         cluster=s.ref.cluster,
         node=s.ref.node,
         action=action,
@@ -250,7 +250,7 @@ async def release(s: IncidentState) -> None:
     if s.policy is None or s.observing:
         return
     # Its run's holdings only (an activity's input is not part of replay: no patch needed).
-    run_id = s.run_key
+    run_id = workflow.info().first_execution_run_id
     left = s.node_at.state in STILL_OUT and s.drain is not None and s.drain.drained_by_us
     req = ReleaseRequest(
         cluster=s.ref.cluster,
@@ -279,5 +279,5 @@ def _ask(s: IncidentState) -> CapacityRequest:
         incident_id=s.ref.incident_id,
         placement=s.placement,
         action=s.current_action(),
-        run_id=s.run_key,
+        run_id=workflow.info().first_execution_run_id,
     )

@@ -29,7 +29,7 @@ async def for_the_vendor(s: IncidentState) -> None:
         cluster=ref.cluster,
         node=ref.node,
         incident_id=ref.incident_id,
-        run_id=s.run_key,
+        run_id=workflow.info().first_execution_run_id,
         why=why,
         boards=rma_policy.boards_of(s.reports),
         kernel_log=rma_policy.kernel_lines(s.reports),

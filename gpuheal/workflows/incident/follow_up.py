@@ -24,7 +24,6 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import search_attributes as sa
     from gpuheal.core.models.base import Stage
     from gpuheal.core.models.incident import RemediationInput
-    from gpuheal.core.models.report import HealthReport
 
 # Runs before this release recorded such a report and did nothing with it.
 LATE_SEVERE_FOLLOWS = "a-more-severe-report-after-the-plan-starts-a-follow-up-run"
@@ -42,13 +41,7 @@ def outgrows(s: IncidentState) -> bool:
     Pure: the action of every report (the most severe wins) against the run's action."""
     if s.follow_up is not None or not s.planned or s.action is None or s.observing:
         return False
-    wanted = policy.triage_all(s.reports).action
-    return wanted != s.action and policy.more_severe(wanted, s.action) == wanted
-
-
-def note(s: IncidentState, report: HealthReport) -> None:
-    """The report the follow-up run starts from (the first that outgrew the plan)."""
-    s.follow_up = report
+    return policy.asks_more(policy.triage_all(s.reports).action, s.action)
 
 
 def due(s: IncidentState) -> bool:
@@ -58,8 +51,7 @@ def due(s: IncidentState) -> bool:
         return False
     if s.replacement is not None and s.replacement.new_node is not None:
         return False  # the node is gone: a report for it is late, not news
-    wanted, done = policy.triage_all(s.reports).action, s.current_action()
-    return wanted != done and policy.more_severe(wanted, done) == wanted
+    return policy.asks_more(policy.triage_all(s.reports).action, s.current_action())
 
 
 def continue_as_follow_up(s: IncidentState) -> None:
@@ -69,8 +61,7 @@ def continue_as_follow_up(s: IncidentState) -> None:
     assert s.follow_up is not None
     cut = s.reports.index(s.follow_up)
     late = s.reports[cut:]
-    acted = sorted({r.alert_key for r in s.reports[:cut] if r.alert_key})
-    workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(acted)])
+    workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(sa.alert_keys(s.reports[:cut]))])
     workflow.continue_as_new(
         RemediationInput(report=late[0], also=tuple(late[1:]), follows=workflow.info().run_id),
         search_attributes=sa.of_incident(late, Stage.TRIAGE.value),

@@ -30,6 +30,7 @@ from gpuheal.workflows.incident.timeline import notify
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import app_faults, policy, render
+    from gpuheal.core import search_attributes as sa
     from gpuheal.core.fleet import budget
     from gpuheal.core.fleet.models import CapacityDecision
     from gpuheal.core.models.base import ActionClass, NodeAt
@@ -66,7 +67,7 @@ async def climb(s: IncidentState) -> None:
         cluster=s.ref.cluster,
         node=s.ref.node,
         gpu=first.gpu,
-        serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
+        serials=tuple(sa.serials(s.reports)),
         since=workflow.now() - timedelta(seconds=repeat.window_s),
     )
     try:

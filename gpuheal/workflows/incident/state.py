@@ -29,9 +29,8 @@ with workflow.unsafe.imports_passed_through():
 class IncidentState:
     ref: NodeRef
     reports: list[HealthReport]
-    # Its holdings are the incident's run's: its chain from its first run id (stable across a
-    # reset; a follow-up run continues it, follow_up.py). Each run tells its own notices.
-    run_key: str = ""
+    # The run part of its notices' keys: each run tells its own (follow_up.notice_key). Its
+    # holdings stay its first run id's: a follow-up run continues that chain (the coordinator's).
     notice_key: str = ""
     duplicates: int = 0  # reports received again (signal-with-start re-delivers the first)
     notices: dict[str, int] = field(default_factory=dict)  # how often each event was told (its keys)

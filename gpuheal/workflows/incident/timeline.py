@@ -61,11 +61,9 @@ def index_report(s: IncidentState, report: HealthReport) -> None:
     """A joining report's alert and GPU serial, findable: the same alert re-sent after the close
     starts nothing, and a board's history follows its serial (`gpuheal history --serial`)."""
     if report.alert_key:
-        keys = sorted({r.alert_key for r in s.reports if r.alert_key})
-        workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(keys)])
+        workflow.upsert_search_attributes([sa.ALERT_KEYS.value_set(sa.alert_keys(s.reports))])
     if report.gpu_serial:
-        serials = sorted({r.gpu_serial for r in s.reports if r.gpu_serial})
-        workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(serials)])
+        workflow.upsert_search_attributes([sa.GPU_SERIALS.value_set(sa.serials(s.reports))])
 
 
 def set_action(s: IncidentState, action: ActionClass) -> None:
