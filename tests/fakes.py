@@ -113,12 +113,16 @@ class FakeCluster:
         self.app_fault_asks: list[AppFaultsRequest] = []
         self.verify_requests: list[tuple[float, VerifyJobRequest]] = []  # (when asked, what)
         self.close_gate: asyncio.Event | None = None  # holds an incident in its close (its notice)
+        self.history_down = False  # visibility cannot give a board's history (the RMA evidence)
         self.owner_notices: list[OwnerNotice] = []
         self.healthy_after_repair = healthy_after_repair
         self.can_repair = can_repair
         self.spares = spares
         self.validation = ValidationResult(passed=True, detail="burn-in job 90 ended COMPLETED (exit 0:0)", job_id=90)
         self.bad_gpus: set[str] = set()  # nodes whose burn-in fails whatever `validation` says
+        self.waiting_gpus: set[str] = set()  # nodes whose burn-in never starts (no verdict)
+        self.validation_fails = False  # the validation activity fails (Slurm refuses the burn-in)
+        self.admit_asks: list[AdmitAsk] = []
         self.replace_requests: list[ReplaceRequest] = []
         self.job = JobSnapshot(
             job_id=7,
@@ -141,6 +145,7 @@ class FakeCluster:
         async def admit(ask: AdmitAsk) -> AdmitAnswer:
             c.calls.append("admit")
             c.admitted.append(ask.application_fault)
+            c.admit_asks.append(ask)
             policy = VersionedPolicy(version=1, policy=c.policy, changed_by="test", reason="test", at=datetime.now(UTC))
             return AdmitAnswer(
                 admission=Admission(policy=policy),
@@ -228,11 +233,19 @@ class FakeCluster:
             c.calls.append(f"validate:{req.node.node}")
             if req.node.node in c.bad_gpus:
                 return ValidationResult(passed=False, detail="burn-in job 91 ended FAILED (exit 1:0)", job_id=91)
+            if req.node.node in c.waiting_gpus:
+                detail = "burn-in job 92 never started within 1800 s"
+                return ValidationResult(passed=False, detail=detail, job_id=92, no_verdict=True)
+            if c.validation_fails:
+                refused = "sbatch: error: Batch job submission failed: Invalid account"
+                raise ApplicationError(refused, non_retryable=True)
             return c.validation
 
         @implements(act.GATHER_RMA_EVIDENCE)
         async def gather_rma(req: RmaRequest) -> RmaEvidence:
             c.calls.append("gather_rma")
+            if c.history_down:
+                raise RuntimeError("visibility store unavailable")
             return RmaEvidence(**dict(req), history=())
 
         @implements(act.FIND_APPLICATION_FAULTS)

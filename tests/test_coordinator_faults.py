@@ -48,6 +48,7 @@ from gpuheal.core.fleet.models import (
 )
 from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, PolicyChange
 from gpuheal.core.models.base import ActionClass, Stage
+from gpuheal.core.models.kubernetes import BorrowedGiveBack
 from gpuheal.core.models.result import Notification
 from gpuheal.workers.main import Workers
 from gpuheal.workflows.domain import DomainIncidentWorkflow
@@ -95,7 +96,11 @@ class Receiver:
                 await asyncio.sleep(1)  # a slow visibility: requests arrive before the answer
             return self.open
 
-        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open]
+        @implements(act.GIVE_BACK_BORROWED_OF_ENDED_RUNS)
+        async def give_back(cluster: str) -> BorrowedGiveBack:
+            return BorrowedGiveBack()  # nothing borrowed: no Kubernetes here
+
+        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open, give_back]
 
 
 def placement(node: str) -> Placement:

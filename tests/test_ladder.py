@@ -18,7 +18,6 @@ from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.models.base import ActionClass
 from gpuheal.core.models.incident import ApprovalPolicy
 from gpuheal.core.models.result import RemediationResult
-from gpuheal.core.models.slurm import ValidationResult
 from tests.conftest import start_time_skipping
 from tests.fakes import FakeCluster
 from tests.test_workflow import report, settings, start_or_join, worker
@@ -165,12 +164,19 @@ async def test_where_a_person_approves_replacements_the_ladder_only_tells(env: W
     assert result.burn_in is None and "drain" not in fake.calls and "notify:burn_in_wanted" in fake.calls
 
 
-async def test_a_burn_in_that_gave_no_verdict_replaces_nothing(env: WorkflowEnvironment) -> None:
+@pytest.mark.parametrize("cause", ["never_started", "could_not_run"])
+async def test_a_burn_in_that_gave_no_verdict_condemns_nothing(env: WorkflowEnvironment, cause: str) -> None:
+    """Behind another job until its bound, or refused by Slurm: kept drained for a person; not
+    replaced, not admitted again as hardware, no RMA."""
     fake = ladder()
-    fake.validation = ValidationResult(passed=False, detail="the burn-in could not run: sbatch refused it")
+    if cause == "never_started":
+        fake.waiting_gpus = {"gpu01"}
+    else:
+        fake.validation_fails = True
     result = await remediate(env, fake)
-    assert result.outcome == "failed_validation" and result.replacement_node is None, result.reason
-    assert "replace" not in fake.calls and "resume" not in fake.calls
+    assert result.outcome == "unvalidated" and result.replacement_node is None, result.reason
+    assert "replace" not in fake.calls and "resume" not in fake.calls and "gather_rma" not in fake.calls
+    assert fake.admitted == [True]  # admitted once, as the application fault it is
 
 
 async def test_a_failed_burn_in_is_counted_as_hardware_before_the_node_is_replaced(env: WorkflowEnvironment) -> None:

@@ -12,6 +12,7 @@ import typing
 import pytest
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.borrowed import BorrowedNodes
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.kubernetes import KubernetesActivities
@@ -30,6 +31,7 @@ from tests.fakes import FakeCluster
         (KubernetesActivities, act.KUBERNETES),
         (ValidationActivities, act.VALIDATION),
         (RmaActivities, act.RMA),
+        (BorrowedNodes, act.BORROWED),
     ],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:

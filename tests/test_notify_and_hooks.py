@@ -4,20 +4,23 @@ server and real scripts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from temporalio.testing import ActivityEnvironment
 
+from gpuheal.activities.remediation import RemediationActivities
 from gpuheal.clients import proc
 from gpuheal.clients.notify import WebhookNotifier
 from gpuheal.clients.owners import addresses, route
 from gpuheal.core.jobs import OwnerNotice
 from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.replacement import ReplaceRequest
 from gpuheal.core.models.result import Notification
 from gpuheal.providers.base import NoSpareCapacity
 from gpuheal.providers.exec_hook import ExecHookProvider
@@ -70,7 +73,7 @@ esac
 
 async def test_exec_hook_provider(hook: Path) -> None:
     p = ExecHookProvider(str(hook), timeout_s=30)
-    replaced = await ActivityEnvironment().run(p.replace, "gpu01", "gpuheal-c-gpu01")
+    replaced = await p.replace("gpu01", "gpuheal-c-gpu01/first-run")
     assert replaced.new_node == "gpu42"
     repaired = await p.repair("gpu01", ActionClass.REBOOT_NODE)
     assert repaired.repaired and repaired.detail == "power-cycled gpu01"
@@ -78,9 +81,23 @@ async def test_exec_hook_provider(hook: Path) -> None:
     health = await p.check_health("gpu01")
     assert not health.healthy and health.detail == "GPU 3 missing"
     calls = (hook.parent / "calls").read_text().splitlines()
-    assert calls[0] == "replace gpu01 gpuheal-c-gpu01 test-run" and calls[1] == "repair gpu01 reboot_node"
+    assert calls[0] == "replace gpu01 gpuheal-c-gpu01 first-run" and calls[1] == "repair gpu01 reboot_node"
     with pytest.raises(ValueError, match="invalid node name"):
         await p.replace("gpu01; reboot", "x")
+
+
+async def test_a_reset_run_asks_the_provider_under_the_incidents_first_run(hook: Path) -> None:
+    """A Temporal reset runs the incident on in a new run: the provider is asked under the
+    incident's first run (which the request carries), so it answers with the spare it gave that
+    run; a request from a release that sent no run falls back to the activity's own."""
+    acts = RemediationActivities(cast(Any, None), ExecHookProvider(str(hook), 30), cast(Any, None), lambda _: None)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_run_id="reset-run")
+    ref = {"cluster": "c", "node": "gpu01", "incident_id": "gpuheal-c-gpu01"}
+    await env.run(acts.replace_node, ReplaceRequest(**ref, run_id="first-run"))
+    await env.run(acts.replace_node, ReplaceRequest(**ref))
+    calls = (hook.parent / "calls").read_text().splitlines()
+    assert calls == ["replace gpu01 gpuheal-c-gpu01 first-run", "replace gpu01 gpuheal-c-gpu01 reset-run"]
 
 
 async def test_exec_hook_failure_is_an_error(tmp_path: Path) -> None:
@@ -163,13 +180,14 @@ def test_an_owner_without_an_account_matches_no_account_route() -> None:
 @pytest.mark.parametrize(
     ("fields", "domain", "mailed"),
     [
-        ({"mail_user": "alice@example.com"}, None, ("alice@example.com",)),
+        ({"mail_user": "alice@example.com"}, None, ()),  # no domain allowed: nobody (fail closed)
+        ({"mail_user": "alice@example.com"}, "example.com", ("alice@example.com",)),
         ({"mail_user": ""}, "example.org", ("alice@example.org",)),  # Slurm's default: the user's name
         ({"mail_user": "bob"}, "example.org", ("bob@example.org",)),
         ({"mail_user": "alice"}, None, ()),  # a bare name and no domain: nobody to mail
-        ({"mail_user": "a@x.io", "recipients": ("alice", "team@x.io", "a@x.io")}, None, ("a@x.io", "team@x.io")),
+        ({"mail_user": "a@x.io", "recipients": ("alice", "team@x.io", "a@x.io")}, "x.io", ("a@x.io", "team@x.io")),
         ({"mail_user": "a@x.io", "recipients": ("https://evil.example/hook",)}, "x.io", ("a@x.io",)),
-        ({"mail_user": "a@x.io\nBcc: all@x.io"}, None, ()),  # no header smuggled in
+        ({"mail_user": "a@x.io\nBcc: all@x.io"}, "x.io", ()),  # no header smuggled in
         # With a mail domain, only its addresses (and its subdomains'): the relay mails no one outside for a job.
         (
             {"mail_user": "a@x.io", "recipients": ("spam@elsewhere.com", "b@lab.x.io", "c@evilx.io")},

@@ -136,3 +136,15 @@ def test_incident_cost_without_jobs_measures_capacity() -> None:
     cost = policy.incident_cost(T0, [], [], 8, capacity_back_at=T0 + timedelta(seconds=12))
     assert cost.mttr_s == 12
     assert cost.steps_lost == 0
+
+
+def test_the_incident_a_drain_is_in_the_name_of() -> None:
+    """`gpuheal return` finds whose drain a node's is: a replacement kept out is drained in the
+    name of the incident it was to replace a node for, not its own."""
+    prefix = "gpuheal-prod-"
+    assert policy.draining_incident("gpuheal-prod-gpu01: GPU validation gave no verdict: x", prefix) == (
+        "gpuheal-prod-gpu01"
+    )
+    assert policy.draining_incident("gpuheal-other-gpu01: XID 79", prefix) is None  # another cluster's
+    assert policy.draining_incident("hw check by ops: see gpuheal-prod-gpu01", prefix) is None  # a person's
+    assert policy.draining_incident("Kill task failed", prefix) is None

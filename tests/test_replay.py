@@ -14,7 +14,9 @@ same release through the paths its successor changes (a grant taken back by the 
 override, a cooldown hold served by the next event, a domain incident released), so a running
 coordinator survives the upgrade. The issue34_* ones (each run of a continue-as-new chain its own
 file) are the paths issue 34 added: a late, more severe report followed up, the application-fault
-ladder's burn-in passed and failed.
+ladder's burn-in passed and failed. The issue35_* ones, issue 35's: a burn-in that gave no verdict
+(could not run, never started; on a repaired node and on a new one), a rejected spare counted at
+the coordinator, and RMA evidence whose history could not be read.
 """
 
 from __future__ import annotations

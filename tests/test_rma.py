@@ -1,12 +1,15 @@
 """A board's record follows its serial: the repeat-offender count (Hypothesis over the pure
-decision) and what goes to the vendor."""
+decision) and what goes to the vendor, which never fails the incident."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from temporalio.testing import WorkflowEnvironment
 
 from gpuheal.core import rma, rma_policy
 from gpuheal.core.fleet.breaker import repeat_offender
@@ -14,6 +17,11 @@ from gpuheal.core.fleet.models import Arrival
 from gpuheal.core.fleet.policy import RepeatPolicy
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.models.report import HealthReport
+from gpuheal.workflows.incident.evidence import GATHER_ATTEMPTS
+from tests.conftest import start_time_skipping
+from tests.fakes import FakeCluster
+from tests.test_workflow import report as xid_report
+from tests.test_workflow import settings, start_or_join, worker
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 POLICY = RepeatPolicy(incidents=3, window_s=7 * 86400)
@@ -71,3 +79,25 @@ def test_what_goes_to_the_vendor() -> None:
     assert rma_policy.needed(NodeState.FAILED_VALIDATION, None) == "failed validation after repair"
     assert rma_policy.needed(NodeState.RETURNED, "repeat offender: 3 incidents on GPU serial S1") is not None
     assert rma_policy.needed(NodeState.RETURNED, None) is None and rma_policy.needed(NodeState.DRAINED, None) is None
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_time_skipping()
+    yield env
+    await env.shutdown()
+
+
+async def test_a_history_that_cannot_be_read_never_fails_the_incident(env: WorkflowEnvironment) -> None:
+    """Visibility down at the close: the evidence goes to the vendor without the board's history
+    (said in it), and the incident still resolves and gives its capacity back."""
+    fake, s = FakeCluster(), settings()
+    fake.history_down = True
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, xid_report(79))).result()
+    assert result.outcome == "resolved" and result.replacement_node == "gpu09"
+    assert fake.calls.count("gather_rma") == GATHER_ATTEMPTS  # a few tries, not thirty
+    assert result.rma is not None and result.rma.history == ()
+    assert result.rma.ticket.startswith("RMA-1") and "history could not be read" in result.rma.ticket
+    assert [r.left_drained for r in fake.releases] == [False]  # released as on any close
+    assert fake.calls[-2:] == ["release_capacity", "metrics"]

@@ -41,18 +41,46 @@ def test_temporal_address_alone_is_honoured(no_file: dict[str, str]) -> None:
 
 def test_a_gpuheal_address_takes_the_whole_connection_away_from_the_sdk_profile(no_file: dict[str, str]) -> None:
     """A profile meant for another server must not send its namespace, TLS or key to this one."""
-    sdk = {
-        **no_file,
-        "TEMPORAL_ADDRESS": "temporal.example:7233",
-        "TEMPORAL_NAMESPACE": "prod",
-        "TEMPORAL_API_KEY": "cloud-key",
-    }
+    sdk = {**no_file, "TEMPORAL_ADDRESS": "temporal.example:7233", "TEMPORAL_NAMESPACE": "prod"}
     config = config_for({**sdk, "GPUHEAL_TEMPORAL_ADDRESS": "frontend.temporal:7233"})
     assert (config["target_host"], config["namespace"]) == ("frontend.temporal:7233", "default")
     assert "api_key" not in config and "tls" not in config
     assert config_for({**sdk, "GPUHEAL_TEMPORAL_ADDRESS": "f:7233", "GPUHEAL_NAMESPACE": "gpu"})["namespace"] == "gpu"
     # Without it, gpuheal's namespace still overrides the profile's, field by field.
     assert config_for({**sdk, "GPUHEAL_NAMESPACE": "gpu"})["namespace"] == "gpu"
+
+
+@pytest.mark.parametrize(
+    "sdk_security",
+    [
+        {"TEMPORAL_API_KEY": "cloud-key"},
+        {"TEMPORAL_TLS_CLIENT_CERT_PATH": "/etc/tls/tls.crt", "TEMPORAL_TLS_CLIENT_KEY_PATH": "/etc/tls/tls.key"},
+        {"TEMPORAL_TLS": "true"},
+    ],
+)
+def test_sdk_security_left_unread_beside_a_gpuheal_address_is_refused(
+    no_file: dict[str, str], sdk_security: dict[str, str], tmp_path: Path
+) -> None:
+    """It would otherwise connect in plain text with no word (the chart always sets the address)."""
+    env = {**no_file, **sdk_security, "GPUHEAL_TEMPORAL_ADDRESS": "frontend.temporal:7233"}
+    with pytest.raises(SettingsError, match=rf"{sorted(sdk_security)[0]}.*not read beside GPUHEAL_TEMPORAL_ADDRESS"):
+        config_for(env)
+    key = {"GPUHEAL_TEMPORAL_API_KEY": "k"}  # gpuheal's own security: the SDK's is not needed
+    assert config_for({**env, **key})["tls"] is True
+
+
+async def test_plain_text_to_a_remote_temporal_is_said_loudly(
+    no_file: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def connected(**config: Any) -> None:
+        return None
+
+    monkeypatch.setattr(Client, "connect", connected)
+    for address, loud in (("frontend.temporal:7233", True), ("127.0.0.1:7233", False), ("localhost:7233", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gpuheal.temporal"):
+            await temporal.connect(Settings.from_env({**no_file, "GPUHEAL_TEMPORAL_ADDRESS": address}).temporal)
+        assert ("in plain text" in caplog.text) == loud, address
 
 
 def test_a_gpuheal_api_key_never_goes_in_plain_text(no_file: dict[str, str]) -> None:

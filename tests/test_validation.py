@@ -5,6 +5,7 @@ The validation activity itself runs against Slurm as scontrol shows the node (be
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -16,7 +17,8 @@ from gpuheal.clients.slurm.base import SlurmError
 from gpuheal.clients.slurm.burn_in import BurnIn
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.clients.slurm.parsers import parse_node_line
-from gpuheal.core import policy
+from gpuheal.core import ids, policy
+from gpuheal.core.fleet import repeats
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.models.slurm import NodeInfo, NodeRef, ValidateRequest, ValidationResult
 from gpuheal.workflows.incident.node import MAX_REJECTED
@@ -87,6 +89,60 @@ async def test_new_nodes_that_all_fail_end_no_capacity_after_the_bound(env: Work
     assert len(fake.replace_requests) == MAX_REJECTED and "decommission" not in fake.calls
 
 
+@pytest.mark.parametrize("cause", ["never_started", "could_not_run"])
+async def test_a_repaired_node_whose_burn_in_gave_no_verdict_is_kept_out_and_never_condemned(
+    env: WorkflowEnvironment, cause: str
+) -> None:
+    """Pending behind a job until its bound, or refused by Slurm every try: it says nothing of the
+    GPUs. The node stays drained and counted for a person; no RMA, not `failed_validation`."""
+    fake, s = FakeCluster(), settings()
+    fake.settings = fake.settings.model_copy(update={"validate_job": BURN_IN})
+    if cause == "never_started":
+        fake.waiting_gpus = {"gpu01"}
+    else:
+        fake.validation_fails = True
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(48))).result()
+    assert result.outcome == "unvalidated" and result.node_state == NodeState.UNVALIDATED, result.node_detail
+    assert "validate it by hand" in result.node_detail and "resume" not in fake.calls
+    assert "gather_rma" not in fake.calls and result.rma is None
+    assert "notify:closed_unvalidated" in fake.calls
+    (release,) = fake.releases
+    assert release.left_drained  # still drained by its incident: counted until a person resumes it
+
+
+async def test_a_new_node_whose_burn_in_gave_no_verdict_is_kept_and_no_other_spare_spoiled(
+    env: WorkflowEnvironment,
+) -> None:
+    fake, s = FakeCluster(), settings()
+    fake.settings = fake.settings.model_copy(update={"validate_job": BURN_IN, "capacity_retry_s": 1})
+    fake.waiting_gpus = {"gpu09"}
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "unvalidated" and "gpu09's burn-in gave no verdict" in result.reason
+    assert len(fake.replace_requests) == 1 and "decommission" not in fake.calls
+    assert result.node_state == NodeState.AWAITING_REPLACEMENT  # the failed node: kept drained
+    assert [a.node for a in fake.admit_asks] == ["gpu01"]  # gpu09 is counted as nothing
+
+
+async def test_each_rejected_spare_is_an_arrival_of_its_own_at_the_coordinator(env: WorkflowEnvironment) -> None:
+    """A run of bad spares trips the breaker fleet-wide: each is admitted under its own key."""
+    fake, s = FakeCluster(), settings()
+    fake.settings = fake.settings.model_copy(update={"validate_job": BURN_IN, "capacity_retry_s": 1})
+    fake.bad_gpus = {"gpu09", "gpu10"}
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        result = await handle.result()
+        first_run = (await handle.describe()).run_id
+    assert result.outcome == "resolved" and result.replacement_node == "gpu11"
+    incident, *spares = fake.admit_asks
+    assert incident.node == "gpu01" and incident.run_id == first_run
+    assert [(a.node, a.run_id, a.incident_id) for a in spares] == [
+        (n, f"rejected-{n}-{first_run}", incident.incident_id) for n in ("gpu09", "gpu10")
+    ]
+    assert all("failed its burn-in" in a.what and not a.application_fault for a in spares)
+
+
 # --- the activity, against Slurm as scontrol shows the node ---------------------------------------
 
 INCIDENT = "gpuheal-prod-gpu01"
@@ -122,12 +178,19 @@ class SlurmShowing(SlurmCli):
 
 
 class BurnInJob(BurnIn):
-    """Burn-in job 90: it ends `ends`, or (None) runs until cancelled and is gone `linger` polls
-    later. The reservation's delete fails `delete_fails` times (slurmctld unreachable)."""
+    """Burn-in job 90: it ends `ends`, or (None) runs (`waits`: stays pending) until cancelled
+    and is gone `linger` polls later. The reservation's delete fails `delete_fails` times
+    (slurmctld unreachable)."""
 
-    def __init__(self, ends: tuple[str, str] | None = ("FAILED", "1:0"), linger: int = 0, delete_fails: int = 0):
+    def __init__(
+        self,
+        ends: tuple[str, str] | None = ("FAILED", "1:0"),
+        linger: int = 0,
+        delete_fails: int = 0,
+        waits: bool = False,
+    ):
         super().__init__(SlurmCli(), user="gpuheal")
-        self.ends, self.linger, self.delete_fails = ends, linger, delete_fails
+        self.ends, self.linger, self.delete_fails, self.waits = ends, linger, delete_fails, waits
         self.reserved: set[str] = set()
         self.submits = 0
         self.cancelled = asyncio.Event()
@@ -141,17 +204,18 @@ class BurnInJob(BurnIn):
             raise SlurmError("scontrol delete reservationname=... failed (exit 1): Unable to contact slurm controller")
         self.reserved.discard(name)
 
-    async def submit(self, script: str, name: str, node: str) -> int:
+    async def submit(self, script: str, reservation: str, node: str, job_name: str) -> int:
         self.submits += 1
         return 90
 
-    async def state(self, job_id: int) -> tuple[str, str] | None:
+    async def state(self, job_id: int) -> tuple[str, str]:
         if self.ends is not None:
             return self.ends
+        now = ("PENDING", "0:0") if self.waits else ("RUNNING", "0:0")
         if not self.cancelled.is_set():
-            return None
+            return now
         self.linger -= 1
-        return ("CANCELLED", "0:15") if self.linger < 0 else None
+        return ("CANCELLED", "0:15") if self.linger < 0 else now
 
     async def cancel(self, job_id: int) -> None:
         self.cancelled.set()
@@ -217,6 +281,38 @@ async def test_a_retry_beside_an_attempt_still_cancelling_its_burn_in_drains_onc
 
 
 @pytest.mark.parametrize(
+    ("burn_in", "verdict_is"),
+    [
+        (BurnInJob(ends=None, waits=True), "none"),  # behind another job until its bound
+        (BurnInJob(ends=("CANCELLED", "0:15")), "none"),  # someone cancelled it
+        (BurnInJob(ends=("PREEMPTED", "0:0")), "none"),
+        (BurnInJob(ends=None), "failed"),  # it ran and hung past its bound: the GPUs' doing
+        (BurnInJob(ends=("NODE_FAIL", "0:0")), "failed"),
+        (BurnInJob(ends=("COMPLETED", "0:0")), "passed"),
+    ],
+    ids=["pending", "cancelled", "preempted", "hung", "node_fail", "completed"],
+)
+async def test_only_a_burn_in_that_ran_condemns_the_node(burn_in: BurnInJob, verdict_is: str) -> None:
+    """No verdict keeps the node drained in the incident's name (counted) for a person to
+    validate, never "for the vendor"; a job that ran and failed is the vendor's."""
+    slurm = SlurmShowing(OURS)
+    verdict = await validating(slurm, burn_in, timeout_s=0)
+    assert (verdict.passed, verdict.no_verdict, verdict.ran_and_failed) == {
+        "passed": (True, False, False),
+        "none": (False, True, False),
+        "failed": (False, False, True),
+    }[verdict_is]
+    shown = (await slurm.node("gpu01")).reason
+    if verdict_is == "passed":
+        assert not shown and not slurm.drains
+    else:
+        assert policy.is_our_drain(shown, INCIDENT) and slurm.drains == [shown]
+        assert (validation.failed_detail(shown, INCIDENT) is not None) == (verdict_is == "failed")
+        assert (policy.UNVALIDATED in shown) == (verdict_is == "none")
+    assert not burn_in.reserved
+
+
+@pytest.mark.parametrize(
     "theirs",
     [
         "Kill task failed",  # slurmctld's own
@@ -245,3 +341,31 @@ async def test_the_nodes_next_incident_never_resumes_a_node_that_failed_its_burn
     assert policy.KEPT_FOR_THE_VENDOR in answer and slurm.reason, "a known-bad node was resumed"
     slurm.reason = policy.drain_reason(INCIDENT, "XID 79")  # its own, ordinary drain: resumed
     assert await ActivityEnvironment().run(acts.resume_slurm_node, ref) == "gpu01 resumed" and not slurm.reason
+
+
+def test_two_runs_rejecting_one_spare_are_two_arrivals_in_the_compact_books() -> None:
+    """The repeat window keeps a run key's tail only: the rejected spare's key ends in its run."""
+    first, second = (ids.rejected_spare_run(str(uuid.uuid4()), "gpu-a017") for _ in range(2))
+    assert repeats.run_key(first) != repeats.run_key(second)
+
+
+async def test_a_burn_in_that_starts_late_gets_its_whole_bound_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pending 8 s behind a job, then a 8 s diagnostic, with a 10 s bound: it ran 8 s, not past
+    its bound, so it passes (counted from its submission it would read as hung and condemn a
+    healthy node). Its reservation is extended as it starts. Slurm's clock: 1 s per look."""
+    now = [0.0]
+    monkeypatch.setattr(validation, "_now", lambda: now[0])
+
+    class LateStart(BurnInJob):
+        async def state(self, job_id: int) -> tuple[str, str]:
+            now[0] += 1
+            return ("PENDING", "0:0") if now[0] <= 8 else ("RUNNING", "0:0") if now[0] <= 16 else ("COMPLETED", "0:0")
+
+        async def reserve(self, name: str, node: str, timeout_s: float) -> None:
+            self.extended = now[0]  # (set before first use: an attribute of the fake)
+            await super().reserve(name, node, timeout_s)
+
+    slurm, burn_in = SlurmShowing(OURS), LateStart()
+    verdict = await validating(slurm, burn_in, timeout_s=10)
+    assert verdict.passed, verdict.detail
+    assert 8 < burn_in.extended <= 10  # extended when it was seen running

@@ -47,3 +47,26 @@ def test_a_worker_missing_an_implementation_refuses_to_start(
 def test_an_activity_implemented_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="implemented twice"):
         act.implementations(ValidationActivities, ValidationActivities)
+
+
+async def test_a_validation_job_the_rest_backend_cannot_run_refuses_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The burn-in goes through Slurm's commands whatever the backend: with slurmrestd and no
+    Slurm client beside it (a worker image without one: no scontrol on its PATH), every burn-in
+    would fail to run. Refused at start, naming why."""
+    s = Settings.from_env(
+        {
+            "GPUHEAL_CLUSTER": "prod",
+            "GPUHEAL_PROVIDER": "sandbox",
+            "GPUHEAL_SLURM_BACKEND": "rest",
+            "GPUHEAL_SLURM_REST_URL": "http://127.0.0.1:6820",
+            "GPUHEAL_VALIDATE_JOB": "/opt/site/burn-in.sh",
+            "GPUHEAL_SLURM_CLI_WRAPPER": f"env PATH={tmp_path}",
+        }
+    )
+    monkeypatch.setattr(worker, "BURN_IN_CHECKS", 1)  # (no second try: nothing will change)
+    with pytest.raises(SettingsError, match=r"GPUHEAL_VALIDATE_JOB is set.*cannot run.*GPUHEAL_SLURM_BACKEND=rest"):
+        await worker.check_burn_in_can_run(s)
+    unset = s.model_copy(update={"remediation": s.remediation.model_copy(update={"validate_job": None})})
+    await worker.check_burn_in_can_run(unset)  # nothing to run: nothing refused

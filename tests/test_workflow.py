@@ -120,9 +120,13 @@ def worker(env: WorkflowEnvironment, s: Settings, fake: FakeCluster) -> Worker:
 async def test_xid79_replaces_the_node_without_a_human(env: WorkflowEnvironment) -> None:
     fake, s = FakeCluster(), settings()
     async with worker(env, s, fake):
-        result = await (await start_or_join(env.client, s, report(79))).result()
+        handle = await start_or_join(env.client, s, report(79))
+        result = await handle.result()
+        first_run = (await handle.describe()).run_id
     assert result.outcome == "resolved" and result.action == ActionClass.REPLACE_NODE
     assert [(bool(r.run_id), r.left_drained) for r in fake.releases] == [(True, False)]  # its run's; replaced
+    # the provider is asked under the incident's first run (a reset run finds the same spare)
+    assert [r.run_id for r in fake.replace_requests] == [first_run]
     node_calls = [c for c in fake.calls if c in NODE_SIDE]
     assert node_calls == [
         "look_up",

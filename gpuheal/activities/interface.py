@@ -40,6 +40,7 @@ from gpuheal.core.jobs import (
     VerifyOutcome,
 )
 from gpuheal.core.models.kubernetes import (
+    BorrowedGiveBack,
     BorrowedNode,
     BorrowRequest,
     BorrowResult,
@@ -51,6 +52,7 @@ from gpuheal.core.models.kubernetes import (
     KubeNodeRef,
     MapNodeRequest,
     NodeEmptyWait,
+    RejectNodeRequest,
 )
 from gpuheal.core.models.replacement import (
     HealthCheckResult,
@@ -149,6 +151,7 @@ CONFIRM_CAPACITY = Activity("confirm_capacity", CapacityRequest, CapacityDecisio
 RELEASE_CAPACITY = Activity("release_capacity", ReleaseRequest, str)
 CONTAIN_WHILE_HELD = Activity("contain_while_held", CapacityRequest, CapacityDecision)
 FIND_CLOSED_RUNS = Activity("find_closed_runs", RunRefs, RunRefs)
+GIVE_BACK_BORROWED_OF_ENDED_RUNS = Activity("give_back_borrowed_of_ended_runs", str, BorrowedGiveBack)
 FIND_NODES_LEFT_DRAINED = Activity("find_nodes_left_drained", RunRefs, RunRefs)  # Slurm: still drained by them
 FIND_OPEN_INCIDENTS = Activity("find_open_incidents", str, OpenIncidents)  # the cluster's
 OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
@@ -156,9 +159,11 @@ DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
 
 # --- Kubernetes (activities/kubernetes.py) ----------------------------------------------------
 MAP_KUBE_NODE = Activity("map_kube_node", MapNodeRequest, KubeNodeRef)
+MARK_REJECTED_NODE = Activity("mark_rejected_node", RejectNodeRequest, str)
 CORDON_AND_TAINT_NODE = Activity("cordon_and_taint_node", CordonRequest, CordonResult)
 EVICT_PODS = Activity("evict_pods", EvictRequest, EvictResult)
 UNCORDON_NODE = Activity("uncordon_node", KubeNodeRef, str)
+RETURN_UNFINISHED_BORROW = Activity("return_unfinished_borrow", BorrowRequest, str)
 POST_NODE_EVENT = Activity("post_node_event", KubeEvent, type(None))
 BORROW_INFERENCE_NODE = Activity("borrow_inference_node", BorrowRequest, BorrowResult)
 GIVE_BACK_NODE = Activity("give_back_node", BorrowedNode, str)
@@ -210,15 +215,18 @@ FLEET = (
     FIND_NODES_LEFT_DRAINED,
     FIND_OPEN_INCIDENTS,
 )
+BORROWED = (GIVE_BACK_BORROWED_OF_ENDED_RUNS,)  # the coordinator's, served by every worker (activities/borrowed.py)
 KUBERNETES = (
     MAP_KUBE_NODE,
     CORDON_AND_TAINT_NODE,
+    MARK_REJECTED_NODE,
     EVICT_PODS,
     UNCORDON_NODE,
     POST_NODE_EVENT,
     BORROW_INFERENCE_NODE,
+    RETURN_UNFINISHED_BORROW,
     GIVE_BACK_NODE,
 )
-ALL = REMEDIATION + JOBS + FLEET + KUBERNETES
+ALL = REMEDIATION + JOBS + FLEET + KUBERNETES + BORROWED
 # What every worker serves; KUBERNETES only where a cluster is configured (GPUHEAL_KUBECONFIG).
-WORKER = REMEDIATION + JOBS + FLEET + VALIDATION + RMA
+WORKER = REMEDIATION + JOBS + FLEET + VALIDATION + RMA + BORROWED

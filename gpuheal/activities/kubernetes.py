@@ -23,14 +23,20 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.borrowing import INCIDENT_ANNOTATION as INCIDENT_ANNOTATION  # (re-exported: a Node's mark)
+from gpuheal.activities.borrowing import BorrowingActivities, stays
+from gpuheal.activities.borrowing import label_safe as label_safe
 from gpuheal.activities.interface import implements
-from gpuheal.clients.kube import POOL_LABEL, call, node_ready
+from gpuheal.clients.kube import (
+    REJECTED,
+    REJECTED_ANNOTATION,
+    REJECTED_LABEL,
+    REPLACES_ANNOTATION,
+    UNVALIDATED,
+    call,
+)
 from gpuheal.core.errors import UNKNOWN_NODE
-from gpuheal.core.models.incident import BorrowPolicy
 from gpuheal.core.models.kubernetes import (
-    BorrowedNode,
-    BorrowRequest,
-    BorrowResult,
     CordonRequest,
     CordonResult,
     EvictRequest,
@@ -38,18 +44,14 @@ from gpuheal.core.models.kubernetes import (
     KubeEvent,
     KubeNodeRef,
     MapNodeRequest,
+    RejectNodeRequest,
 )
 
 TAINT_KEY = "gpuheal.io/gpu-failure"
-INCIDENT_ANNOTATION = "gpuheal.io/incident"
 CORDONED_BY_US = "gpuheal.io/cordoned-by-gpuheal"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-BORROWED_BY = "gpuheal.io/borrowed-by"  # label (selectable): the incident, on a borrowed node
-BORROWED_FROM = "gpuheal.io/borrowed-from"  # annotation: the pool it goes back to
-BORROW_TRIES = 3  # choices lost to another incident's precondition before "nothing to borrow"
 
 
-class KubernetesActivities:
+class KubernetesActivities(BorrowingActivities):
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
@@ -103,6 +105,29 @@ class KubernetesActivities:
         )
         return CordonResult(node=name, cordoned_by_others=by_others, already_done=False)
 
+    @implements(act.MARK_REJECTED_NODE)
+    async def mark_rejected_node(self, req: RejectNodeRequest) -> str:
+        """Slurm has it drained (for the vendor, or for a person: no verdict); Kubernetes must not
+        schedule on it either. Cordoned, tainted and labelled with the verdict (why in an
+        annotation); this run's claim on it is cleared, the label and the cordon now keep every
+        provider off it. Read first: a retry does it once."""
+        name, verdict = req.node.kube_node, UNVALIDATED if req.no_verdict else REJECTED
+        node = await call(self.core.read_node, name)
+        if (node.metadata.labels or {}).get(REJECTED_LABEL) == verdict:
+            return f"{name} already cordoned and labelled {REJECTED_LABEL}={verdict}"
+        taints = [t for t in (node.spec.taints or []) if t.key != TAINT_KEY]
+        taints.append(client.V1Taint(key=TAINT_KEY, value=label_safe(req.node.incident_id), effect="NoSchedule"))
+        why = f"{req.node.incident_id}: {req.detail}"[:1000]
+        patch = {
+            "metadata": {
+                "labels": {REJECTED_LABEL: verdict},
+                "annotations": {REJECTED_ANNOTATION: why, REPLACES_ANNOTATION: None},
+            },
+            "spec": {"unschedulable": True, "taints": [t.to_dict() for t in taints]},
+        }
+        await call(self.core.patch_node, name, patch)
+        return f"{name} cordoned, tainted and labelled {REJECTED_LABEL}={verdict}"
+
     @implements(act.EVICT_PODS)
     async def evict_pods(self, req: EvictRequest) -> EvictResult:
         """Evict every pod on the node through the Eviction API (PodDisruptionBudgets apply).
@@ -122,7 +147,7 @@ class KubernetesActivities:
             blocked = []
             for pod in pods.items:
                 key = f"{pod.metadata.namespace}/{pod.metadata.name}"
-                if _stays(pod):
+                if stays(pod):
                     kept.add(key)
                     continue
                 if pod.metadata.deletion_timestamp is not None:
@@ -166,146 +191,6 @@ class KubernetesActivities:
             activity.heartbeat({"blocked_by_pdb": blocked, "retries": retries})
             await asyncio.sleep(min(poll_interval_s * 2 ** min(retries, 4), 10))
 
-    # --- borrowing from inference ------------------------------------------------------------
-
-    @implements(act.BORROW_INFERENCE_NODE)
-    async def borrow_inference_node(self, req: BorrowRequest) -> BorrowResult:
-        """A Ready node of the inference pool whose pods can go without any Deployment there
-        dropping below its PodDisruptionBudget or the configured floor: cordoned, its pods evicted
-        through the Eviction API, relabelled into the failed node's pool. Read before acting: a
-        node this incident already borrowed is returned as is."""
-        mine = await call(self.core.list_node, label_selector=f"{BORROWED_BY}")
-        for n in mine.items:
-            if (n.metadata.labels or {}).get(BORROWED_BY) == label_safe(req.incident_id):
-                pool = (n.metadata.annotations or {}).get(BORROWED_FROM, req.policy.pool)
-                return BorrowResult(node=n.metadata.name, from_pool=pool, already_done=True)
-        failed = await call(self.core.read_node, req.failed.kube_node)
-        training_pool = (failed.metadata.labels or {}).get(POOL_LABEL, "default")
-        for _ in range(BORROW_TRIES):
-            choice, _chosen_at, why = await self._borrowable(req.policy)
-            if choice is None:
-                return BorrowResult(node=None, why=why)
-            # Read again just before taking it: the scan above is long, and a kubelet's status
-            # update meanwhile must not read as another incident's claim.
-            now = await call(self.core.read_node, choice)
-            free = not now.spec.unschedulable and BORROWED_BY not in (now.metadata.labels or {})
-            if free and await self._take(choice, now.metadata.resource_version, req):
-                break
-            why = f"other incidents took each node chosen first ({BORROW_TRIES} tries)"
-        else:
-            return BorrowResult(node=None, why=why)
-        evicted = await self._evict_node(choice, req.deadline_s)
-        if evicted.blocked:  # a PDB changed its mind meanwhile: give it back untouched
-            await self._return_node(choice, req.policy.pool)
-            return BorrowResult(node=None, why=f"evictions blocked on {choice}: {list(evicted.blocked)}")
-        await call(
-            self.core.patch_node,
-            choice,
-            {"metadata": {"labels": {POOL_LABEL: training_pool}}, "spec": {"unschedulable": False}},
-        )
-        return BorrowResult(node=choice, evicted=evicted.evicted, from_pool=req.policy.pool)
-
-    async def _take(self, name: str, version: str, req: BorrowRequest) -> bool:
-        """Cordon and mark the node as this incident's, only if it is as it was when chosen (a
-        resourceVersion precondition): of two incidents choosing one node, one gets it."""
-        patch = {
-            "metadata": {
-                "resourceVersion": version,
-                "labels": {BORROWED_BY: label_safe(req.incident_id)},
-                "annotations": {BORROWED_FROM: req.policy.pool, INCIDENT_ANNOTATION: req.incident_id},
-            },
-            "spec": {"unschedulable": True},
-        }
-        try:
-            await call(self.core.patch_node, name, patch)
-        except ApiException as err:
-            if err.status == 409:  # changed since it was read: choose again
-                return False
-            raise
-        return True
-
-    async def _borrowable(self, policy: BorrowPolicy) -> tuple[str | None, str, str]:
-        """The inference node with the fewest pods whose owners can spare them (with the
-        resourceVersion it was chosen at), or why none."""
-        nodes = await call(self.core.list_node, label_selector=f"{POOL_LABEL}={policy.pool}")
-        ready = [
-            n
-            for n in nodes.items
-            if node_ready(n) and not n.spec.unschedulable and BORROWED_BY not in (n.metadata.labels or {})
-        ]
-        if not ready:
-            return None, "", f"no Ready node in pool {policy.pool}"
-        reasons = []
-        best: tuple[int, str, str] | None = None
-        for n in ready:
-            name = n.metadata.name
-            pods = await self._workload_pods(name)
-            refusal = await self._refusal(pods, policy)
-            if refusal:
-                reasons.append(f"{name}: {refusal}")
-            elif best is None or len(pods) < best[0]:
-                best = (len(pods), name, n.metadata.resource_version)
-        if best is None:
-            return None, "", "; ".join(reasons)
-        return best[1], best[2], ""
-
-    async def _workload_pods(self, node: str) -> list[Any]:
-        pods = await call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
-        return [p for p in pods.items if not _stays(p) and p.metadata.deletion_timestamp is None]
-
-    async def _refusal(self, pods: list[Any], policy: BorrowPolicy) -> str:
-        """Why these pods cannot go now (a Deployment would drop below its floor or its PDB)."""
-        by_owner: dict[tuple[str, str], int] = {}
-        for pod in pods:
-            owner = await self._deployment_of(pod)
-            if owner is not None:
-                by_owner[owner] = by_owner.get(owner, 0) + 1
-        for (ns, name), count in by_owner.items():
-            dep = await call(self.apps.read_namespaced_deployment, name, ns)
-            ready = dep.status.ready_replicas or 0
-            if ready - count < policy.floor:
-                return f"Deployment {ns}/{name} would have {ready - count} ready, under its floor {policy.floor}"
-        for pod in pods:
-            for pdb in (await call(self.policy.list_namespaced_pod_disruption_budget, pod.metadata.namespace)).items:
-                selector = pdb.spec.selector.match_labels or {}
-                labels = pod.metadata.labels or {}
-                if selector and all(labels.get(k) == v for k, v in selector.items()):
-                    if (pdb.status.disruptions_allowed or 0) < 1:
-                        return f"PodDisruptionBudget {pdb.metadata.name} allows no disruption now"
-        return ""
-
-    async def _deployment_of(self, pod: Any) -> tuple[str, str] | None:
-        for ref in pod.metadata.owner_references or []:
-            if ref.kind == "ReplicaSet":
-                rs = await call(self.apps.read_namespaced_replica_set, ref.name, pod.metadata.namespace)
-                for up in rs.metadata.owner_references or []:
-                    if up.kind == "Deployment":
-                        return pod.metadata.namespace, up.name
-        return None
-
-    @implements(act.GIVE_BACK_NODE)
-    async def give_back_node(self, node: BorrowedNode) -> str:
-        """Back to its inference pool (relabelled, uncordoned): its Deployments schedule there
-        again. Only a node this incident borrowed."""
-        n = await call(self.core.read_node, node.node)
-        if (n.metadata.labels or {}).get(BORROWED_BY) != label_safe(node.incident_id):
-            return f"{node.node} is not borrowed by this incident (already given back?)"
-        await self._return_node(node.node, node.from_pool)
-        return f"{node.node} back in inference pool {node.from_pool}"
-
-    async def _return_node(self, name: str, pool: str) -> None:
-        await call(
-            self.core.patch_node,
-            name,
-            {
-                "metadata": {
-                    "labels": {POOL_LABEL: pool, BORROWED_BY: None},
-                    "annotations": {BORROWED_FROM: None, INCIDENT_ANNOTATION: None},
-                },
-                "spec": {"unschedulable": False},
-            },
-        )
-
     @implements(act.UNCORDON_NODE)
     async def uncordon_node(self, ref: KubeNodeRef) -> str:
         """Undo our cordon and taint after a passed health check; never someone else's cordon."""
@@ -346,14 +231,3 @@ class KubernetesActivities:
         except ApiException as err:
             if err.status != 409:
                 raise
-
-
-def _stays(pod: Any) -> bool:
-    if MIRROR_ANNOTATION in (pod.metadata.annotations or {}):
-        return True
-    return any(o.kind == "DaemonSet" for o in (pod.metadata.owner_references or []))
-
-
-def label_safe(value: str) -> str:
-    """A label or taint value of an incident id: at most 63 characters, alphanumeric at both ends."""
-    return value[-63:].strip("-.") or "incident"

@@ -35,12 +35,12 @@ from gpuheal.core.models.replacement import (
 )
 from gpuheal.core.models.result import Notification, RemediationResult
 from gpuheal.core.models.slurm import DrainRequest, DrainResult, JobList, NodeInfo, NodeRef
-from gpuheal.providers.base import NodeProvider, NoSpareCapacity
+from gpuheal.providers.base import NodeProvider, NoSpareCapacity, run_key
 
 log = logging.getLogger("gpuheal.remediation")
 IncidentObserver = Callable[[RemediationResult], None]
 # Holds a node out of service for a burn-in within a bound: ValidationActivities.hold.
-NodeHolder = Callable[[str, float], Awaitable[None]]
+NodeHolder = Callable[[str, str | None, float], Awaitable[None]]
 
 
 class RemediationActivities:
@@ -129,12 +129,13 @@ class RemediationActivities:
 
         async def hold(new: str) -> None:
             assert bound is not None and holder is not None
-            await holder(new, bound)
+            await holder(new, req.run_id, bound)
             held.add(new)
 
         holding = bound is not None and holder is not None
         try:
-            result = await self._provider.replace(req.node, req.incident_id, earlier, hold if holding else None)
+            key = run_key(req.incident_id, req.run_id)
+            result = await self._provider.replace(req.node, key, earlier, hold if holding else None)
             if result.new_node in req.rejected:  # whatever a provider says: this run never takes it again
                 raise NoSpareCapacity(f"the provider offered {result.new_node} again, which this run rejected")
             if holding and result.new_node and result.new_node not in held:

@@ -43,30 +43,37 @@ class RmaActivities:
         serials = [b.serial for b in req.boards if b.serial]
         terms = [queries.contains(sa.GPU_SERIALS, s) for s in serials] or [queries.eq(sa.NODE, req.node)]
         query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, req.cluster), queries.any_of(*terms))
-        history: list[XidRecord] = []
-        async for wf in client.list_workflows(query, limit=HISTORY_LIMIT):
-            attrs = wf.typed_search_attributes
-            outcome = ""
-            if wf.close_time is not None:
-                try:
+        runs = [wf async for wf in client.list_workflows(query, limit=HISTORY_LIMIT)]
+        reading = asyncio.Semaphore(RESULT_READS)
+
+        async def outcome_of(wf: WorkflowExecution) -> str:
+            if wf.run_id == req.run_id:
+                return "this incident"
+            if wf.close_time is None:
+                return ""
+            try:
+                async with reading:
                     # (never follow its runs: a follow-up of this incident may be the caller)
                     result = await INCIDENT.handle(client, wf.id, run_id=wf.run_id).result(follow_runs=False)
-                    outcome = result.outcome
-                except WorkflowContinuedAsNewError:
-                    outcome = "followed_up"
-                except Exception as err:  # a failed or terminated run: say so, keep the rest
-                    outcome = f"no result ({type(err).__name__})"
-            history.append(
-                XidRecord(
-                    at=wf.start_time,
-                    node=attrs.get(sa.NODE) or "?",
-                    incident_id=wf.id,
-                    run_id=wf.run_id,
-                    xid=attrs.get(sa.XID),
-                    action=attrs.get(sa.ACTION) or "",
-                    outcome=outcome if wf.run_id != req.run_id else "this incident",
-                )
+                return result.outcome
+            except WorkflowContinuedAsNewError:
+                return "followed_up"
+            except Exception as err:  # a failed or terminated run: say so, keep the rest
+                return f"no result ({type(err).__name__})"
+
+        outcomes = await asyncio.gather(*(outcome_of(wf) for wf in runs))
+        history = [
+            XidRecord(
+                at=wf.start_time,
+                node=wf.typed_search_attributes.get(sa.NODE) or "?",
+                incident_id=wf.id,
+                run_id=wf.run_id,
+                xid=wf.typed_search_attributes.get(sa.XID),
+                action=wf.typed_search_attributes.get(sa.ACTION) or "",
+                outcome=outcome,
             )
+            for wf, outcome in zip(runs, outcomes, strict=True)
+        ]
         return RmaEvidence(**dict(req), history=tuple(history))
 
     @implements(act.FIND_APPLICATION_FAULTS)

@@ -19,6 +19,12 @@ from gpuheal.clients.proc import heartbeat
 REQUEST_TIMEOUT_S = 15
 POOL_LABEL = "gpuheal.io/pool"
 REPLACES_ANNOTATION = "gpuheal.io/replaces"  # on a new Node: the incident run it was reserved for
+# On a new Node whose burn-in ran and failed (label: selectable; the annotation says why). A
+# provider never takes a Node with it, nor a cordoned one; a person clears it with the repair.
+REJECTED_LABEL = "gpuheal.io/validation"
+REJECTED = "failed"
+UNVALIDATED = "none"  # its burn-in gave no verdict: kept out for a person to validate
+REJECTED_ANNOTATION = "gpuheal.io/validation-failed"
 
 
 def load_api(kubeconfig: str | None) -> client.ApiClient:

@@ -78,8 +78,9 @@ def route(routes: dict[str, str], default: str | None, notice: OwnerNotice) -> t
 def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = ()) -> tuple[str, ...]:
     """Where the mail goes: the job's --mail-user (else its user; a bare name at the mail domain)
     and any full address among its recipients (notify=), each once. Only to the allowed domains
-    (and their subdomains), by default the mail domain's: a job names any address it likes, and
-    the relay must not mail outside the site for it."""
+    (and their subdomains), by default the mail domain's, and with neither to none: a job names
+    any address it likes, and the relay must not mail outside the site for it (`*` allows any,
+    said so)."""
     permitted = _permitted(domain, allowed)
     found: list[str] = []
     first = [(one.strip(), True) for one in (notice.mail_user or notice.user).split(",")]
@@ -91,18 +92,19 @@ def addresses(notice: OwnerNotice, domain: str | None, allowed: Sequence[str] = 
         else:
             continue
         at = address.rsplit("@", 1)[1].lower()
-        if permitted and not any(at == d or at.endswith("." + d) for d in permitted):
+        if permitted is not None and not any(at == d or at.endswith("." + d) for d in permitted):
             continue
         if address not in found:
             found.append(address)
     return tuple(found)
 
 
-def _permitted(domain: str | None, allowed: Sequence[str]) -> tuple[str, ...]:
-    """The domains mail may go to; () is any (`*` listed, or neither a list nor a mail domain)."""
+def _permitted(domain: str | None, allowed: Sequence[str]) -> tuple[str, ...] | None:
+    """The domains mail may go to; None is any (`*` listed); () none (neither a list nor a
+    mail domain: fail closed)."""
     listed = [d.strip().lower().lstrip("*@.").rstrip(".") for d in allowed]
     if "*" in (d.strip() for d in allowed):
-        return ()
+        return None
     return tuple(dict.fromkeys(d for d in (*listed, (domain or "").lower()) if d))
 
 
@@ -134,6 +136,11 @@ class OwnerDelivery:
         self._s = settings
         self._routes = load_routes(settings.routes)
         self._password = settings.smtp_password_file.read_text().strip() if settings.smtp_password_file else None
+        if settings.smtp_host and not (settings.mail_domain or settings.mail_allowed_domains()):
+            log.warning(
+                "owner e-mail: GPUHEAL_SMTP_HOST is set but no domain may be mailed (GPUHEAL_MAIL_DOMAIN or"
+                " GPUHEAL_MAIL_ALLOWED_DOMAINS; `*` for any): no owner is e-mailed"
+            )
 
     async def send(self, notice: OwnerNotice) -> str:
         log.info(json.dumps(notice.model_dump(mode="json"), sort_keys=True))

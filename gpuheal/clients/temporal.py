@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def connect_config(t: TemporalSettings, env: Mapping[str, str] | None = None) ->
     over TLS."""
     config: ClientConnectConfig
     if t.address:
+        _refuse_unused_security(t, os.environ if env is None else env)
         config = {"target_host": t.address}
     else:
         try:
@@ -70,6 +72,22 @@ def connect_config(t: TemporalSettings, env: Mapping[str, str] | None = None) ->
     return config
 
 
+def _refuse_unused_security(t: TemporalSettings, env: Mapping[str, str]) -> None:
+    """Beside GPUHEAL_TEMPORAL_ADDRESS the SDK's variables are not read: its TLS or key variables
+    set there would leave the connection in plain text, silently. Refused, naming them."""
+    if t.tls_ca or t.tls_cert or t.api_key:
+        return
+    unused = sorted(
+        k for k, v in env.items() if v and (k == "TEMPORAL_API_KEY" or k.startswith("TEMPORAL_TLS")) and v != "false"
+    )
+    if unused:
+        raise SettingsError(
+            f"{', '.join(unused)} set, but not read beside GPUHEAL_TEMPORAL_ADDRESS (gpuheal's variables alone"
+            " describe that connection, which would be plain text): set GPUHEAL_TEMPORAL_TLS_CA/_CERT/_KEY or"
+            " GPUHEAL_TEMPORAL_API_KEY, or name the server with TEMPORAL_ADDRESS instead"
+        )
+
+
 def resolve(t: TemporalSettings, env: Mapping[str, str] | None = None) -> TemporalSettings:
     """`t` with the address and namespace it will connect to, for links and messages."""
     config = connect_config(t, env)
@@ -86,7 +104,18 @@ def describe(config: ClientConnectConfig) -> str:
 async def connect(t: TemporalSettings, runtime: Runtime | None = None) -> Client:
     config = connect_config(t)
     log.debug("connecting to Temporal at %s", describe(config))
+    if not config.get("tls") and not _loopback(config["target_host"]):
+        log.warning(
+            "Temporal at %s in plain text: whoever can reach it can approve or abort incidents (set"
+            " GPUHEAL_TEMPORAL_TLS_CA/_CERT/_KEY or an API key, and Temporal's authorizer)",
+            describe(config),
+        )
     return await Client.connect(**config, data_converter=DATA_CONVERTER, runtime=runtime)
+
+
+def _loopback(target: str) -> bool:
+    host = target.rsplit(":", 1)[0].strip("[]")
+    return host in {"localhost", "::1"} or host.startswith("127.")
 
 
 def _read(variable: str, path: str | None) -> bytes | None:

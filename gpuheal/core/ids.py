@@ -38,6 +38,11 @@ def incident_id(cluster: str, node: str) -> str:
     return _build("incident", cluster, node=node)
 
 
+def incident_prefix(cluster: str) -> str:
+    """What every incident id of the cluster starts with."""
+    return incident_id(cluster, "")
+
+
 def coordinator_id(cluster: str) -> str:
     return _build("coordinator", cluster)
 
@@ -84,3 +89,11 @@ def domain_incident_id(cluster: str, domain: str, at: datetime) -> str:
 def is_gpuheal_id(text: str) -> bool:
     """Whether an operator's argument is an id rather than a node name (of any cluster)."""
     return text.startswith(PREFIX)
+
+
+def rejected_spare_run(first_run_id: str, node: str) -> str:
+    """The run key a rejected spare is counted under at its coordinator (an arrival of its own,
+    beside its incident's run): one per incident run and node, so a retry counts it once. The run
+    id comes last: the repeat window's compact books keep a key's tail (repeats.run_key), which
+    must tell two runs that rejected one node apart."""
+    return f"rejected-{node}-{first_run_id}"

@@ -175,6 +175,12 @@ def is_our_drain(reason: str, incident_id: str) -> bool:
     return reason.startswith(f"{incident_id}:")
 
 
+def draining_incident(reason: str, cluster_prefix: str) -> str | None:
+    """The incident of this cluster (its ids start with `cluster_prefix`) whose drain this is."""
+    incident, colon, _ = reason.partition(":")
+    return incident if colon and incident.startswith(cluster_prefix) and " " not in incident else None
+
+
 # A node that failed its burn-in is drained in its incident's name (the coordinator keeps it
 # counted after the run closes), with this mark: the node's next incident (the same incident id,
 # a new run) takes the drain for its own, but never resumes it (activities/remediation.py).
@@ -188,6 +194,15 @@ KEPT_FOR_THE_VENDOR = "left drained: an earlier run's GPU validation failed"
 def failed_validation_reason(incident_id: str, detail: str) -> str:
     """The drain reason of a failed validation."""
     return drain_reason(incident_id, f"{FAILED_VALIDATION}: {detail}")
+
+
+# A burn-in that never ran to an end says nothing of the GPUs: the node is kept out in the
+# incident's name (counted) for a person, with this mark; never "for the vendor".
+UNVALIDATED = "GPU validation gave no verdict; validate it by hand, then resume it"
+
+
+def unvalidated_reason(incident_id: str, detail: str) -> str:
+    return drain_reason(incident_id, f"{UNVALIDATED}: {detail}")
 
 
 def failed_validation_detail(reason: str, incident_id: str) -> str | None:

@@ -15,7 +15,7 @@ from gpuheal.core.job_policy import JobCost
 from gpuheal.core.jobs import RetryBudget, VerifyOutcome
 from gpuheal.core.models.base import ActionClass, NodeAt, NodeState, Outcome
 from gpuheal.core.models.incident import Decision, RecordedDecision
-from gpuheal.core.models.kubernetes import BorrowResult, CordonResult, EvictResult, KubeNodeRef
+from gpuheal.core.models.kubernetes import BorrowedGiveBack, BorrowResult, CordonResult, EvictResult, KubeNodeRef
 from gpuheal.core.models.replacement import EarlierReplacement
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import JobAccount, JobFate, RemediationResult, ResumedJob, StageRecord
@@ -311,6 +311,21 @@ def returned_replaced(
     return NodeAt(state, f"replaced by {new_node or '(none yet)'}{validated}; {detail}")
 
 
+def unvalidated(health: str, v: ValidationResult) -> NodeAt:
+    return NodeAt(
+        NodeState.UNVALIDATED,
+        f"repaired and {health or 'healthy'}, but its burn-in gave no verdict ({v.detail}): kept drained;"
+        " validate it by hand, then resume it",
+    )
+
+
+def new_node_unvalidated(new_node: str, verdict: ValidationResult) -> str:
+    return (
+        f"new node {new_node}'s burn-in gave no verdict ({verdict.detail}): kept drained for a person;"
+        " no other spare is tried (a burn-in that cannot run would spoil each)"
+    )
+
+
 def failed_validation(health: str, v: ValidationResult) -> NodeAt:
     return NodeAt(
         NodeState.FAILED_VALIDATION,
@@ -437,3 +452,12 @@ def ago(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{max(0, seconds):.0f}s"
+
+
+def borrowed_given_back(back: BorrowedGiveBack) -> str:
+    parts = []
+    if back.given_back:
+        parts.append(f"back in their inference pool: {', '.join(back.given_back)}")
+    if back.waiting:
+        parts.append(f"drained, going back once their jobs end: {', '.join(back.waiting)}")
+    return "borrowed nodes of incident runs that crashed out without returning them; " + "; ".join(parts)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, SecretStr, StringConstraints
+from pydantic import AfterValidator, BaseModel, SecretStr, StringConstraints, field_validator
 
 from gpuheal.core import ids
 from gpuheal.core.envvars import load, setting, table, variables
@@ -38,6 +38,7 @@ from gpuheal.core.models.incident import RemediationSettings
 
 LOCAL_TEMPORAL_ADDRESS = "127.0.0.1:7233"  # Temporal's dev server, where nothing names another
 DEFAULT_NAMESPACE = "default"  # the SDK's own default namespace
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a Kubernetes namespace (a DNS label)
 
 
 class TemporalSettings(BaseModel):
@@ -143,6 +144,24 @@ class ProviderSettings(BaseModel):
         "the sandbox provider's identity: it plays the cloud's node group",
         unset="`GPUHEAL_KUBECONFIG`'s",
     )
+    capi_namespaces: str | None = setting(
+        "GPUHEAL_CAPI_NAMESPACES",
+        None,
+        "kubernetes provider: comma-separated namespaces whose Cluster API Machines the worker may delete"
+        " to replace a node (grant it get, list and delete on machines there, and nowhere else)",
+        unset="a Cluster API node is never replaced: its incident says to replace it by hand",
+    )
+
+    @field_validator("capi_namespaces")
+    @classmethod
+    def _namespaces(cls, value: str | None) -> str | None:
+        for ns in (n.strip() for n in (value or "").split(",") if n.strip()):
+            if not _NAMESPACE.match(ns):
+                raise ValueError(f"GPUHEAL_CAPI_NAMESPACES: {ns!r} is not a Kubernetes namespace name")
+        return value
+
+    def machine_namespaces(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in (self.capi_namespaces or "").split(",") if n.strip())
 
 
 class OwnerSettings(BaseModel):
@@ -184,7 +203,7 @@ class OwnerSettings(BaseModel):
         "GPUHEAL_MAIL_ALLOWED_DOMAINS",
         None,
         "owner e-mail: comma-separated domains (and their subdomains) a job's addresses may be in; others get none",
-        unset="GPUHEAL_MAIL_DOMAIN's alone where it is set, else any",
+        unset="GPUHEAL_MAIL_DOMAIN's alone where it is set, else none (`*`: any)",
     )
 
     def mail_allowed_domains(self) -> tuple[str, ...]:

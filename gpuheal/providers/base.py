@@ -35,9 +35,10 @@ class NodeProvider(Protocol):
         ...
 
     async def replace(
-        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+        self, node: str, key: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
         """Bring a healthy node into the cluster in place of `node`; returns it once it serves.
+        `key` is the incident run's (:func:`run_key`): what the provider records its choice under.
         Raises NoSpareCapacity when there is none to be had. `earlier` is this incident run's
         last try (its pool and start), for a try after the failed node is gone. `hold`, when
         given, is called with the new node's name before it joins Slurm, where the provider can."""
@@ -66,11 +67,14 @@ class NoSpareCapacity(RuntimeError):
         self.searched = searched
 
 
-def run_key(incident_id: str) -> str:
+def run_key(incident_id: str, run_id: str | None = None) -> str:
     """What a provider records its choice under: the incident's run, never only its node's id
-    (an incident id names a node, and its next failure is a new run that needs a new spare)."""
-    run_id = activity.info().workflow_run_id if activity.in_activity() else ""
-    return f"{incident_id}/{run_id}" if run_id else incident_id
+    (an incident id names a node, and its next failure is a new run that needs a new spare).
+    The run is the incident's first (`run_id`, sent by the workflow), which a Temporal reset
+    keeps: a reset run finds the spare its first run took. A request from a release that sent
+    none falls back to the activity's own run."""
+    run = run_id or (activity.info().workflow_run_id if activity.in_activity() else "")
+    return f"{incident_id}/{run}" if run else incident_id
 
 
 @dataclass

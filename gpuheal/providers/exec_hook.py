@@ -22,7 +22,7 @@ from gpuheal.clients import proc
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models.base import ActionClass, check_node_name
 from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext
 
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", the hook's way to say "no capacity now"
 REJECTED_ENV = "GPUHEAL_REJECTED_NODES"  # new nodes of this run whose GPUs failed validation: not again
@@ -53,9 +53,9 @@ class ExecHookProvider:
         return RepairResult(action=action, repaired=True, detail=str(out.get("message", "repaired")))
 
     async def replace(
-        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+        self, node: str, key: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
-        incident, _, run = run_key(incident_id).partition("/")
+        incident, _, run = key.partition("/")
         rejected = earlier.rejected if earlier is not None else ()
         env = {REJECTED_ENV: ",".join(map(check_node_name, rejected))}
         out = await self._run("replace", check_node_name(node), incident, run, env=env)

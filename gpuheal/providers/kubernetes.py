@@ -1,6 +1,7 @@
 """The Kubernetes-native provider, for Slurm-on-Kubernetes clusters (Slinky and the like).
 
-Deleting the Node (or its Cluster API Machine) makes the node group create a new one; the
+Deleting the Node (or its Cluster API Machine, gpuheal/providers/cluster_api.py) makes the node
+group create a new one; the
 provider waits, heartbeating, for a new Ready node in the same pool that has joined Slurm, and
 reserves it for the incident run (an annotation under a resourceVersion precondition).
 A GPU reset or a reboot is not a Kubernetes operation: it goes to GPUHEAL_REPAIR_HOOK when one
@@ -17,16 +18,16 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
+from temporalio.service import RPCError
 
-from gpuheal.clients import kube, proc
+from gpuheal.clients import kube, proc, runs
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models.base import ActionClass
 from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key, unsupported_repair
+from gpuheal.providers import cluster_api
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, unsupported_repair
 from gpuheal.providers.exec_hook import ExecHookProvider, repair_hook
-
-MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 
 
 class KubernetesProvider:
@@ -37,10 +38,11 @@ class KubernetesProvider:
         pool_label: str = kube.POOL_LABEL,
         timeout_s: float = 900,
         repairer: ExecHookProvider | None = None,
+        machine_namespaces: tuple[str, ...] = (),
     ) -> None:
         self._slurm = slurm
         self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+        self._machines = cluster_api.Machines(api, machine_namespaces)
         self._pool_label = pool_label
         self._timeout = timeout_s
         self._repairer = repairer
@@ -51,7 +53,7 @@ class KubernetesProvider:
         return await self._repairer.repair(node, action)
 
     async def replace(
-        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+        self, node: str, key: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
         """Delete the failed Node (or its Machine), then reserve the first new Node of its pool.
 
@@ -83,8 +85,12 @@ class KubernetesProvider:
                 since = max(n.metadata.creation_timestamp for n in before)  # the failed node is among them
                 failed_uid = failed.metadata.uid
             # Remembered before the delete: a crash right after it still knows where to look.
-            proc.heartbeat({"searched": _searched(node, pool, since, failed_uid, rejected).model_dump(mode="json")})
-            await self._delete(failed)
+            searched = _searched(node, pool, since, failed_uid, rejected)
+            proc.heartbeat({"searched": searched.model_dump(mode="json")})
+            try:
+                await self._delete(failed)
+            except cluster_api.Refused as err:  # nothing deleted: no new node will come
+                raise NoSpareCapacity(f"{err}: replace {node} by hand", searched) from err
         searched = _searched(node, pool, since, failed_uid, rejected)
         if pool is None or since is None:
             # The Node went before any try of this run read its pool (a person deleted it): any
@@ -92,31 +98,20 @@ class KubernetesProvider:
             raise NoSpareCapacity(
                 f"{node} is gone from Kubernetes and its pool is unknown: replace it by hand", searched
             )
-        new = await self._reserve_new_node(searched, known, run_key(incident_id))
+        new = await self._reserve_new_node(searched, known, key)
         return searched.model_copy(update={"new_node": new})
 
     async def _delete(self, failed: Any) -> None:
-        machine = (failed.metadata.annotations or {}).get(MACHINE_ANNOTATION)
-        if machine:  # Cluster API: the MachineSet makes a new Machine
-            namespace, _, name = machine.partition("/")
-            try:
-                await kube.call(
-                    self._custom.delete_namespaced_custom_object,
-                    "cluster.x-k8s.io",
-                    "v1beta1",
-                    namespace,
-                    "machines",
-                    name or namespace,
-                )
-            except ApiException as err:
-                if err.status != 404:  # deleted by an earlier try
-                    raise
-        else:
-            try:
-                await kube.call(self._core.delete_node, failed.metadata.name)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+        if failed.metadata.deletion_timestamp is not None:
+            return  # on its way out already (its Machine's deletion drains it, then deletes it)
+        if cluster_api.managed(failed):  # its MachineSet makes a new Machine (and Node)
+            await self._machines.delete_machine_of(failed)
+            return
+        try:
+            await kube.call(self._core.delete_node, failed.metadata.name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
     def _selector(self, pool: str) -> str:
         return f"{self._pool_label}={pool}" if pool else f"!{self._pool_label}"
@@ -135,10 +130,18 @@ class KubernetesProvider:
                 holder = (n.metadata.annotations or {}).get(kube.REPLACES_ANNOTATION)
                 if holder == key:
                     return name  # this run reserved it on an earlier try
+                if n.spec.unschedulable or kube.REJECTED_LABEL in (n.metadata.labels or {}):
+                    continue  # cordoned, or its burn-in failed (or said nothing): never a spare
                 new = name not in known if known is not None else n.metadata.creation_timestamp > since
-                serving = name in in_slurm and in_slurm[name].state in {"idle", "mixed"}
+                # Idle only: a node already running a job (mixed) took it unvalidated, and a
+                # burn-in (--exclusive) would wait behind it to no verdict.
+                serving = name in in_slurm and in_slurm[name].state == "idle"
                 ready = n.metadata.deletion_timestamp is None and kube.node_ready(n)
-                if holder is None and new and ready and serving and await self._claim(n, key):
+                if not (new and ready and serving):
+                    continue
+                if holder is not None and not await _claim_is_stale(holder):
+                    continue  # another incident run's, still open
+                if await self._claim(n, key):  # (over a stale claim: the precondition still decides)
                     return name
             # The pool and start ride on the heartbeat: a retry after a crash goes on from them.
             proc.heartbeat(
@@ -197,6 +200,20 @@ def _searched(
     return ReplacementResult(failed_node=node, new_node=None, pool=pool, since=since, failed_uid=uid, rejected=rejected)
 
 
+async def _claim_is_stale(holder: str) -> bool:
+    """A claim (INCIDENT/RUN) whose incident run crashed out (terminated, failed) holds nothing:
+    it must not keep its spare from every later incident. One that completed stands (its node
+    went into service, or was rejected and is marked so). Unknowable (no Temporal here, no run
+    in the claim, Temporal not answering): it stands."""
+    incident, _, run = holder.partition("/")
+    if not run or not activity.in_activity():
+        return False
+    try:
+        return await runs.run_crashed_out(activity.client(), incident, run, activity.info().workflow_id or "")
+    except RPCError:
+        return False
+
+
 def _heartbeat_memory(node: str) -> ReplacementResult | None:
     """What an earlier attempt of this activity heartbeated about its search (its pool, start)."""
     if not activity.in_activity():
@@ -212,4 +229,10 @@ def _heartbeat_memory(node: str) -> ReplacementResult | None:
 def build(ctx: ProviderContext) -> KubernetesProvider:
     if ctx.kube is None:
         raise SettingsError("GPUHEAL_PROVIDER=kubernetes needs GPUHEAL_KUBECONFIG or GPUHEAL_K8S_IN_CLUSTER=1")
-    return KubernetesProvider(ctx.slurm, ctx.kube, timeout_s=ctx.timeout_s, repairer=repair_hook(ctx))
+    return KubernetesProvider(
+        ctx.slurm,
+        ctx.kube,
+        timeout_s=ctx.timeout_s,
+        repairer=repair_hook(ctx),
+        machine_namespaces=ctx.settings.machine_namespaces(),
+    )

@@ -26,7 +26,7 @@ from gpuheal.clients.slurm import SlurmBackend, SlurmError
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models.base import ActionClass, check_node_name
 from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
-from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, run_key
+from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext
 
 NOT_RESPONDING_GRACE_S = 10.0
 
@@ -105,9 +105,9 @@ class SandboxProvider:
         return RepairResult(action=action, repaired=True, detail=f"reset the GPUs of {node} (GPU fault cleared)")
 
     async def replace(
-        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+        self, node: str, key: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
-        new, already = await self._choose_spare(node, run_key(incident_id), earlier)
+        new, already = await self._choose_spare(node, key, earlier)
         if hold is not None:
             await hold(new)  # before its slurmd registers: no job lands on it unvalidated
         await self._start_spare(new)
@@ -197,9 +197,9 @@ class KubeSandboxProvider(SandboxProvider):
         self._core = core
 
     async def replace(
-        self, node: str, incident_id: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
+        self, node: str, key: str, earlier: ReplacementResult | None = None, hold: Hold | None = None
     ) -> ReplacementResult:
-        new, already = await self._choose_spare(node, run_key(incident_id), earlier)
+        new, already = await self._choose_spare(node, key, earlier)
         failed = await kube.call(self._core.read_node, node)
         pool = (failed.metadata.labels or {}).get(kube.POOL_LABEL, "default")
         try:

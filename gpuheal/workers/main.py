@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.borrowed import BorrowedNodes
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
@@ -42,6 +43,7 @@ from gpuheal.clients import deployment as build_metadata
 from gpuheal.clients.notify import FanOut, LogNotifier, Notifier, WebhookNotifier
 from gpuheal.clients.owners import OwnerDelivery, OwnerNotifier
 from gpuheal.clients.slurm import build_slurm, wrapper
+from gpuheal.clients.slurm.base import SlurmError
 from gpuheal.clients.slurm.burn_in import BurnIn
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.clients.temporal import connect
@@ -102,7 +104,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         topology=cli.topology,
         cluster=settings.cluster,
     )
-    served: list[object] = [acts, jobs, fleet, validation, rma]
+    served: list[object] = [acts, jobs, fleet, validation, rma, BorrowedNodes(slurm, kube_api)]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities
 
@@ -210,6 +212,7 @@ async def _refresh_gauges(client: Client, cluster: str) -> None:
         await asyncio.sleep(15)
 
 
+BURN_IN_CHECKS = 3  # tries of the burn-in's Slurm commands at start, 1 s then 2 s apart
 OFFER_ATTEMPTS = 8  # about four minutes of backoff: a worker starting beside a busy or restarting server
 
 
@@ -299,8 +302,37 @@ async def check_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
+async def check_burn_in_can_run(settings: Settings) -> None:
+    """Refuse a validation job this worker cannot run. The burn-in's maintenance reservation and
+    its job go through Slurm's commands (`scontrol`, `sbatch`: gpuheal.clients.slurm.burn_in),
+    whichever backend reads the rest: with GPUHEAL_SLURM_BACKEND=rest they must work too (the
+    client, munge, the slurm.conf). Else every burn-in would fail to run: never a verdict on a
+    GPU, but every repaired or new node kept out for a person."""
+    if not settings.remediation.validate_job or settings.slurm.backend != "rest":
+        return
+    cli = SlurmCli(settings.slurm.conf, wrapper(settings.slurm))
+    last: Exception | None = None
+    for attempt in range(BURN_IN_CHECKS):  # (a controller restarting as the worker starts is no refusal)
+        try:
+            await cli.run("scontrol", "ping")
+            await cli.run("sbatch", "--version")
+            return
+        except (OSError, SlurmError) as err:
+            last = err
+        if attempt + 1 < BURN_IN_CHECKS:
+            await asyncio.sleep(2**attempt)
+    raise SettingsError(
+        "GPUHEAL_VALIDATE_JOB is set, but its burn-in runs through Slurm's own commands (a maintenance"
+        " reservation with scontrol, the job with sbatch), which this worker cannot run beside"
+        f" GPUHEAL_SLURM_BACKEND=rest: {last}. Give the worker Slurm's client, munge and SLURM_CONF"
+        " (or GPUHEAL_SLURM_CLI_WRAPPER), or unset GPUHEAL_VALIDATE_JOB. (This checks the commands"
+        " reach slurmctld; the reservation also needs an operator's rights: `sacctmgr` AdminLevel)"
+    ) from last
+
+
 async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: int) -> None:
     activities = activity_list(settings)  # refuse a bad configuration before anything listens
+    await check_burn_in_can_run(settings)
     host = settings.metrics_host
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{sdk_metrics_port}")))
     client = await connect(settings.temporal, runtime)

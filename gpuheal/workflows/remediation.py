@@ -112,6 +112,9 @@ class GpuRemediationWorkflow:
                 return ended
             if not await self._repair_or_replace(plan.repair):
                 s.node_at = render.no_capacity_state(s.ref.node, s.jobs.accounts(s.ref.incident_id))
+                if s.unvalidated is not None:  # a spare came, but its burn-in said nothing
+                    assert s.replacement is not None
+                    return await self._close("unvalidated", f"{s.reason()}; {s.replacement.no_capacity}")
                 return await self._close("no_capacity", f"{s.reason()}; {render.no_replacement(s.rejected)}")
         if s.jobs.recoveries:
             await self._verify_resume()
@@ -121,6 +124,8 @@ class GpuRemediationWorkflow:
         await self._return_to_service(plan.repair)
         if s.node_at.state == NodeState.FAILED_VALIDATION:
             return await self._close("failed_validation", f"{s.reason()}; {s.node_at.detail}")
+        if s.node_at.state == NodeState.UNVALIDATED or s.unvalidated is not None:
+            return await self._close("unvalidated", f"{s.reason()}; {s.node_at.detail}")
         if s.node_at.state == NodeState.AWAITING_REPLACEMENT and workflow.patched(node.NO_SPARE_IS_NOT_RESOLVED):
             return await self._close("no_capacity", f"{s.reason()}; {s.node_at.detail}")
         return await self._close("resolved", s.reason())
@@ -244,7 +249,7 @@ class GpuRemediationWorkflow:
         got, first = True, True
         while s.replacement is not None and s.replacement.new_node is None:
             # No spare, or the new node's GPUs failed (it is drained, rejected): wait for another.
-            if len(s.rejected) >= node.MAX_REJECTED:
+            if len(s.rejected) >= node.MAX_REJECTED or s.unvalidated is not None:
                 got = False
                 break
             if first and s.settings.borrow is not None and s.kube is not None:

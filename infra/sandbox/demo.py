@@ -29,7 +29,7 @@ from gpuheal.core.settings import Settings
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import NEWEST_SLURM, RUN, SLURM_VERSIONS
 from infra.sandbox.kube import KubeSandbox, binaries_built
-from infra.sandbox.stack import Sandbox
+from infra.sandbox.stack import PORTS, Sandbox
 from infra.sandbox.temporal import KINDS, TemporalKind
 
 XID = 79
@@ -69,7 +69,7 @@ def start_kubernetes(sb: Sandbox) -> KubeSandbox | None:
     if not binaries_built():
         say("Kubernetes sandbox not built yet: running Slurm only (build it with infra/k8s/build.sh, ~12 min)")
         return None
-    ks = KubeSandbox(sb.root / "k8s", port=16443)
+    ks = KubeSandbox(sb.root / "k8s", port=PORTS["demo"].kube)
     say("starting the Kubernetes sandbox (etcd, kube-apiserver, kube-controller-manager, kwok) on 127.0.0.1:16443")
     ks.start()
     ks.reset_nodes(["gpu01", "gpu02", "gpu03"])

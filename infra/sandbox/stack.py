@@ -36,18 +36,19 @@ class Ports:
     slurm: int
     webhook: int
     metrics: int
+    kube: int  # the Kubernetes sandbox's apiserver; its etcd on +1 and +2
 
 
 # One set of ports per use, so they can run side by side (the UI is on temporal + 1000; Slurm
 # takes slurm + 0..106, newer releases 200 and 400 lower). All below Linux's ephemeral range
 # (32768+), where a client socket could hold a port a daemon is about to bind.
 PORTS = {
-    "demo": Ports(temporal=7233, slurm=16817, webhook=8088, metrics=9464),
-    "tests": Ports(temporal=27233, slurm=26817, webhook=28088, metrics=29464),
-    "bench": Ports(temporal=21233, slurm=21817, webhook=22088, metrics=22464),
-    "detect": Ports(temporal=23233, slurm=23817, webhook=24088, metrics=24464),
+    "demo": Ports(temporal=7233, slurm=16817, webhook=8088, metrics=9464, kube=16443),
+    "tests": Ports(temporal=27233, slurm=26817, webhook=28088, metrics=29464, kube=26443),
+    "bench": Ports(temporal=21233, slurm=21817, webhook=22088, metrics=22464, kube=22943),
+    "detect": Ports(temporal=23233, slurm=23817, webhook=24088, metrics=24464, kube=24943),
     # The production tests' Temporal cluster: PORT..+40 and membership PORT-300..-297.
-    "production": Ports(temporal=19233, slurm=19817, webhook=20088, metrics=20464),
+    "production": Ports(temporal=19233, slurm=19817, webhook=20088, metrics=20464, kube=20443),
 }
 
 

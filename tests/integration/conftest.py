@@ -35,7 +35,7 @@ from gpuheal.workers.main import make_worker
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import HOST_SLURM
 from infra.sandbox.kube import KubeSandbox
-from infra.sandbox.stack import Sandbox
+from infra.sandbox.stack import PORTS, Sandbox
 from tests.conftest import require_binary
 
 # The Slurm releases and backends the remediation loop is proven against; test ids carry them
@@ -70,7 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 @pytest.fixture(scope="session")
 def kube(stack: Sandbox) -> Iterator[KubeSandbox]:
     """The Kubernetes sandbox (etcd, kube-apiserver, kwok), once per session."""
-    ks = KubeSandbox(stack.root / "k8s", port=26443)
+    ks = KubeSandbox(stack.root / "k8s", port=PORTS[os.environ.get("GPUHEAL_TEST_PORTS", "tests")].kube)
     ks.start()  # builds the binaries first when the cache is empty
     yield ks
     ks.stop()

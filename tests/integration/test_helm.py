@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from gpuheal.core.envvars import variables
 from gpuheal.core.models.base import ActionClass
 from gpuheal.core.settings import Settings
 from infra.sandbox import REPO
@@ -21,6 +22,7 @@ from infra.sandbox.kube import KubeSandbox
 pytestmark = pytest.mark.integration
 
 CHART = REPO / "infra" / "helm" / "gpuheal"
+CI_VALUES = CHART / "ci" / "mtls-values.yaml"  # a complete install: mTLS per component, munge
 RELEASE, NAMESPACE = "gpuheal-chart", "gpuheal-chart"
 
 
@@ -55,10 +57,10 @@ def installed(kube: KubeSandbox) -> Iterator[KubeSandbox]:
         kube,
         "install", RELEASE, str(CHART),
         "-n", NAMESPACE, "--create-namespace",
-        "--set", "cluster=sandbox",
+        "-f", str(CI_VALUES),
         "--set", "agent.enabled=true",
-        "--set", "temporal.tls.secretName=temporal-tls",
         "--set", "policy.mode=observe",
+        "--set", "clusterApi.namespaces={default}",
         # No pods: the sandbox schedules onto its kwok nodes, and other tests count what runs there.
         "--set", "worker.replicas=0", "--set", "webhook.replicas=0",
     )  # fmt: skip
@@ -68,8 +70,43 @@ def installed(kube: KubeSandbox) -> Iterator[KubeSandbox]:
 
 
 def test_helm_lint_passes() -> None:
-    done = subprocess.run([helm_bin(), "lint", str(CHART)], capture_output=True, text=True)
+    done = subprocess.run([helm_bin(), "lint", str(CHART), "-f", str(CI_VALUES)], capture_output=True, text=True)
     assert done.returncode == 0 and "0 chart(s) failed" in done.stdout, done.stdout + done.stderr
+
+
+def render(*args: str) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the complete install (CI_VALUES) with `args` over it."""
+    argv = [helm_bin(), "template", "r", str(CHART), "--kube-version", "1.36.0", "-f", str(CI_VALUES), *args]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("values", "refused"),
+    [
+        ({"temporal.tls.secretName": "", "temporal.tls.webhookSecretName": ""}, "temporal.tls.plaintext=true if"),
+        ({"temporal.tls.webhookSecretName": ""}, "the webhook needs a certificate of its own"),
+        ({"temporal.tls.webhookSecretName": "temporal-tls-worker"}, "one identity per component"),
+        ({"extraEnv.GPUHEAL_TEMPORAL_API_KEY": "k"}, "would land in a ConfigMap"),
+        ({"extraEnv.GPUHEAL_SLURM_REST_TOKEN": "t"}, "would land in a ConfigMap"),
+        ({"extraEnv.GPUHEAL_OWNER_NOTIFY_URL": "https://hooks.example/T0/B0/x"}, "would land in a ConfigMap"),
+        ({"slurm.mungeKeySecret": ""}, "need munge with the cluster's key"),
+        ({"slurm.backend": "rest"}, "needs slurm.restUrl and slurm.restTokenSecret.name"),
+    ],
+)
+def test_the_chart_refuses_to_fail_open(values: dict[str, str], refused: str) -> None:
+    """Security off by omission, a secret bound for a ConfigMap, a Slurm it could not talk to:
+    refused at render time, saying what to set (not a release that runs open or not at all)."""
+    done = render(*(a for k, v in values.items() for a in ("--set", f"{k}={v}")))
+    assert done.returncode != 0 and refused in done.stderr, done.stderr
+
+
+def test_every_declared_secret_variable_is_refused_in_extra_env() -> None:
+    """The chart's pattern covers each variable the settings declare secret."""
+    secret = [v.name for v in variables(Settings) if v.secret]
+    assert secret, "no secret variables found: the declarations moved"
+    for name in secret:
+        done = render("--set", f"extraEnv.{name}=x")
+        assert done.returncode != 0 and "would land in a ConfigMap" in done.stderr, name
 
 
 def test_the_api_server_reports_its_real_version(kube: KubeSandbox) -> None:
@@ -86,13 +123,17 @@ def test_the_chart_installs_with_the_least_privilege_rbac(installed: KubeSandbox
     assert rules(role.rules) == rules(tested["rules"])
     subject = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-worker"
 
-    def allowed(verb: str, resource: str, subresource: str = "", group: str = "") -> bool:
+    def allowed(verb: str, resource: str, subresource: str = "", group: str = "", namespace: str = "") -> bool:
         review = client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
                 user=subject,
                 groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
                 resource_attributes=client.V1ResourceAttributes(
-                    verb=verb, resource=resource, subresource=subresource or None, group=group
+                    verb=verb,
+                    resource=resource,
+                    subresource=subresource or None,
+                    group=group,
+                    namespace=namespace or None,
                 ),
             )
         )
@@ -101,6 +142,16 @@ def test_the_chart_installs_with_the_least_privilege_rbac(installed: KubeSandbox
     assert allowed("patch", "nodes") and allowed("create", "pods", "eviction") and allowed("create", "events")
     assert not allowed("get", "secrets") and not allowed("delete", "pods") and not allowed("create", "pods")
     assert not allowed("update", "deployments", group="apps")
+    # Cluster API's Machines: only in the namespaces configured, with the rules the tests run under.
+    machines = next(d for d in yaml.safe_load_all((REPO / "infra/k8s/rbac.yaml").read_text()) if d["kind"] == "Role")
+    role = client.RbacAuthorizationV1Api(api).read_namespaced_role(f"{RELEASE}-worker-machines", "default")
+    assert rules(role.rules) == rules(machines["rules"])
+    capi = "cluster.x-k8s.io"
+    assert allowed("delete", "machines", group=capi, namespace="default")
+    assert not allowed("delete", "machines", group=capi, namespace="kube-system")
+    assert not allowed("delete", "machines", group=capi)  # never cluster-wide
+    config = client.CoreV1Api(api).read_namespaced_config_map(RELEASE, NAMESPACE).data
+    assert config["GPUHEAL_CAPI_NAMESPACES"] == "default"
 
 
 def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed: KubeSandbox, tmp_path: Path) -> None:
@@ -126,5 +177,21 @@ def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed:
         mounts = {m.name: m.mount_path for m in pod.containers[0].volume_mounts}
         volumes = {v.name: v.config_map.name for v in pod.volumes if v.config_map is not None}
         assert mounts["policy"] == "/etc/gpuheal" and volumes["policy"] == f"{RELEASE}-policy"
+    # One Temporal identity per component, each from its Secret; secrets only from Secrets.
+    tls = {
+        name: next(v.secret.secret_name for v in pod.volumes if v.name == "temporal-tls")
+        for name, pod in (("worker", worker), ("webhook", webhook))
+    }
+    assert tls == {"worker": "temporal-tls-worker", "webhook": "temporal-tls-webhook"}
+    for pod in (worker, webhook):
+        (url,) = [e for e in pod.containers[0].env if e.name == "GPUHEAL_NOTIFY_URL"]
+        assert url.value is None and url.value_from.secret_key_ref.name == "gpuheal-notify"
+    for cm in core.list_namespaced_config_map(NAMESPACE).items:
+        text = " ".join(f"{k}={v}" for k, v in (cm.data or {}).items())
+        assert not any(word in text for word in ("GPUHEAL_NOTIFY_URL", "TOKEN=", "API_KEY=", "munge.key=")), cm
+    # The CLI backend's Slurm commands authenticate through munged beside the worker.
+    munged = next(c for c in worker.containers if c.name == "munged")
+    assert "--key-file=/etc/munge-key/munge.key" in munged.command
+    assert next(v for v in worker.volumes if v.name == "munge-key").secret.secret_name == "slurm-munge-key"
     agent = apps.read_namespaced_daemon_set(f"{RELEASE}-agent", NAMESPACE)
     assert agent.spec.template.spec.automount_service_account_token is False

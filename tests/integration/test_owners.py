@@ -58,6 +58,7 @@ async def test_the_owner_is_mailed_and_the_team_channel_told_once_per_event(
         smtp_host="127.0.0.1",
         smtp_port=port,
         mail_from="gpuheal@cluster.example",
+        mail_allowed="example.com",  # (none by default: a job names any address it likes)
     )
     settings = settings.model_copy(update={"owners": owners})
     job = slurm.submit_training(

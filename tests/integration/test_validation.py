@@ -13,7 +13,7 @@ from gpuheal.core.fleet.models import RunRef, RunRefs
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import start_or_join
-from gpuheal.workers.main import make_worker
+from gpuheal.workers.main import check_burn_in_can_run, make_worker
 from infra.sandbox.stack import Sandbox
 from tests.integration.conftest import across_slurm, nodes_in_service, report
 from tests.integration.test_fleet import fleet_status
@@ -76,17 +76,47 @@ async def test_a_burn_in_slurm_refuses_leaves_the_node_drained_not_in_service(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
     """sbatch refuses the site's script (here: it is missing) on every try: the node is drained
-    again, never left resumed inside its reservation, and the incident ends failed_validation."""
+    again, never left resumed inside its reservation. That says nothing of its GPUs: the
+    incident ends unvalidated, the node kept drained in its name for a person, no RMA."""
     remediation = settings.remediation.model_copy(update={"validate_job": "/nonexistent/burn-in.sh"})
     settings = settings.model_copy(update={"remediation": remediation})
     slurm.inject_gpu_fault("gpu01")
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
         result = await asyncio.wait_for(handle.result(), 180)
-    assert result.outcome == "failed_validation" and "the burn-in could not run" in result.node_detail
-    assert "State=IDLE+DRAIN" in slurm.slurm("scontrol", "show", "node", "gpu01")
+    assert result.outcome == "unvalidated" and "the burn-in could not run" in result.node_detail
+    assert result.node_state == NodeState.UNVALIDATED and result.rma is None
+    node = slurm.slurm("scontrol", "show", "node", "gpu01")
+    assert "State=IDLE+DRAIN" in node and f"Reason={handle.id}: GPU validation gave no verdict" in node
     reservations = slurm.slurm("scontrol", "show", "reservation")
     assert "Duration=UNLIMITED" not in reservations and "gpuheal-validate-gpu01" in reservations  # it ends by itself
+
+
+async def test_a_burn_in_behind_a_job_gives_no_verdict_and_condemns_nothing(
+    slurm: Sandbox, settings: Settings, client: Client
+) -> None:
+    """A job Slurm may not requeue (--no-requeue) still runs on the repaired node: never killed,
+    so the --exclusive burn-in waits behind it, past its bound. No verdict: the node is kept
+    drained for a person (counted by the coordinator), no RMA, and the job runs on."""
+    settings = validating(settings, slurm)
+    settings = settings.model_copy(
+        update={"remediation": settings.remediation.model_copy(update={"validate_timeout_s": 15})}
+    )
+    stuck = slurm.submit_training("stuck", requeue=False, nodelist="gpu01")
+    await asyncio.to_thread(slurm.wait_for_step, stuck, 2)
+    async with make_worker(client, settings):
+        handle = await start_or_join(client, settings, report(settings, "gpu01", 48))
+        result = await asyncio.wait_for(handle.result(), 180)
+        books = await fleet_status(client, settings)
+    assert result.outcome == "unvalidated" and "never started within 15 s" in result.node_detail, result.reason
+    assert result.node_state == NodeState.UNVALIDATED and result.rma is None
+    node = slurm.slurm("scontrol", "show", "node", "gpu01")
+    assert f"Reason={handle.id}: GPU validation gave no verdict" in node and "for the vendor" not in node
+    (job,) = burn_ins(slurm)
+    assert job.startswith("gpuheal-validate-gpu01") and " CANCELLED " in job
+    assert job_fields(slurm, stuck)["JobState"] == "RUNNING"  # the user's job was never touched
+    assert [g.node for g in books.left] == ["gpu01"]
+    slurm.slurm("scancel", str(stuck))
 
 
 def job_only_a_spare_can_run(slurm: Sandbox) -> int:
@@ -186,3 +216,12 @@ async def test_a_batch_of_bad_new_nodes_ends_no_capacity_with_the_failed_node_ke
     assert len(burn_ins(slurm)) == 3
     assert job_fields(slurm, waiting)["JobState"] == "PENDING"
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+
+
+async def test_a_rest_worker_with_slurms_client_beside_it_may_burn_in(slurm: Sandbox, settings: Settings) -> None:
+    """The check that refuses a worker whose burn-in cannot run passes where Slurm's client,
+    munge and slurm.conf work beside slurmrestd (only the backend is named here: nothing more
+    is read from it)."""
+    s = validating(settings, slurm)
+    s = s.model_copy(update={"slurm": s.slurm.model_copy(update={"backend": "rest"})})
+    await check_burn_in_can_run(s)

@@ -17,9 +17,12 @@ from gpuheal.clients.slurm.base import SlurmError
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.core.models.base import check_node_name
 
-ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-)
+# How a burn-in job ended says whether its GPUs were tried: these ran (or booted) and failed...
+RAN_AND_FAILED = frozenset({"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
+# ...these may never have run at all (cancelled, preempted, past its deadline, forgotten by Slurm).
+NO_VERDICT = frozenset({"CANCELLED", "PREEMPTED", "DEADLINE", "PURGED"})
+ENDED = frozenset({"COMPLETED"}) | RAN_AND_FAILED | NO_VERDICT
+WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})  # not started (yet)
 MARGIN_S = 600  # the reservation outlives the burn-in's bound by this, then ends by itself
 
 
@@ -69,11 +72,11 @@ class BurnIn:
         if await self._reserved(name):
             await self._cli.run("scontrol", "delete", f"reservationname={name}")
 
-    async def submit(self, script: str, name: str, node: str) -> int:
-        """The burn-in job in the reservation `name` (also its job name): the one already
-        submitted for it by this user, or a new one."""
+    async def submit(self, script: str, reservation: str, node: str, job_name: str) -> int:
+        """The burn-in job `job_name` in `reservation`: the one already submitted under that name
+        by this user, or a new one."""
         _, out, _ = await self._cli.run(
-            "squeue", "-h", "-t", "all", "-n", name, "-u", self.user, f"--reservation={name}", "-o", "%i"
+            "squeue", "-h", "-t", "all", "-n", job_name, "-u", self.user, f"--reservation={reservation}", "-o", "%i"
         )
         ids = [int(i) for i in out.split() if i.isdigit()]
         if ids:
@@ -81,8 +84,8 @@ class BurnIn:
         _, out, _ = await self._cli.run(
             "sbatch",
             "--parsable",
-            f"--job-name={name}",
-            f"--reservation={name}",
+            f"--job-name={job_name}",
+            f"--reservation={reservation}",
             f"--nodelist={check_node_name(node)}",
             "--nodes=1",
             "--exclusive",
@@ -93,17 +96,16 @@ class BurnIn:
         )
         return int(out.strip().split(";")[0])
 
-    async def state(self, job_id: int) -> tuple[str, str] | None:
-        """(JobState, ExitCode) once it ended; None while it runs. Slurm unreachable is an error
-        (the activity retries), never a verdict."""
+    async def state(self, job_id: int) -> tuple[str, str]:
+        """(JobState, ExitCode) as Slurm shows them now: PENDING, RUNNING, ... or how it ended.
+        Slurm unreachable is an error (the activity retries), never a verdict."""
         rc, out, err = await self._cli.run("scontrol", "show", "job", "-o", str(int(job_id)), check=False)
         if rc != 0:
             if "invalid job id" in err.lower():
                 return ("PURGED", "?")  # Slurm forgot it: it ended long ago, outcome unknown
             raise SlurmError(f"scontrol show job {job_id} failed (exit {rc}): {err}")
         f = _fields(out)
-        state = f.get("JobState", "")
-        return (state, f.get("ExitCode", "?")) if state in ENDED else None
+        return (f.get("JobState", ""), f.get("ExitCode", "?"))
 
     async def cancel(self, job_id: int) -> None:
         await self._cli.run("scancel", str(int(job_id)), check=False)

@@ -50,7 +50,9 @@ Verdict = Literal["approve", "abort"]
 # node and in which incident; nothing touched), failed_validation (repaired, but its GPUs failed
 # the validation run before it would take jobs: drained and out, for the vendor), followed_up (a
 # more severe report came once its plan had left the node in service: a follow-up run of the same
-# incident, started as this one closed, acts on it).
+# incident, started as this one closed, acts on it), unvalidated (a burn-in gave no verdict: it
+# never ran to an end, so it says nothing of the GPUs; the node it was for, repaired or the
+# replacement, is kept drained for a person to validate; nothing is condemned).
 Outcome = Literal[
     "resolved",
     "ignored",
@@ -62,6 +64,7 @@ Outcome = Literal[
     "already_replaced",
     "failed_validation",
     "followed_up",
+    "unvalidated",
 ]
 Severity = Literal["info", "warning", "critical"]
 # Slurm job states in which a job still holds its nodes (and so can be signalled or requeued).
@@ -129,6 +132,7 @@ class NodeState(StrEnum):
     LEFT_DRAINED = "left_drained"  # repaired, but someone else drained it before us: left as they had it
     REPLACED = "replaced"  # out of the cluster, a new node in its place
     FAILED_VALIDATION = "failed_validation"  # repaired, its GPUs failed validation: drained and out
+    UNVALIDATED = "unvalidated"  # repaired, its burn-in gave no verdict: kept drained for a person
     ALREADY_REPLACED = "already_replaced"  # gone before this (late) report: an earlier incident replaced it
     UNKNOWN = "unknown"  # recorded by a release before the states were named (its detail has the words)
 

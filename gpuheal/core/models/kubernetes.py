@@ -4,7 +4,9 @@ borrowing a node from inference and giving it back.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from gpuheal.core.models.base import Frozen, NodeName
 from gpuheal.core.models.incident import BorrowPolicy
@@ -27,6 +29,15 @@ class MapNodeRequest(Frozen):
 class CordonRequest(Frozen):
     node: KubeNodeRef
     no_execute: bool = False
+
+
+class RejectNodeRequest(Frozen):
+    """A replacement's new node whose burn-in ran and failed (or gave no verdict: kept out for a
+    person): out of Kubernetes' scheduling too."""
+
+    node: KubeNodeRef
+    detail: str  # the burn-in's verdict, in words
+    no_verdict: bool = False
 
 
 class CordonResult(Frozen):
@@ -64,6 +75,21 @@ class BorrowRequest(Frozen):
     failed: KubeNodeRef  # the failed training node: the borrowed node joins its pool
     policy: BorrowPolicy
     deadline_s: float = Field(default=120.0, gt=0)  # for the evictions (a PDB may hold them a while)
+    # The incident's first run: written on the node, so a node whose run crashed out is given
+    # back (activities/borrowed.py). The pool it joins, where the incident knows it (a replacement
+    # searched it): the failed Node may be gone by then (the Kubernetes provider deleted it).
+    # Each sent only when set (a worker of the release before forbids unknown fields).
+    run_id: str | None = None
+    training_pool: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in ("run_id", "training_pool"):
+                if getattr(self, name) is None:
+                    data.pop(name, None)
+        return data
 
 
 class BorrowResult(Frozen):
@@ -78,6 +104,14 @@ class BorrowedNode(Frozen):
     incident_id: str
     node: NodeName  # the Kubernetes node, and the Slurm node of the same name
     from_pool: str = ""
+
+
+class BorrowedGiveBack(Frozen):
+    """Borrowed nodes of ended runs: given back to their inference pool, or drained and waiting
+    for the jobs still on them (never killed) until a later look."""
+
+    given_back: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
 
 
 class NodeEmptyWait(Frozen):

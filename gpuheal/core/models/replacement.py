@@ -54,6 +54,9 @@ class ReplaceRequest(NodeRef):
     failed_uid: str | None = None
     rejected: tuple[str, ...] = ()
     hold_for_validation_s: float | None = None
+    # The incident's first run (a Temporal reset keeps it): the provider's record and the hold's
+    # reservation are under it, so a reset run finds the spare its first run took.
+    run_id: str | None = None
 
     def earlier(self) -> ReplacementResult | None:
         """The last try's search, for the provider; None on the first try."""

@@ -4,7 +4,9 @@ the checkpoint ask and wait, the requeue.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from gpuheal.core.models.base import ClusterName, Frozen, NodeName
 
@@ -19,6 +21,7 @@ class ValidateRequest(Frozen):
     node: NodeRef
     job: str  # the batch script
     timeout_s: float
+    run_id: str | None = None  # the incident's first run: its reservation's name (ReplaceRequest.run_id)
 
 
 class ValidationResult(Frozen):
@@ -26,6 +29,23 @@ class ValidationResult(Frozen):
     detail: str
     job_id: int | None = None
     by_others: bool = False  # someone else drained it meanwhile: no verdict, theirs to decide
+    # The burn-in never ran to an end (pending behind a job at its bound, refused, cancelled,
+    # Slurm unreachable): says nothing of the GPUs. The node is kept drained for a person, never
+    # condemned (no rejection, no RMA).
+    no_verdict: bool = False
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Read the same as before by a worker of the release before (its model forbids unknown
+        fields): `no_verdict` goes only where it is set."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.no_verdict:
+            data.pop("no_verdict", None)
+        return data
+
+    @property
+    def ran_and_failed(self) -> bool:
+        return not (self.passed or self.by_others or self.no_verdict)
 
 
 class NodeInfo(Frozen):

@@ -14,10 +14,11 @@ from temporalio.exceptions import ActivityError
 from gpuheal.workflows.activity import run
 from gpuheal.workflows.coordinator import sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
-from gpuheal.workflows.coordinator.versions import BOOKS, LOOK_UNTIL_SEEN
+from gpuheal.workflows.coordinator.versions import BOOKS, BORROWED_GO_BACK, LOOK_UNTIL_SEEN
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
+    from gpuheal.core import render
     from gpuheal.core.fleet import coordination, domain_reaping, reaping
     from gpuheal.core.fleet.coordination import Effects
     from gpuheal.core.fleet.models import Breaker, DomainIncident, OpenIncidents, RunRef, RunRefs
@@ -154,6 +155,25 @@ def _domain_refs(c: CoordinatorState) -> list[RunRef]:
     return domain_reaping.undecided_refs(c.fleet, opening)
 
 
+async def _give_back_borrowed(c: CoordinatorState) -> None:
+    """Borrowed nodes whose run crashed out without returning them go back (activities/borrowed.py);
+    the operators hear which, and which wait, drained, for their jobs."""
+    try:
+        back = await run(
+            act.GIVE_BACK_BORROWED_OF_ENDED_RUNS,
+            c.fleet.cluster,
+            summary="give back borrowed nodes of runs that crashed out",
+            **LOOK,
+            task_queue=c.own_queue,
+        )
+    except ActivityError as err:
+        c.undelivered.append(f"giving back borrowed nodes failed: {err.cause or err}")
+        c.view_changed()
+        return
+    if back.given_back or back.waiting:
+        c.apply(Effects(notes=[("borrowed_given_back", "warning", render.borrowed_given_back(back))]))
+
+
 def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> None:
     """Look for closed runs among those holding something, beside the loop, and give back
     what they hold (gpuheal.core.fleet.reaping.reap): their nodes that Slurm still shows drained
@@ -191,6 +211,8 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             else:  # before BOOKS: every left node not shown drained was dropped, even one left meanwhile
                 asked_before = (*closed.runs, *(r for r in reaping.left_refs(c.fleet)))
                 c.apply(coordination.reap(c.fleet, closed.runs, asked_before, drained.runs, workflow.now()))
+            if closed_runs and workflow.patched(BORROWED_GO_BACK):
+                await _give_back_borrowed(c)
         except ActivityError as err:
             c.undelivered.append(f"look for closed runs failed: {err.cause or err}")
             c.view_changed()

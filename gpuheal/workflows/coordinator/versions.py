@@ -61,6 +61,9 @@ LOOK_UNTIL_SEEN = "coordinator-looks-again-until-its-earlier-run-shows"
 # so three crashes of one job in a week replaced a healthy node. From this marker an application
 # fault moves none of them and is told no repeat verdict.
 APP_FAULTS_APART = "coordinator-keeps-application-faults-apart"
+# Nor did they give back a borrowed inference node whose incident run ended without returning
+# it (terminated, crashed out): from this marker each look does (activities/borrowed.py).
+BORROWED_GO_BACK = "coordinator-gives-back-borrowed-nodes-of-ended-runs"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.activity import run_waiting
@@ -29,6 +30,9 @@ LONG_POLL_S = 15.0  # past that, jobs leave by their own time limits: Slurm is a
 # Incidents started before a borrowed node waited for its jobs released it with them after
 # GIVE_BACK_EMPTY_S; they keep doing so (workflow.patched) to replay.
 GIVE_BACK_NEVER_KILLS = "give-back-never-kills"
+# Before this, a borrow whose tries ran out failed the incident (its node left cordoned in neither
+# pool); from this marker the incident goes on waiting for capacity and the node goes back.
+FAILED_BORROW_GIVES_BACK = "a-failed-borrow-gives-its-node-back"
 
 HandOver = Callable[[JobSnapshot, str, str], Awaitable[None]]  # (job, node it was on, why)
 
@@ -37,13 +41,25 @@ async def borrow(s: IncidentState) -> str:
     """Take a node into Slurm from the inference pool; the stage's outcome in words."""
     pool = s.settings.borrow
     assert pool is not None and s.kube is not None
-    req = BorrowRequest(incident_id=s.ref.incident_id, failed=s.kube, policy=pool)
-    got = await run_waiting(
-        act.BORROW_INFERENCE_NODE,
-        req,
-        summary=f"borrow a node from pool {pool.pool}",
-        deadline_s=req.deadline_s,
-    )
+    first = workflow.info().first_execution_run_id  # (its node is given back should this run crash)
+    into = s.replacement.pool if s.replacement is not None else None  # (the failed Node may be gone)
+    req = BorrowRequest(incident_id=s.ref.incident_id, failed=s.kube, policy=pool, run_id=first, training_pool=into)
+    try:
+        got = await run_waiting(
+            act.BORROW_INFERENCE_NODE,
+            req,
+            summary=f"borrow a node from pool {pool.pool}",
+            deadline_s=req.deadline_s,
+        )
+    except ActivityError as err:
+        if not workflow.patched(FAILED_BORROW_GIVES_BACK):
+            raise
+        # Its tries spent part way: what it took (cordoned, labelled, in neither pool) goes back.
+        try:
+            back = await act_run(act.RETURN_UNFINISHED_BORROW, req, summary="return what the failed borrow took")
+        except ActivityError as again:
+            back = f"what it took could not be returned ({again.cause or again}): see nodes labelled borrowed"
+        return f"borrowing from pool {pool.pool} failed ({err.cause or err}); {back}"
     if got.node is None:
         return f"nothing to borrow from pool {pool.pool}: {got.why}"
     s.borrowed = BorrowedNode(incident_id=s.ref.incident_id, node=got.node, from_pool=got.from_pool)

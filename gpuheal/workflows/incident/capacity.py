@@ -23,7 +23,7 @@ from gpuheal.workflows.incident.timeline import in_stage, notify
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
-    from gpuheal.core import policy, render
+    from gpuheal.core import ids, policy, render
     from gpuheal.core.fleet.models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
     from gpuheal.core.fleet.reaping import REAP_EVERY_S
     from gpuheal.core.models.base import ActionClass, NodeState, Stage
@@ -63,6 +63,7 @@ STILL_OUT = frozenset(
         NodeState.AWAITING_REPLACEMENT,
         NodeState.ESCALATED,
         NodeState.FAILED_VALIDATION,
+        NodeState.UNVALIDATED,
     }
 )
 
@@ -90,6 +91,27 @@ async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
     s.admitted_as_application_fault = ask.application_fault
+
+
+async def count_rejected(s: IncidentState, new: str, detail: str) -> None:
+    """A new node whose burn-in ran and failed is an arrival of its own at the coordinator, under
+    a key of its own (counted once, however often this is retried): a run of bad spares, across
+    incidents, trips the breaker as a run of failures does, and the node's repeats count it. The
+    answer is the coordinator's word on that node, not on this incident: it changes nothing here."""
+    ask = AdmitAsk(
+        incident_id=s.ref.incident_id,
+        run_id=ids.rejected_spare_run(workflow.info().first_execution_run_id, new),
+        cluster=s.ref.cluster,
+        node=new,
+        action=ActionClass.REPLACE_NODE,
+        what=f"new node {new} failed its burn-in: {detail}",
+    )
+    try:
+        await act_run(
+            act.ADMIT_INCIDENT, ask, summary=f"count {new}'s failed burn-in at the coordinator", timeout=COORDINATOR
+        )
+    except ActivityError as err:  # uncounted, said: the incident goes on (the node is out either way)
+        workflow.logger.warning("rejected spare %s not counted at the coordinator: %s", new, err.cause or err)
 
 
 async def admit_again_if_hardware(s: IncidentState) -> None:

@@ -11,8 +11,9 @@ a crashed job never waits for a diagnosis. The burn-in drains the node, requeues
 and runs the validation job. Passed, the node goes back into service. Failed (the job ran and
 failed), the incident is admitted again as hardware (the breaker and the repeat rule count it:
 a validation job that fails everywhere trips the breaker) and, if its grant still stands, the
-node is replaced; otherwise, or when the burn-in gave no verdict at all, the node stays drained
-for the vendor. A history Temporal cannot give restarts the job in place, as before.
+node is replaced; otherwise the node stays drained for the vendor. A burn-in that gave no verdict
+(it never ran to an end) keeps the node drained for a person and condemns nothing. A history
+Temporal cannot give restarts the job in place, as before.
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ async def after_burn_in(s: IncidentState) -> NodeAt:
     s.burn_in_verdict = "passed" if verdict.passed else "failed"
     if verdict.passed:
         return await node.resume(s, f"burn-in passed ({verdict.detail})")
-    if not _ran_and_failed(verdict):  # no verdict at all: a person looks, nothing is replaced
+    if verdict.no_verdict:  # it never ran to an end: kept drained for a person, nothing condemned
+        return render.unvalidated("drained for a burn-in", verdict)
+    # Replaced only on a job that ended and said no: not a hung one (kept for the vendor), nor a
+    # verdict an earlier release's worker worded (which named no "no verdict").
+    if not (verdict.ran_and_failed and _ran_and_failed(verdict)):
         return render.failed_validation("drained for a burn-in", verdict)
     await capacity.admit(s, ActionClass.REPLACE_NODE, render.burn_in_failed(verdict.detail), hardware=True)
     answer = await capacity.confirm(s)

@@ -12,6 +12,7 @@ from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import past_deadline, run_waiting
 from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.incident import capacity
 from gpuheal.workflows.incident.state import IncidentState
 from gpuheal.workflows.incident.timeline import set_action
 
@@ -20,7 +21,13 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import policy, render
     from gpuheal.core.models.base import ActionClass, NodeAt
     from gpuheal.core.models.incident import KubernetesPolicy
-    from gpuheal.core.models.kubernetes import CordonRequest, EvictRequest, EvictResult
+    from gpuheal.core.models.kubernetes import (
+        CordonRequest,
+        EvictRequest,
+        EvictResult,
+        MapNodeRequest,
+        RejectNodeRequest,
+    )
     from gpuheal.core.models.replacement import RepairRequest, ReplacementResult, ReplaceRequest
     from gpuheal.core.models.slurm import DrainRequest, NodeRef, ValidateRequest, ValidationResult
 
@@ -31,6 +38,11 @@ NO_SPARE_IS_NOT_RESOLVED = "no-spare-is-not-resolved"
 # Incidents started before it let a replacement's new node take jobs on joining, unvalidated;
 # they keep doing so (workflow.patched) to replay.
 VALIDATE_NEW_NODES = "validate-a-replacement-before-it-takes-jobs"
+# Before this, a burn-in that could not run was a failed validation (an RMA for a healthy board),
+# and a new node's failed burn-in was counted by nobody but its run; those incidents replay so.
+NO_VERDICT_CONDEMNS_NOTHING = "a-burn-in-without-a-verdict-condemns-nothing"
+# Before this, a rejected new node stayed schedulable in Kubernetes (pods landed on it); replayed so.
+REJECTED_NODES_CORDONED = "a-rejected-new-node-is-cordoned-in-kubernetes"
 VALIDATE_ATTEMPTS = 5  # a burn-in Slurm keeps refusing is a failed validation, not thirty retries
 MAX_REJECTED = 3  # new nodes a run may find bad before it stops looking (no_capacity): a bad batch
 
@@ -91,7 +103,8 @@ async def replace(s: IncidentState) -> ReplacementResult:
     last = s.replacement
     hold = s.settings.validate_timeout_s if validating_new_nodes(s) else None
     memory = {**(last.search() if last else {}), "rejected": s.rejected}
-    req = ReplaceRequest(**s.ref.model_dump(), **memory, hold_for_validation_s=hold)
+    first = workflow.info().first_execution_run_id
+    req = ReplaceRequest(**s.ref.model_dump(), **memory, hold_for_validation_s=hold, run_id=first)
     return await act_run(
         act.REPLACE_NODE,
         req,
@@ -127,11 +140,40 @@ async def validate_new_node(s: IncidentState) -> bool:
     if verdict.passed:
         s.new_node_verdict = verdict
         return True
+    if verdict.no_verdict:  # nothing said of its GPUs: kept out for a person, no spare spoiled after it
+        s.unvalidated = new
+        if s.kube is not None and workflow.patched(REJECTED_NODES_CORDONED):
+            await _out_of_kubernetes(s, new, verdict)
+        why = render.new_node_unvalidated(new, verdict)
+        s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why})
+        return False
     # Drained by someone else (Slurm itself, a site check) is no replacement either: its drain is left as it is.
     s.rejected = (*s.rejected, new)
+    if verdict.ran_and_failed and workflow.patched(NO_VERDICT_CONDEMNS_NOTHING):
+        await capacity.count_rejected(s, new, verdict.detail)  # a run of bad spares trips the breaker
+    if verdict.ran_and_failed and s.kube is not None and workflow.patched(REJECTED_NODES_CORDONED):
+        await _out_of_kubernetes(s, new, verdict)
     why = render.new_node_rejected(new, verdict)
     s.replacement = s.replacement.model_copy(update={"new_node": None, "no_capacity": why})
     return False
+
+
+async def _out_of_kubernetes(s: IncidentState, new: str, verdict: ValidationResult) -> None:
+    """The new node's Kubernetes Node (found as the incident's own was: by label, else by name)
+    cordoned and labelled with its verdict (failed, or none). Best effort: Slurm has it drained
+    already, and a Node that cannot be found or marked never fails the incident."""
+    k8s = s.settings.kubernetes
+    ref = s.ref.model_copy(update={"node": new})
+    try:
+        mapped = await act_run(
+            act.MAP_KUBE_NODE,
+            MapNodeRequest(ref=ref, node_label=k8s.node_label if k8s is not None else None),
+            summary=f"find {new}'s Kubernetes node",
+        )
+        req = RejectNodeRequest(node=mapped, detail=verdict.detail, no_verdict=verdict.no_verdict)
+        await act_run(act.MARK_REJECTED_NODE, req, summary=f"cordon and label {mapped.kube_node}: {verdict.detail}")
+    except ActivityError as err:
+        workflow.logger.warning("rejected node %s not marked in Kubernetes: %s", new, err.cause or err)
 
 
 async def validate(s: IncidentState, job: str, ref: NodeRef | None = None) -> ValidationResult:
@@ -139,18 +181,23 @@ async def validate(s: IncidentState, job: str, ref: NodeRef | None = None) -> Va
     all (Slurm refusing the job, the worker gone for good) is a failed validation too: the node is
     drained again, never left in service."""
     ref = ref or s.ref
-    req = ValidateRequest(node=ref, job=job, timeout_s=s.settings.validate_timeout_s)
+    first = workflow.info().first_execution_run_id
+    req = ValidateRequest(node=ref, job=job, timeout_s=s.settings.validate_timeout_s, run_id=first)
     try:
         return await act_run(
             act.VALIDATE_NODE_GPUS,
             req,
             summary=f"validate the GPUs of {ref.node}",
-            timeout=timedelta(seconds=req.timeout_s + 120),
+            timeout=timedelta(seconds=2 * req.timeout_s + 120),  # its wait for the node, then its run
             heartbeat=timedelta(seconds=60),
             attempts=VALIDATE_ATTEMPTS,
         )
     except ActivityError as err:
         detail = f"the burn-in could not run: {err.cause or err}"[:300]
+        if workflow.patched(NO_VERDICT_CONDEMNS_NOTHING):  # says nothing of the GPUs: kept out, not condemned
+            why = policy.unvalidated_reason(ref.incident_id, detail)
+            await act_run(act.DRAIN_SLURM_NODE, DrainRequest(node=ref, reason=why), summary=f"drain {ref.node} again")
+            return ValidationResult(passed=False, detail=detail, no_verdict=True)
         why = policy.drain_reason(ref.incident_id, "GPU validation could not run")
         await act_run(act.DRAIN_SLURM_NODE, DrainRequest(node=ref, reason=why), summary=f"drain {ref.node} again")
         return ValidationResult(passed=False, detail=detail)
@@ -170,6 +217,8 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
                 verdict = await validate(s, s.settings.validate_job)
                 if verdict.by_others:
                     return render.left_drained(drain)
+                if verdict.no_verdict:
+                    return render.unvalidated(health.detail, verdict)
                 if not verdict.passed:
                     return render.failed_validation(health.detail, verdict)
             return await resume(s, health.detail)

@@ -70,6 +70,7 @@ class IncidentState:
     replacement: ReplacementResult | None = None
     new_node_verdict: ValidationResult | None = None  # the replacement's burn-in, where validation is on
     rejected: tuple[str, ...] = ()  # new nodes whose GPUs failed validation: drained, never taken again
+    unvalidated: str | None = None  # a new node whose burn-in gave no verdict: kept drained, no other tried
     borrowed: BorrowedNode | None = None
     capacity_back_at: datetime | None = None
     node_at: NodeAt = render.UNTOUCHED
