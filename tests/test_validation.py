@@ -141,6 +141,7 @@ async def test_each_rejected_spare_is_an_arrival_of_its_own_at_the_coordinator(e
         (n, f"rejected-{n}-{first_run}", incident.incident_id) for n in ("gpu09", "gpu10")
     ]
     assert all("failed its burn-in" in a.what and not a.application_fault for a in spares)
+    assert all(a.no_domains for a in spares) and not incident.no_domains  # (a batch is not a failing rack)
 
 
 # --- the activity, against Slurm as scontrol shows the node ---------------------------------------

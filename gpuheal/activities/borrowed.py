@@ -38,9 +38,10 @@ GOES_BACK = "borrowed node goes back: its incident run ended without returning i
 
 
 class BorrowedNodes:
-    def __init__(self, slurm: SlurmBackend, api: client.ApiClient | None) -> None:
+    def __init__(self, slurm: SlurmBackend, api: client.ApiClient | None, node_label: str | None = None) -> None:
         self._slurm = slurm
         self._core = client.CoreV1Api(api) if api is not None else None
+        self._node_label = node_label  # GPUHEAL_K8S_NODE_LABEL: the Slurm name on the Node, else its name
 
     @implements(act.GIVE_BACK_BORROWED_OF_ENDED_RUNS)
     async def give_back_borrowed_of_ended_runs(self, cluster: str) -> BorrowedGiveBack:
@@ -60,8 +61,9 @@ class BorrowedNodes:
             ):
                 continue  # its run goes on, or ended its own way (gave it back, or kept it for a person)
             name = str(n.metadata.name)
-            if not await self._empty(name, incident, in_slurm):
-                waiting.append(name)
+            slurm_name = (n.metadata.labels or {}).get(self._node_label) if self._node_label else name
+            if slurm_name is None or not await self._empty(slurm_name, incident, in_slurm):
+                waiting.append(name)  # (a Slurm name it cannot tell is never taken for "none runs there")
                 continue
             await return_node(self._core, name, annotations.get(BORROWED_FROM, ""))
             given.append(name)

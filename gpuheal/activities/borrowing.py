@@ -87,20 +87,25 @@ class BorrowingActivities:
         return str((failed.metadata.labels or {}).get(POOL_LABEL, "default"))
 
     @implements(act.RETURN_UNFINISHED_BORROW)
-    async def return_unfinished_borrow(self, req: BorrowRequest) -> str:
-        """A borrow that failed part way (its retries spent) leaves its node cordoned and labelled
-        as the incident's, in neither pool: it goes back to its inference pool untouched, now."""
+    async def return_unfinished_borrow(self, req: BorrowRequest) -> BorrowResult:
+        """A borrow whose tries ran out: a node it took but never relabelled (cordoned, labelled as
+        the incident's, in neither pool) goes back to its inference pool untouched, now; one it
+        did relabel (the answer was lost) is the incident's borrowed node after all: its name is
+        answered, and the incident adopts it and gives it back as any."""
         mine = await call(self.core.list_node, label_selector=f"{BORROWED_BY}={label_safe(req.incident_id)}")
         back = []
         for n in mine.items:
             annotations = n.metadata.annotations or {}
             if req.run_id and annotations.get(BORROWED_RUN) not in (None, req.run_id):
                 continue  # another run's of this incident
-            if (n.metadata.labels or {}).get(POOL_LABEL) != annotations.get(BORROWED_FROM, req.policy.pool):
-                continue  # relabelled: it joined the training side (its give-back is the incident's)
-            await return_node(self.core, n.metadata.name, annotations.get(BORROWED_FROM, req.policy.pool))
+            from_pool = annotations.get(BORROWED_FROM, req.policy.pool)
+            if (n.metadata.labels or {}).get(POOL_LABEL) != from_pool:  # relabelled: on the training side
+                return BorrowResult(node=n.metadata.name, from_pool=from_pool, already_done=True)
+            await return_node(self.core, n.metadata.name, from_pool)
             back.append(n.metadata.name)
-        return f"back in pool {req.policy.pool}: {', '.join(back)}" if back else "nothing was taken"
+        return BorrowResult(
+            node=None, why=f"back in pool {req.policy.pool}: {', '.join(back)}" if back else "nothing was taken"
+        )
 
     async def _finish_borrow(self, n: Any, training_pool: str, req: BorrowRequest) -> BorrowResult:
         """From a node this incident took (cordoned, labelled as its): its pods evicted, then
@@ -109,7 +114,9 @@ class BorrowingActivities:
         from_pool = annotations.get(BORROWED_FROM, req.policy.pool)
         if req.run_id and annotations.get(BORROWED_RUN) != req.run_id:  # an earlier run's: this run's now
             await call(self.core.patch_node, name, {"metadata": {"annotations": {BORROWED_RUN: req.run_id}}})
-        if (n.metadata.labels or {}).get(POOL_LABEL) == training_pool and not n.spec.unschedulable:
+        if (n.metadata.labels or {}).get(POOL_LABEL) == training_pool:
+            # Relabelled: done (its relabel uncordons it in the same patch). Cordoned since, it is
+            # someone's doing (its own incident, a person's drain): never evicted from here.
             return BorrowResult(node=name, from_pool=from_pool, already_done=True)
         evicted = await self._evict_node(name, req.deadline_s)
         if evicted.blocked:  # a PDB changed its mind meanwhile: give it back untouched

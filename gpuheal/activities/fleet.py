@@ -168,6 +168,8 @@ class FleetActivities:
     async def admit_incident(self, ask: AdmitAsk) -> AdmitAnswer:
         self._own(ask.cluster)
         placement = await self._placement(ask.node)
+        if ask.no_domains:
+            placement = placement.model_copy(update={"domains": {}})
         req = AdmitRequest(
             incident_id=ask.incident_id,
             run_id=ask.run_id,

@@ -39,7 +39,13 @@ def reservation_name(node: str, run_id: str | None) -> str:
     """One per incident run (a node's next incident validates afresh): its first run, which a
     Temporal reset keeps; a request from a release that sent none, the activity's own run."""
     run = run_id or (activity.info().workflow_run_id if activity.in_activity() else "") or "local"
-    return f"gpuheal-validate-{node}-{run[:8]}"
+    return f"gpuheal-validate-{node}-{_tail(run)}"
+
+
+def _tail(run_id: str) -> str:
+    """A run id's random tail: run ids are UUIDv7 (Temporal 1.27 on), whose head is the time to
+    about a minute, which two runs may share."""
+    return run_id.replace("-", "")[-8:]
 
 
 def _now() -> float:
@@ -51,7 +57,7 @@ def _job_name(reservation: str) -> str:
     retry finds its job, and a follow-up or reset run, in the same reservation, never takes the
     verdict of a job an earlier run left in Slurm's memory."""
     run = (activity.info().workflow_run_id if activity.in_activity() else "") or "local"
-    return f"{reservation}-{run[:8]}"
+    return f"{reservation}-{_tail(run)}"
 
 
 # The failure drain's reason and its reading are policy's: the node's next incident reads it too.

@@ -29,9 +29,10 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     before = await slurm.node(node)
     incident = ids.incident_id(settings.require_cluster(), node)
     # A replacement's new node kept out (its burn-in gave no verdict) is drained in the name of the
-    # incident it was to replace a node for: that incident's drain is gpuheal's to return too.
+    # incident it was to replace a node for: that drain, and only that kind, is gpuheal's too.
     drainer = policy.draining_incident(before.reason, ids.incident_prefix(settings.require_cluster()))
-    incident = drainer if drainer is not None and before.drained else incident
+    if before.drained and drainer is not None and policy.UNVALIDATED in before.reason:
+        incident = drainer
     if before.drained and not policy.is_our_drain(before.reason, incident):
         print(f"{node} is drained by someone else ({before.reason!r}): not gpuheal's to return", file=sys.stderr)
         return 1

@@ -152,6 +152,13 @@ class ProviderSettings(BaseModel):
         unset="a Cluster API node is never replaced: its incident says to replace it by hand",
     )
 
+    capi_cluster: str | None = setting(
+        "GPUHEAL_CAPI_CLUSTER",
+        None,
+        "kubernetes provider: the Cluster API Cluster whose Machines may be deleted (their spec.clusterName)",
+        unset="any, where the Machine's nodeRef names the Node's UID (v1beta1); none where it does not (v1beta2)",
+    )
+
     @field_validator("capi_namespaces")
     @classmethod
     def _namespaces(cls, value: str | None) -> str | None:

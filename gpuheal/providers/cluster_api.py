@@ -48,10 +48,11 @@ def managed(node: Any) -> bool:
 class Machines:
     """The worker's view of Cluster API's Machines, in the namespaces it may delete them in."""
 
-    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...]) -> None:
+    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...], cluster: str | None = None) -> None:
         self._custom = client.CustomObjectsApi(api)
         self._apis = client.ApisApi(api)
         self._namespaces = namespaces
+        self._cluster = cluster  # GPUHEAL_CAPI_CLUSTER: the Cluster whose Machines these may be
         self._version: str | None = None
 
     async def delete_machine_of(self, node: Any) -> str:
@@ -84,16 +85,41 @@ class Machines:
         for ns in sorted(self._namespaces, key=lambda n: n != hinted_ns):
             found = await self._get(ns, hint) if hint else None
             if found is not None and _is_machine_of(found, node):
-                return _checked(found, ns)
+                return self._checked(found, ns)
         for ns in self._namespaces:
             async for found in self._list(ns):
                 if _is_machine_of(found, node):
-                    return _checked(found, ns)
+                    return self._checked(found, ns)
         allowed = ", ".join(self._namespaces)
         raise Refused(
             f"{node.metadata.name} is a Cluster API node ({said}), but no Machine in the namespaces gpuheal"
             f" may delete Machines in ({allowed}) has it as its node"
         )
+
+    def _checked(self, machine: dict[str, Any], ns: str) -> Machine:
+        """This Node's Machine, if it may be deleted: its Cluster's (where configured; required
+        where its nodeRef names no UID, as in v1beta2: a Node name alone may be another
+        Cluster's in a shared namespace) and a MachineSet's (deleting it brings a new one)."""
+        meta, spec = machine.get("metadata") or {}, machine.get("spec") or {}
+        name = str(meta.get("name"))
+        if self._cluster is not None and spec.get("clusterName") != self._cluster:
+            raise Refused(f"Machine {ns}/{name} is of Cluster {spec.get('clusterName')!r}, not {self._cluster!r}")
+        if self._cluster is None and not ((machine.get("status") or {}).get("nodeRef") or {}).get("uid"):
+            raise Refused(
+                f"Machine {ns}/{name} names its Node without a UID (v1beta2): set GPUHEAL_CAPI_CLUSTER to the"
+                " Cluster whose Machines gpuheal may delete"
+            )
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+        if (
+            owner is None
+            or owner.get("kind") not in REPLACING_OWNERS
+            or not str(owner.get("apiVersion")).startswith(f"{GROUP}/")
+        ):
+            who = f"{owner.get('kind')} {owner.get('name')}" if owner else "nothing"
+            raise Refused(
+                f"Machine {ns}/{name} is controlled by {who}, not a MachineSet: deleting it brings no new one"
+            )
+        return Machine(namespace=ns, name=name, uid=str(meta.get("uid")), deleting=bool(meta.get("deletionTimestamp")))
 
     async def _get(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
@@ -141,17 +167,3 @@ def _is_machine_of(machine: dict[str, Any], node: Any) -> bool:
     UID where the version keeps one (v1beta1 does; v1beta2 names the Node only)."""
     ref = (machine.get("status") or {}).get("nodeRef") or {}
     return ref.get("name") == node.metadata.name and ref.get("uid") in (None, node.metadata.uid)
-
-
-def _checked(machine: dict[str, Any], ns: str) -> Machine:
-    meta = machine.get("metadata") or {}
-    name = str(meta.get("name"))
-    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-    if (
-        owner is None
-        or owner.get("kind") not in REPLACING_OWNERS
-        or not str(owner.get("apiVersion")).startswith(f"{GROUP}/")
-    ):
-        who = f"{owner.get('kind')} {owner.get('name')}" if owner else "nothing"
-        raise Refused(f"Machine {ns}/{name} is controlled by {who}, not a MachineSet: deleting it brings no new one")
-    return Machine(namespace=ns, name=name, uid=str(meta.get("uid")), deleting=bool(meta.get("deletionTimestamp")))

@@ -29,6 +29,8 @@ from gpuheal.providers import cluster_api
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext, unsupported_repair
 from gpuheal.providers.exec_hook import ExecHookProvider, repair_hook
 
+CLAIM_RECHECK_S = 30.0  # how often a search asks Temporal about one claim's run
+
 
 class KubernetesProvider:
     def __init__(
@@ -39,10 +41,11 @@ class KubernetesProvider:
         timeout_s: float = 900,
         repairer: ExecHookProvider | None = None,
         machine_namespaces: tuple[str, ...] = (),
+        machine_cluster: str | None = None,
     ) -> None:
         self._slurm = slurm
         self._core = client.CoreV1Api(api)
-        self._machines = cluster_api.Machines(api, machine_namespaces)
+        self._machines = cluster_api.Machines(api, machine_namespaces, machine_cluster)
         self._pool_label = pool_label
         self._timeout = timeout_s
         self._repairer = repairer
@@ -120,6 +123,8 @@ class KubernetesProvider:
         pool, since = searched.pool or "", searched.since
         assert since is not None
         deadline = time.monotonic() + self._timeout
+        crashed: set[str] = set()  # claim holders whose run crashed out
+        asked: dict[str, float] = {}  # claim holder -> when it may be asked again
         while time.monotonic() < deadline:
             in_slurm = await self._slurm.nodes()
             nodes = await kube.call(self._core.list_node, label_selector=self._selector(pool))
@@ -139,8 +144,15 @@ class KubernetesProvider:
                 ready = n.metadata.deletion_timestamp is None and kube.node_ready(n)
                 if not (new and ready and serving):
                     continue
-                if holder is not None and not await _claim_is_stale(holder):
-                    continue  # another incident run's, still open
+                if holder is not None:
+                    # Asked at most every CLAIM_RECHECK_S per holder (a storm's load on Temporal);
+                    # a crash is for good, so once seen it is not asked again.
+                    if holder not in crashed and time.monotonic() >= asked.get(holder, 0.0):
+                        asked[holder] = time.monotonic() + CLAIM_RECHECK_S
+                        if await _claim_is_stale(holder):
+                            crashed.add(holder)
+                    if holder not in crashed:
+                        continue  # another incident run's, open or ended its own way
                 if await self._claim(n, key):  # (over a stale claim: the precondition still decides)
                     return name
             # The pool and start ride on the heartbeat: a retry after a crash goes on from them.
@@ -235,4 +247,5 @@ def build(ctx: ProviderContext) -> KubernetesProvider:
         timeout_s=ctx.timeout_s,
         repairer=repair_hook(ctx),
         machine_namespaces=ctx.settings.machine_namespaces(),
+        machine_cluster=ctx.settings.capi_cluster,
     )

@@ -104,7 +104,9 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         topology=cli.topology,
         cluster=settings.cluster,
     )
-    served: list[object] = [acts, jobs, fleet, validation, rma, BorrowedNodes(slurm, kube_api)]
+    k8s = settings.remediation.kubernetes
+    borrowed = BorrowedNodes(slurm, kube_api, k8s.node_label if k8s is not None else None)
+    served: list[object] = [acts, jobs, fleet, validation, rma, borrowed]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities
 

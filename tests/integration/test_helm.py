@@ -90,6 +90,7 @@ def render(*args: str) -> subprocess.CompletedProcess[str]:
         ({"extraEnv.GPUHEAL_SLURM_REST_TOKEN": "t"}, "would land in a ConfigMap"),
         ({"extraEnv.GPUHEAL_OWNER_NOTIFY_URL": "https://hooks.example/T0/B0/x"}, "would land in a ConfigMap"),
         ({"slurm.mungeKeySecret": ""}, "need munge with the cluster's key"),
+        ({"extraEnv.GPUHEAL_SMTP_PASSWORD": "p"}, "would land in a ConfigMap"),
         ({"slurm.backend": "rest"}, "needs slurm.restUrl and slurm.restTokenSecret.name"),
     ],
 )
@@ -183,9 +184,9 @@ def test_the_chart_carries_the_policy_and_keeps_the_token_in_a_secret(installed:
         for name, pod in (("worker", worker), ("webhook", webhook))
     }
     assert tls == {"worker": "temporal-tls-worker", "webhook": "temporal-tls-webhook"}
-    for pod in (worker, webhook):
-        (url,) = [e for e in pod.containers[0].env if e.name == "GPUHEAL_NOTIFY_URL"]
-        assert url.value is None and url.value_from.secret_key_ref.name == "gpuheal-notify"
+    (url,) = [e for e in worker.containers[0].env if e.name == "GPUHEAL_NOTIFY_URL"]
+    assert url.value is None and url.value_from.secret_key_ref.name == "gpuheal-notify"
+    assert {e.name for e in webhook.containers[0].env} == {"GPUHEAL_WEBHOOK_TOKEN"}  # nothing it does not use
     for cm in core.list_namespaced_config_map(NAMESPACE).items:
         text = " ".join(f"{k}={v}" for k, v in (cm.data or {}).items())
         assert not any(word in text for word in ("GPUHEAL_NOTIFY_URL", "TOKEN=", "API_KEY=", "munge.key=")), cm

@@ -347,8 +347,47 @@ async def test_a_borrow_whose_tries_ran_out_part_way_gives_its_node_back(
     core: Any = kube.core()
     assert core.read_node("inf01").spec.unschedulable  # taken: cordoned, labelled, in neither pool
     acts.core.list_pod_for_all_namespaces = real  # type: ignore[method-assign]
-    assert "inf01" in await acts.return_unfinished_borrow(req)
+    assert "inf01" in (await acts.return_unfinished_borrow(req)).why
     node = core.read_node("inf01")
     assert node.metadata.labels[POOL_LABEL] == "inference" and not node.spec.unschedulable
     assert BORROWED_BY not in node.metadata.labels and BORROWED_RUN not in (node.metadata.annotations or {})
-    assert await acts.return_unfinished_borrow(req) == "nothing was taken"
+    assert (await acts.return_unfinished_borrow(req)).why == "nothing was taken"
+
+
+async def test_a_borrowed_node_cordoned_since_is_never_evicted_by_a_borrow_asked_again(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings
+) -> None:
+    """inf01 was borrowed (relabelled into the training pool) and someone cordoned it since (its
+    own GPU incident, a person's drain), a pod running there: the same incident asking again (a
+    reset run) finds its borrow done. Nothing is evicted; nothing is uncordoned."""
+    kube.add_node("inf01", pool="inference")
+    acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
+    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
+    req = BorrowRequest(
+        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id="r1"
+    )
+    assert (await acts.borrow_inference_node(req)).node == "inf01"
+    core: Any = kube.core()
+    core.patch_node("inf01", {"spec": {"unschedulable": True}})  # someone's cordon
+    kube.add_pod("slurmd-inf01", "inf01")  # (as a NodeSet's pod: not a DaemonSet's)
+    again = await acts.borrow_inference_node(req)
+    assert again.node == "inf01" and again.already_done and again.evicted == ()
+    assert core.read_node("inf01").spec.unschedulable
+    assert core.read_namespaced_pod("slurmd-inf01", "default").metadata.deletion_timestamp is None
+
+
+async def test_a_borrow_that_relabelled_before_its_tries_ran_out_is_the_incidents_after_all(
+    slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings
+) -> None:
+    """The relabel landed but every answer after it was lost: what the failed borrow took is not
+    returned from under the training side; it is answered, and the incident adopts it."""
+    kube.add_node("inf01", pool="inference")
+    acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
+    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
+    req = BorrowRequest(
+        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id="r1"
+    )
+    assert (await acts.borrow_inference_node(req)).node == "inf01"
+    taken = await acts.return_unfinished_borrow(req)
+    assert taken.node == "inf01" and taken.from_pool == "inference"
+    assert kube.core().read_node("inf01").metadata.labels[POOL_LABEL] == "h100"  # left on the training side

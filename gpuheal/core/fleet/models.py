@@ -6,9 +6,9 @@ gpuheal.core.fleet.coordination."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializerFunctionWrapHandler, model_serializer
 
 from gpuheal.core.fleet.policy import FleetPolicy, Mode, VersionedPolicy
 from gpuheal.core.models.base import ActionClass, Frozen, NodeName, OperatorName, Severity, Stage
@@ -64,6 +64,17 @@ class AdmitAsk(Frozen):
     gpu_uuids: tuple[str, ...] = ()
     gpu_serials: tuple[str, ...] = ()
     application_fault: bool = False
+    # A rejected spare (ids.rejected_spare_run): it counts for the breaker and its node's repeats,
+    # never towards a domain's escalation (bad spares of one batch are not a failing rack).
+    no_domains: bool = False
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Sent only where set: a worker of the release before forbids unknown fields."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.no_domains:
+            data.pop("no_domains", None)
+        return data
 
 
 class AdmitAnswer(Frozen):

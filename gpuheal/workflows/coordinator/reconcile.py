@@ -170,8 +170,9 @@ async def _give_back_borrowed(c: CoordinatorState) -> None:
         c.undelivered.append(f"giving back borrowed nodes failed: {err.cause or err}")
         c.view_changed()
         return
-    if back.given_back or back.waiting:
+    if back.given_back or (back.waiting and back.waiting != c.borrowed_waiting):  # (told once, not each look)
         c.apply(Effects(notes=[("borrowed_given_back", "warning", render.borrowed_given_back(back))]))
+    c.borrowed_waiting = back.waiting
 
 
 def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> None:

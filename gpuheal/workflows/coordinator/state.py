@@ -43,6 +43,7 @@ class CoordinatorState:
     on_way: dict[asyncio.Future[None], Note | DomainIncident] = field(default_factory=dict)  # beside the loop
     undelivered: list[str] = field(default_factory=list)  # what could not be done, for the UI's details
     reaping: bool = False  # a look for closed runs is on its way
+    borrowed_waiting: tuple[str, ...] = ()  # crashed runs' borrowed nodes last seen waiting for jobs (told once)
     look: asyncio.Future[None] | None = None
     # A fresh start may be a recreation: nothing is granted until it has rebuilt (reconcile.rebuild).
     rebuilding: bool = False

@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import policy, render
     from gpuheal.core import search_attributes as sa
-    from gpuheal.core.models.kubernetes import BorrowedNode, BorrowRequest, NodeEmptyWait
+    from gpuheal.core.models.kubernetes import BorrowedNode, BorrowRequest, BorrowResult, NodeEmptyWait
     from gpuheal.core.models.slurm import DrainRequest, JobList, JobSnapshot, NodeRef
 
 # How long the borrowed node's jobs get to leave it before the operators hear it still waits.
@@ -54,12 +54,14 @@ async def borrow(s: IncidentState) -> str:
     except ActivityError as err:
         if not workflow.patched(FAILED_BORROW_GIVES_BACK):
             raise
-        # Its tries spent part way: what it took (cordoned, labelled, in neither pool) goes back.
+        # Its tries spent part way: what it took (cordoned, labelled, in neither pool) goes back; a
+        # node it did relabel (its answer lost) is this incident's borrowed node after all.
         try:
-            back = await act_run(act.RETURN_UNFINISHED_BORROW, req, summary="return what the failed borrow took")
+            got = await act_run(act.RETURN_UNFINISHED_BORROW, req, summary="return what the failed borrow took")
         except ActivityError as again:
-            back = f"what it took could not be returned ({again.cause or again}): see nodes labelled borrowed"
-        return f"borrowing from pool {pool.pool} failed ({err.cause or err}); {back}"
+            got = BorrowResult(node=None, why=f"what it took could not be returned ({again.cause or again})")
+        if got.node is None:
+            return f"borrowing from pool {pool.pool} failed ({err.cause or err}); {got.why}"
     if got.node is None:
         return f"nothing to borrow from pool {pool.pool}: {got.why}"
     s.borrowed = BorrowedNode(incident_id=s.ref.incident_id, node=got.node, from_pool=got.from_pool)

@@ -105,6 +105,7 @@ async def count_rejected(s: IncidentState, new: str, detail: str) -> None:
         node=new,
         action=ActionClass.REPLACE_NODE,
         what=f"new node {new} failed its burn-in: {detail}",
+        no_domains=True,
     )
     try:
         await act_run(

@@ -27,12 +27,17 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 {{- end }}
 
-{{- /* Secrets reach a pod only from Secrets: the API key, the Slurm JWT (a file), extraSecretEnv. */}}
-{{- define "gpuheal.secretEnv" -}}
+{{- /* Secrets reach a pod only from Secrets: the API key (both components: Temporal), the Slurm
+JWT (a file), extraSecretEnv (the worker's only: the webhook gets nothing it does not use). */}}
+{{- define "gpuheal.apiKeyEnv" -}}
 {{- if .Values.temporal.apiKeySecret.name }}
 - name: GPUHEAL_TEMPORAL_API_KEY
   valueFrom: {secretKeyRef: {name: {{ .Values.temporal.apiKeySecret.name | quote }}, key: {{ .Values.temporal.apiKeySecret.key | quote }}}}
 {{- end }}
+{{- end }}
+
+{{- define "gpuheal.secretEnv" -}}
+{{- include "gpuheal.apiKeyEnv" . }}
 {{- range $name, $ref := .Values.extraSecretEnv }}
 - name: {{ $name }}
   valueFrom: {secretKeyRef: {name: {{ required (printf "extraSecretEnv.%s.name" $name) $ref.name | quote }}, key: {{ required (printf "extraSecretEnv.%s.key" $name) $ref.key | quote }}}}
@@ -52,7 +57,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- fail "temporal.tls.webhookSecretName must differ from temporal.tls.secretName: one identity per component" }}
 {{- end }}
 {{- range $name, $_ := .Values.extraEnv }}
-{{- if regexMatch "(?i)(TOKEN|PASSWORD|API_KEY|SECRET|NOTIFY_URL|OWNER_ROUTES)" $name }}
+{{- if and (regexMatch "(?i)(TOKEN|PASSWORD|API_KEY|SECRET|NOTIFY_URL|OWNER_ROUTES)" $name) (not (hasSuffix "_FILE" $name)) }}
 {{- fail (printf "extraEnv.%s looks like a secret and would land in a ConfigMap: give it in extraSecretEnv (from a Secret)" $name) }}
 {{- end }}
 {{- end }}
