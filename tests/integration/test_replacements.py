@@ -43,6 +43,14 @@ def gone(kube: KubeSandbox, *names: str) -> None:
     kube.wait(lambda: not {n.metadata.name for n in core.list_node().items} & set(names), f"{names} deleted")
 
 
+def borrowing_for_gpu02(run_id: str | None = None) -> BorrowRequest:
+    """gpu02's incident asks for a node of pool inference."""
+    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
+    return BorrowRequest(
+        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id=run_id
+    )
+
+
 def bring(slurm: Sandbox, kube: KubeSandbox, name: str, pool: str = "h100") -> None:
     """The node group's new node: a Ready Node in `pool` whose slurmd joins Slurm."""
     kube.add_node(name, pool=pool)
@@ -240,8 +248,7 @@ async def test_a_borrow_interrupted_after_any_step_is_finished_by_its_retry(
         return out
 
     setattr(acts.core, method, lost_answer)
-    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
-    req = BorrowRequest(incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"))
+    req = borrowing_for_gpu02()
     with pytest.raises(ApiException):
         await acts.borrow_inference_node(req)
     result = await acts.borrow_inference_node(req)  # the retry
@@ -313,8 +320,7 @@ async def test_a_borrow_after_the_failed_node_is_gone_joins_the_pool_its_inciden
     core: Any = kube.core()
     core.delete_node("gpu02")
     acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
-    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
-    unknown = BorrowRequest(incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"))
+    unknown = borrowing_for_gpu02()
     nothing = await acts.borrow_inference_node(unknown)
     assert nothing.node is None and "gpu02 is gone" in nothing.why
     assert not core.read_node("inf01").spec.unschedulable  # untouched
@@ -329,10 +335,7 @@ async def test_a_borrow_whose_tries_ran_out_part_way_gives_its_node_back(
     go back. inf01 is in its inference pool again, uncordoned, our marks gone."""
     kube.add_node("inf01", pool="inference")
     acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
-    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
-    req = BorrowRequest(
-        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id="r1"
-    )
+    req = borrowing_for_gpu02(run_id="r1")
     real, calls = acts.core.list_pod_for_all_namespaces, [0]
 
     def apiserver_down(*args: Any, **kw: Any) -> Any:
@@ -362,10 +365,7 @@ async def test_a_borrowed_node_cordoned_since_is_never_evicted_by_a_borrow_asked
     reset run) finds its borrow done. Nothing is evicted; nothing is uncordoned."""
     kube.add_node("inf01", pool="inference")
     acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
-    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
-    req = BorrowRequest(
-        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id="r1"
-    )
+    req = borrowing_for_gpu02(run_id="r1")
     assert (await acts.borrow_inference_node(req)).node == "inf01"
     core: Any = kube.core()
     core.patch_node("inf01", {"spec": {"unschedulable": True}})  # someone's cordon
@@ -383,10 +383,7 @@ async def test_a_borrow_that_relabelled_before_its_tries_ran_out_is_the_incident
     returned from under the training side; it is answered, and the incident adopts it."""
     kube.add_node("inf01", pool="inference")
     acts = KubernetesActivities(kube.api(kube.worker_kubeconfig))
-    failed = KubeNodeRef(slurm_node="gpu02", kube_node="gpu02", incident_id="gpuheal-c-gpu02")
-    req = BorrowRequest(
-        incident_id="gpuheal-c-gpu02", failed=failed, policy=BorrowPolicy(pool="inference"), run_id="r1"
-    )
+    req = borrowing_for_gpu02(run_id="r1")
     assert (await acts.borrow_inference_node(req)).node == "inf01"
     taken = await acts.return_unfinished_borrow(req)
     assert taken.node == "inf01" and taken.from_pool == "inference"
