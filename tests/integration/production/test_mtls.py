@@ -42,7 +42,7 @@ async def can_connect(env: dict[str, str]) -> bool:
 async def test_the_cluster_serves_only_clients_with_a_certificate_from_its_ca(prod: Sandbox, tmp_path: Path) -> None:
     env = prod.env()
     assert await can_connect(env)
-    plaintext = {k: v for k, v in env.items() if k not in TLS_VARS}
+    plaintext = {k: v for k, v in env.items() if k not in TLS_VARS and not k.startswith("TEMPORAL_TLS")}
     assert not await can_connect(plaintext)
     assert not await can_connect({**plaintext, "GPUHEAL_TEMPORAL_TLS_CA": env["GPUHEAL_TEMPORAL_TLS_CA"]})
     # A certificate from another CA (made here, as an attacker could), presented to the server.
@@ -62,6 +62,10 @@ async def test_the_cluster_serves_only_clients_with_a_certificate_from_its_ca(pr
     assert "no coordinator for cluster" in fleet.stdout, fleet.stderr
     fleet = await asyncio.to_thread(run, [str(BIN / "gpuheal"), "fleet"], plaintext)
     assert fleet.returncode != 0 and f"cannot reach Temporal at {prod.temporal_address}" in fleet.stderr
+    # The SDK's TLS variables beside GPUHEAL_TEMPORAL_ADDRESS are not read: refused, not plain text.
+    sdk_only = {**plaintext, **{k: v for k, v in env.items() if k.startswith("TEMPORAL_TLS")}}
+    fleet = await asyncio.to_thread(run, [str(BIN / "gpuheal"), "fleet"], sdk_only)
+    assert fleet.returncode != 0 and "not read beside GPUHEAL_TEMPORAL_ADDRESS" in fleet.stderr, fleet.stderr
 
 
 async def test_the_chart_takes_the_certificates_from_a_secret(prod: Sandbox, tmp_path: Path) -> None:
@@ -71,6 +75,7 @@ async def test_the_chart_takes_the_certificates_from_a_secret(prod: Sandbox, tmp
     argv = [
         helm_bin(), "template", "gpuheal", str(REPO / "infra/helm/gpuheal"), "--kube-version", "1.36.3",
         "--set", "temporal.tls.secretName=temporal-tls", "--set", f"temporal.address={prod.temporal_address}",
+        "--set", "temporal.tls.webhookSecretName=temporal-tls-webhook", "--set", "slurm.mungeKeySecret=munge",
     ]  # fmt: skip
     rendered = await asyncio.to_thread(run, argv, dict(os.environ))
     assert rendered.returncode == 0, rendered.stderr
@@ -81,7 +86,7 @@ async def test_the_chart_takes_the_certificates_from_a_secret(prod: Sandbox, tmp
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True
     assert not any(
-        k.startswith("GPUHEAL_TEMPORAL_TLS") for e in pod["containers"][0].get("env", []) for k in [e["name"]]
+        k.startswith("GPUHEAL_TEMPORAL_TLS") for e in pod["containers"][0].get("env") or [] for k in [e["name"]]
     )
 
     # The Secret as `kubectl create secret generic temporal-tls --from-file=...` makes it from the
