@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check setup lint bench bench-slurm bench-detection bench-storm bench-fleet-state bench-kube bench-simulate histories k8s stop clean
+.PHONY: demo test check setup lint bench bench-slurm bench-detection bench-webhook-storm bench-storm bench-fleet-state bench-kube bench-simulate histories k8s stop clean
 
 $(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
@@ -51,6 +51,10 @@ bench-slurm: $(STAMP)
 
 bench-detection: $(STAMP)
 	$(PY) -m bench.detection $(BENCH_ARGS)
+
+# 1,000 nodes' alerts through Alertmanager to one webhook process: bench/results/webhook-storm.md
+bench-webhook-storm: $(STAMP)
+	$(PY) -m bench.webhook_storm $(BENCH_ARGS)
 
 # The coordinator's state in a 10,000-node fleet's worst week: bench/results/fleet-state.md
 bench-fleet-state: $(STAMP)

@@ -5,16 +5,18 @@ was requeued away from is "not resumed", said so, never an error that fails its 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any, cast
 
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
-from gpuheal.clients.slurm import SlurmBackend
+from gpuheal.clients.slurm import JobUpdate, SlurmBackend
 from gpuheal.core.jobs import VerifyJobRequest, VerifyOutcome
 from gpuheal.core.models.incident import JobRecoverySettings
 from gpuheal.core.models.slurm import JobProgress, JobSnapshot, RequeueResult
@@ -49,6 +51,9 @@ class Showing:
         self.polls += 1
         self._last = next(self._answers, self._last)
         return self._last
+
+    async def update_job(self, job_id: int, update: JobUpdate) -> None:
+        self.updated = (self._last.state, update)
 
 
 async def run(slurm: Showing, **kw: Any) -> VerifyOutcome:
@@ -123,3 +128,27 @@ async def test_a_retry_keeps_the_deadline_from_when_the_job_first_ran_again() ->
     beat = {"job": 3, "state": "RUNNING", "running_since": time.time() - 60}
     got = await run(Showing(job("RUNNING", "gpu09", 1)), run_for_s=30, within_s=300, beat=beat)
     assert got.outcome == "silent" and time.monotonic() - started < 5  # 60 s in: past its 30 s already
+
+
+async def test_a_requeued_job_is_asked_after_closely_until_it_pends_then_updated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the requeue and PENDING (REQUEUED, COMPLETING: well under a second) the job is
+    asked every 0.25 s at most, then made eligible: the recovery's seconds are here. (The
+    verification's 10 s pending pace once shadowed this one and let the pause grow to 10 s.)"""
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    slurm = Showing(*[job("REQUEUED")] * 12, PENDING)
+    acts = JobActivities(
+        slurm=cast(SlurmBackend, slurm), owners=OwnerDelivery(OwnerSettings()), recovery=JobRecoverySettings()
+    )
+    update = JobUpdate(start_now=True, excluded_nodes=("gpu01",))
+    await ActivityEnvironment().run(acts._when_pending, 3, update)
+    assert slurm.updated == ("PENDING", update)
+    assert len(pauses) == 12 and max(pauses) <= 0.25, pauses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from gpuheal.core import ids
+from gpuheal.core.errors import SettingsError
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import AlreadyHandled
@@ -23,12 +25,14 @@ def body(status: str = "firing", **labels: str) -> dict[str, Any]:
     return {"version": "4", "status": status, "alerts": [alert]}
 
 
-async def client_for(started: list[HealthReport], **kw: Any) -> TestClient[Any, Any]:
+async def client_for(
+    started: list[HealthReport], settings: dict[str, Any] | None = None, **kw: Any
+) -> TestClient[Any, Any]:
     async def start(report: HealthReport) -> str:
         started.append(report)
         return ids.incident_id(report.cluster, report.node)
 
-    app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start, **kw)
+    app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1", **(settings or {})), start, **kw)
     client = TestClient(TestServer(app))
     await client.start_server()
     return client
@@ -80,14 +84,57 @@ async def test_bad_requests_are_refused_with_a_reason(
         await client.close()
 
 
-async def test_rate_limit() -> None:
+async def test_a_request_beyond_the_rate_limit_gets_a_503_alertmanager_retries() -> None:
+    """Alertmanager's webhook notifier retries a 5xx at once and a 429 never (only at the group's
+    next interval): the limit answers 503 with Retry-After, and the limit is the settings'."""
     started: list[HealthReport] = []
-    client = await client_for(started, rate_per_s=0.001, burst=2)
+    client = await client_for(started, {"webhook_rate": 0.001, "webhook_burst": 2})
     try:
-        codes = [(await client.post("/alertmanager", json=body(), headers=AUTH)).status for _ in range(3)]
-        assert codes == [200, 200, 429]
+        answers = [await client.post("/alertmanager", json=body(), headers=AUTH) for _ in range(3)]
+        assert [a.status for a in answers] == [200, 200, 503]
+        assert int(answers[2].headers["Retry-After"]) >= 1
+        assert "GPUHEAL_WEBHOOK_RATE" in (await answers[2].json())["error"]
     finally:
         await client.close()
+    assert len(started) == 2  # the refused one started nothing
+
+
+def test_the_rate_limit_is_read_from_the_environment_and_checked() -> None:
+    s = Settings.from_env({"GPUHEAL_WEBHOOK_RATE": "5", "GPUHEAL_WEBHOOK_BURST": "7"})
+    assert (s.webhook_rate, s.webhook_burst) == (5.0, 7)
+    with pytest.raises(SettingsError, match="GPUHEAL_WEBHOOK_RATE"):
+        Settings.from_env({"GPUHEAL_WEBHOOK_RATE": "0"})
+
+
+async def test_a_payloads_nodes_start_together_each_nodes_reports_in_order() -> None:
+    """gpu01's first start waits until gpu02's has begun: handled one after another, this payload
+    would never finish. gpu01's second report waits for its first (it joins what that started)."""
+    calls: list[str] = []
+    gpu02_begun = asyncio.Event()
+
+    async def start(report: HealthReport) -> str:
+        calls.append(f"{report.node}:{report.xid}:begin")
+        if report.node == "gpu02":
+            gpu02_begun.set()
+        elif report.xid == 79:
+            await asyncio.wait_for(gpu02_begun.wait(), 5)
+        calls.append(f"{report.node}:{report.xid}:end")
+        return ids.incident_id(report.cluster, report.node)
+
+    client = TestClient(TestServer(make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start)))
+    await client.start_server()
+    payload = body(node="gpu01", xid="79")
+    for node, xid in (("gpu01", "48"), ("gpu02", "79")):
+        payload["alerts"].append({**payload["alerts"][0], "labels": {"node": node, "xid": xid}})
+    try:
+        resp = await client.post("/alertmanager", json=payload, headers=AUTH)
+        assert resp.status == 200, await resp.text()
+        answer = await resp.json()
+    finally:
+        await client.close()
+    assert [s["workflow_id"] for s in answer["started_or_joined"]] == ["gpuheal-c1-gpu01"] * 2 + ["gpuheal-c1-gpu02"]
+    gpu01 = [c for c in calls if c.startswith("gpu01")]
+    assert gpu01 == ["gpu01:79:begin", "gpu01:79:end", "gpu01:48:begin", "gpu01:48:end"]
 
 
 async def test_an_alert_already_handled_names_its_incident_and_starts_nothing() -> None:

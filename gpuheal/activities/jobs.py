@@ -60,8 +60,8 @@ from gpuheal.core.models.slurm import (
 
 # A requeued job passes through REQUEUED/COMPLETING in well under a second; the update that makes
 # it eligible at once waits for PENDING this often at most, this long in all.
-PENDING_POLL_S = 0.25
-PENDING_WAIT_S = 30.0
+REQUEUED_POLL_S = 0.25
+REQUEUED_WAIT_S = 30.0
 
 
 # The actions whose open incidents leave their node healthy (a requeued job may land there).
@@ -260,8 +260,8 @@ class JobActivities:
     async def _when_pending(self, job_id: int, update: JobUpdate) -> None:
         """A requeued job passes through REQUEUED/COMPLETING before it is PENDING, and only a
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
-        pace = polling.Pace(PENDING_POLL_S)
-        while pace.slept < PENDING_WAIT_S:
+        pace = polling.Pace(REQUEUED_POLL_S)
+        while pace.slept < REQUEUED_WAIT_S:
             pace.asking()
             job = await self._slurm.job(job_id)
             if job is None or job.state not in REQUEUE_STATES:

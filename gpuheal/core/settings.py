@@ -256,6 +256,21 @@ class Settings(BaseModel):
     webhook_token: SecretStr | None = setting(
         "GPUHEAL_WEBHOOK_TOKEN", None, "bearer token the webhook demands", unset="none: the webhook refuses to start"
     )
+    # Per webhook process (each replica has its own). Beyond them a request gets 503 with
+    # Retry-After: Alertmanager's webhook retries a 5xx at once, a 429 only at the group's next interval.
+    webhook_rate: float = setting(
+        "GPUHEAL_WEBHOOK_RATE",
+        50.0,
+        "webhook: requests a second it admits (a token bucket); beyond, 503 with Retry-After, which Alertmanager "
+        "retries",
+        gt=0,
+    )
+    webhook_burst: int = setting(
+        "GPUHEAL_WEBHOOK_BURST",
+        500,
+        "webhook: requests it admits at once above the rate (a storm's alerts, grouped by node, arrive together)",
+        ge=1,
+    )
     notify_url: str | None = setting("GPUHEAL_NOTIFY_URL", None, "webhook that receives notifications")
     rma_hook: str | None = setting(
         "GPUHEAL_RMA_HOOK",

@@ -3,14 +3,21 @@
 It starts (or joins) one remediation per failing node. Because it can start remediations, every
 request must carry `Authorization: Bearer <GPUHEAL_WEBHOOK_TOKEN>`; the server will not start
 without a token. Bodies are limited in size and validated; a malformed body gets HTTP 400 with
-the reason and starts nothing. A simple token bucket limits the request rate.
+the reason and starts nothing. A token bucket limits the request rate (GPUHEAL_WEBHOOK_RATE and
+GPUHEAL_WEBHOOK_BURST); a request beyond it gets 503 with Retry-After, because Alertmanager's
+webhook notifier retries only a 5xx: a 429 would wait for the group's next interval (minutes).
+
+A payload's reports for different nodes are checked and started together (REPORTS_AT_ONCE); one
+node's reports in order, so what the first started the next joins or names as handled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -36,6 +43,7 @@ from gpuheal.triggers.start import (
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
+REPORTS_AT_ONCE = 16  # one payload's nodes checked and started together (Temporal calls in flight)
 Starter = Callable[[HealthReport], Awaitable[str]]
 Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
@@ -55,6 +63,31 @@ class TokenBucket:
             return True
         return False
 
+    def wait_s(self) -> int:
+        """Whole seconds until the next token (Retry-After), at least 1."""
+        return max(1, math.ceil((1 - self.tokens) / self.rate))
+
+
+Outcome = tuple[str, str] | AlreadyHandled | Exception  # (workflow id, report) started, or why not
+Handler = Callable[[HealthReport], Awaitable[Outcome]]
+
+
+async def _each_node_in_turn(reports: list[HealthReport], one: Handler) -> list[Outcome]:
+    """`one` for every report: nodes together (at most REPORTS_AT_ONCE), each node's in order."""
+    by_node: dict[str, list[int]] = {}
+    for i, report in enumerate(reports):
+        by_node.setdefault(report.node, []).append(i)
+    outcomes: list[Outcome | None] = [None] * len(reports)
+    gate = asyncio.Semaphore(REPORTS_AT_ONCE)
+
+    async def node(indexes: list[int]) -> None:
+        async with gate:
+            for i in indexes:
+                outcomes[i] = await one(reports[i])
+
+    await asyncio.gather(*(node(indexes) for indexes in by_node.values()))
+    return [o for o in outcomes if o is not None]  # every one set: gather waited for each node
+
 
 def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
@@ -66,21 +99,33 @@ def make_app(
     *,
     give_back: GiveBacker | None = None,
     handled: Handled | None = None,
-    rate_per_s: float = 20.0,
-    burst: int = 40,
 ) -> web.Application:
     if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
         raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
     expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
     cluster = settings.require_cluster()  # alerts without a cluster label belong to this one
-    bucket = TokenBucket(rate_per_s, burst)
+    bucket = TokenBucket(settings.webhook_rate, settings.webhook_burst)
+
+    async def check_and_start(report: HealthReport) -> Outcome:
+        try:
+            # the same alert, or the same failure while its node is out: starts nothing
+            by = await handled(report) if handled is not None else None
+            return by if by is not None else (await start(report), report.describe())
+        except Exception as err:
+            # Neither a guess nor the whole payload: the other reports go on, and the 503 below
+            # makes Alertmanager send the group again (a started one is joined then).
+            log.error("could not check or start remediation for %s: %s", report.describe(), err)
+            return err
 
     async def alertmanager(request: web.Request) -> web.Response:
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
             return _error(401, "missing or wrong bearer token")
         if not bucket.take():
-            return _error(429, "rate limit exceeded; retry later")
+            wait = bucket.wait_s()
+            response = _error(503, f"rate limit exceeded (GPUHEAL_WEBHOOK_RATE); retry in {wait} s")
+            response.headers["Retry-After"] = str(wait)
+            return response
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
         try:
@@ -108,27 +153,20 @@ def make_app(
                 {"error": "no alert could be used", "rejected": [r.model_dump() for r in parsed.rejected]},
                 status=400,
             )
-        started = []
-        skipped = []
-
+        started: list[dict[str, str]] = []
+        skipped: list[dict[str, str]] = []
         failed: list[dict[str, str]] = []
-        for report in parsed.reports:
-            try:
-                # the same alert, or the same failure while its node is out: starts nothing
-                by = await handled(report) if handled is not None else None
-                if by is None:
-                    workflow_id = await start(report)
-            except Exception as err:
-                # Neither a guess nor the whole payload: the other reports go on, and the 503 below
-                # makes Alertmanager send the group again (a started one is joined then).
-                log.error("could not check or start remediation for %s: %s", report.describe(), err)
-                failed.append({"report": report.describe(), "error": str(err)})
-                continue
-            if by is not None:
-                skipped.append({"by": by.incident_id, "run_id": by.run_id, "why": str(by), "report": report.describe()})
-                continue
-            log.info("report %s -> %s", report.describe(), workflow_id)
-            started.append({"workflow_id": workflow_id, "report": report.describe()})
+        for report, outcome in zip(
+            parsed.reports, await _each_node_in_turn(parsed.reports, check_and_start), strict=True
+        ):
+            if isinstance(outcome, Exception):
+                failed.append({"report": report.describe(), "error": str(outcome) or type(outcome).__name__})
+            elif isinstance(outcome, AlreadyHandled):
+                by = {"by": outcome.incident_id, "run_id": outcome.run_id, "why": str(outcome)}
+                skipped.append({**by, "report": report.describe()})
+            else:
+                log.info("report %s -> %s", outcome[1], outcome[0])
+                started.append({"workflow_id": outcome[0], "report": outcome[1]})
         answers: list[str] = []
         for request_ in parsed.give_backs:
             if give_back is None:

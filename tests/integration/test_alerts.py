@@ -20,6 +20,7 @@ from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT
 from gpuheal.core.settings import Settings
+from gpuheal.triggers.webhook import serve
 from gpuheal.workers.main import make_worker
 from infra.sandbox.monitoring import Monitoring
 from infra.sandbox.stack import Sandbox
@@ -183,3 +184,33 @@ async def test_an_alert_for_another_cluster_is_refused_by_the_running_webhook(
     with pytest.raises(RPCError):
         await client.get_workflow_handle(ids.incident_id(settings.cluster or "", "gpu01")).describe()
     assert not webhook.nodes()["gpu01"].drained
+
+
+async def test_alerts_beyond_the_rate_limit_still_start_through_alertmanagers_retries(
+    slurm: Sandbox, settings: Settings, client: Client, tmp_path: Path, cleanup: None
+) -> None:
+    """Three nodes' alerts (grouped by node: three POSTs at once) against a webhook admitting one
+    now and one every 5 s: the refused POSTs are answered 503, which Debian's real Alertmanager
+    retries at once; a 429 it would keep until the group's next interval (5 minutes here)."""
+    limited = settings.model_copy(update={"webhook_rate": 0.2, "webhook_burst": 1})
+    runner = await serve(limited, "127.0.0.1", slurm.webhook_port, client)
+    am = Monitoring(
+        tmp_path / "am",
+        slurm.webhook_url,
+        slurm.root / "webhook.token",
+        agents={},
+        alertmanager_port=slurm.webhook_port + 7,
+        group_interval="5m",
+    )
+    try:
+        await asyncio.to_thread(am.start, False)
+        nodes = ("gpu01", "gpu02", "gpu03")
+        labels = {"alertname": "GpuXidError", "gpuheal": "true", "cluster": settings.cluster or "", "xid": "79"}
+        await asyncio.to_thread(am.fire, *({**labels, "node": node, "gpu": "0"} for node in nodes))
+        for node in nodes:
+            await incident_started(client, ids.incident_id(settings.cluster, node), 60)
+        refused = await asyncio.to_thread(am.metric, "alertmanager_notification_requests_failed_total")
+        assert refused >= 2  # each of two nodes' first POSTs was refused, then retried and started
+    finally:
+        am.stop()
+        await runner.cleanup()

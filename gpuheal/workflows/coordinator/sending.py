@@ -12,12 +12,12 @@ from temporalio.exceptions import ActivityError
 
 from gpuheal.workflows.activity import run
 from gpuheal.workflows.coordinator.state import CoordinatorState
-from gpuheal.workflows.coordinator.versions import COORDINATOR_2
+from gpuheal.workflows.coordinator.versions import COORDINATOR_2, NOTICES_TOGETHER
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import messages as m
-    from gpuheal.core.fleet.models import DomainIncident, Note
+    from gpuheal.core.fleet.models import DomainIncident, GrantNotice, Note
     from gpuheal.core.models.result import Notification
 
 
@@ -33,13 +33,17 @@ async def send(c: CoordinatorState) -> None:
             in_background(c, domain, opening, f"domain incident {domain.domain} not opened")
         else:
             await opening
-    while c.signals:
-        incident, notice = c.signals.pop(0)
-        try:
-            await m.INCIDENT_CAPACITY.send(workflow.get_external_workflow_handle(incident), notice)
-        except Exception as err:  # the incident ended meanwhile: what it holds is reaped
-            workflow.logger.info("incident %s not told (%s)", incident, err)
-            c.reap_now = True
+    together = bool(c.signals) and workflow.patched(NOTICES_TOGETHER)
+    while c.signals:  # (more may queue while these go out)
+        if together:
+            by_incident: dict[str, list[GrantNotice]] = {}
+            for incident, notice in c.signals:
+                by_incident.setdefault(incident, []).append(notice)
+            c.signals.clear()
+            await asyncio.gather(*(tell(c, incident, notices) for incident, notices in by_incident.items()))
+        else:  # coordinators started before NOTICES_TOGETHER: one workflow task per notice
+            incident, notice = c.signals.pop(0)
+            await tell(c, incident, [notice])
     while c.notes:
         item = c.notes.pop(0)
         event, severity, message = item
@@ -59,6 +63,16 @@ async def send(c: CoordinatorState) -> None:
         else:
             await delivery
     c.view_changed()
+
+
+async def tell(c: CoordinatorState, incident: str, notices: list[GrantNotice]) -> None:
+    """One incident's notices, in their order."""
+    for notice in notices:
+        try:
+            await m.INCIDENT_CAPACITY.send(workflow.get_external_workflow_handle(incident), notice)
+        except Exception as err:  # the incident ended meanwhile: what it holds is reaped
+            workflow.logger.info("incident %s not told (%s)", incident, err)
+            c.reap_now = True
 
 
 def in_background(c: CoordinatorState, item: Note | DomainIncident, call: Awaitable[object], failed: str) -> None:

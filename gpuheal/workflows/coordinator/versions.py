@@ -64,6 +64,10 @@ APP_FAULTS_APART = "coordinator-keeps-application-faults-apart"
 # Nor did they give back a borrowed inference node whose incident run ended without returning
 # it (terminated, crashed out): from this marker each look does (activities/borrowed.py).
 BORROWED_GO_BACK = "coordinator-gives-back-borrowed-nodes-of-ended-runs"
+# Nor did they send the grant notices of one pass together: each awaited the last, one workflow
+# task apiece, so k slots freed at once (a release, a resume, a budget raised) took k task cycles
+# (a second each in a storm). From this marker they go out in one task, one incident's in order.
+NOTICES_TOGETHER = "coordinator-sends-its-grant-notices-together"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
