@@ -152,3 +152,13 @@ async def test_a_requeued_job_is_asked_after_closely_until_it_pends_then_updated
     await ActivityEnvironment().run(acts._when_pending, 3, update)
     assert slurm.updated == ("PENDING", update)
     assert len(pauses) == 12 and max(pauses) <= 0.25, pauses
+
+    pauses.clear()  # stuck COMPLETING (a hung node's epilog): after 3 s asked less, up to every 2 s
+    stuck = Showing(job("COMPLETING"))
+    acts = JobActivities(
+        slurm=cast(SlurmBackend, stuck), owners=OwnerDelivery(OwnerSettings()), recovery=JobRecoverySettings()
+    )
+    with pytest.raises(RuntimeError, match="did not become PENDING"):
+        await ActivityEnvironment().run(acts._when_pending, 3, update)
+    fast = [p for i, p in enumerate(pauses) if sum(pauses[:i]) < 3]
+    assert max(fast) <= 0.25 and max(pauses) == 2.0 and stuck.polls < 40, (stuck.polls, pauses)

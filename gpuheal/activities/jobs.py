@@ -59,8 +59,11 @@ from gpuheal.core.models.slurm import (
 )
 
 # A requeued job passes through REQUEUED/COMPLETING in well under a second; the update that makes
-# it eligible at once waits for PENDING this often at most, this long in all.
+# it eligible at once waits for PENDING this often at most for REQUEUED_FAST_S, then (a job stuck
+# COMPLETING: a hung node's epilog, in a storm thousands) every REQUEUED_SLOW_POLL_S; this long in all.
 REQUEUED_POLL_S = 0.25
+REQUEUED_FAST_S = 3.0
+REQUEUED_SLOW_POLL_S = 2.0
 REQUEUED_WAIT_S = 30.0
 
 
@@ -262,6 +265,8 @@ class JobActivities:
         pending job takes these updates; wait for it (a retry of the activity lands here too)."""
         pace = polling.Pace(REQUEUED_POLL_S)
         while pace.slept < REQUEUED_WAIT_S:
+            if pace.slept >= REQUEUED_FAST_S:
+                pace.slower(REQUEUED_SLOW_POLL_S)
             pace.asking()
             job = await self._slurm.job(job_id)
             if job is None or job.state not in REQUEUE_STATES:

@@ -42,6 +42,12 @@ class Pace:
     def restart(self) -> None:
         self._delays = delays(self.most)
 
+    def slower(self, most: float) -> None:
+        """Pause up to `most` from now on, growing to it (a wait past its likely end asks less)."""
+        if most > self.most:
+            self._delays = delays(most, first=self.most)
+            self.most = most
+
     def asking(self) -> None:
         self._asked = time.monotonic()
 

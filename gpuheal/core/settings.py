@@ -267,8 +267,10 @@ class Settings(BaseModel):
     )
     webhook_burst: int = setting(
         "GPUHEAL_WEBHOOK_BURST",
-        500,
-        "webhook: requests it admits at once above the rate (a storm's alerts, grouped by node, arrive together)",
+        100,
+        "webhook: requests it admits at once above the rate (a storm's alerts, grouped by node, arrive together); "
+        "each report costs Temporal a few calls, visibility listings among them: keep replicas x rate within the "
+        "namespace's limits",
         ge=1,
     )
     notify_url: str | None = setting("GPUHEAL_NOTIFY_URL", None, "webhook that receives notifications")

@@ -7,8 +7,9 @@ the reason and starts nothing. A token bucket limits the request rate (GPUHEAL_W
 GPUHEAL_WEBHOOK_BURST); a request beyond it gets 503 with Retry-After, because Alertmanager's
 webhook notifier retries only a 5xx: a 429 would wait for the group's next interval (minutes).
 
-A payload's reports for different nodes are checked and started together (REPORTS_AT_ONCE); one
-node's reports in order, so what the first started the next joins or names as handled.
+Reports are checked and started at most REPORTS_AT_ONCE at a time in the whole process (what it
+asks of Temporal at once, whatever the burst admits); a payload's nodes together, one node's
+reports in order, so what the first started the next joins or names as handled.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from gpuheal.triggers.start import (
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
-REPORTS_AT_ONCE = 16  # one payload's nodes checked and started together (Temporal calls in flight)
+REPORTS_AT_ONCE = 16  # reports checked and started at once by one webhook process (Temporal calls in flight)
 Starter = Callable[[HealthReport], Awaitable[str]]
 Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
@@ -72,13 +73,12 @@ Outcome = tuple[str, str] | AlreadyHandled | Exception  # (workflow id, report) 
 Handler = Callable[[HealthReport], Awaitable[Outcome]]
 
 
-async def _each_node_in_turn(reports: list[HealthReport], one: Handler) -> list[Outcome]:
-    """`one` for every report: nodes together (at most REPORTS_AT_ONCE), each node's in order."""
+async def _each_node_in_turn(reports: list[HealthReport], one: Handler, gate: asyncio.Semaphore) -> list[Outcome]:
+    """`one` for every report: nodes together (within the process's `gate`), each node's in order."""
     by_node: dict[str, list[int]] = {}
     for i, report in enumerate(reports):
         by_node.setdefault(report.node, []).append(i)
     outcomes: list[Outcome | None] = [None] * len(reports)
-    gate = asyncio.Semaphore(REPORTS_AT_ONCE)
 
     async def node(indexes: list[int]) -> None:
         async with gate:
@@ -105,6 +105,7 @@ def make_app(
     expected = f"Bearer {settings.webhook_token.get_secret_value()}".encode()
     cluster = settings.require_cluster()  # alerts without a cluster label belong to this one
     bucket = TokenBucket(settings.webhook_rate, settings.webhook_burst)
+    gate = asyncio.Semaphore(REPORTS_AT_ONCE)  # the whole process's reports in flight to Temporal
 
     async def check_and_start(report: HealthReport) -> Outcome:
         try:
@@ -157,7 +158,7 @@ def make_app(
         skipped: list[dict[str, str]] = []
         failed: list[dict[str, str]] = []
         for report, outcome in zip(
-            parsed.reports, await _each_node_in_turn(parsed.reports, check_and_start), strict=True
+            parsed.reports, await _each_node_in_turn(parsed.reports, check_and_start, gate), strict=True
         ):
             if isinstance(outcome, Exception):
                 failed.append({"report": report.describe(), "error": str(outcome) or type(outcome).__name__})

@@ -20,6 +20,10 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.fleet.models import DomainIncident, GrantNotice, Note
     from gpuheal.core.models.result import Notification
 
+# Incidents told in one workflow task (from NOTICES_TOGETHER): a budget raised over a held line
+# of thousands stays well inside Temporal's pending external signals per workflow (2,000).
+NOTICES_AT_ONCE = 100
+
 
 async def send(c: CoordinatorState) -> None:
     """What the updates decided, done: domain incidents, signals to held incidents, notices."""
@@ -40,7 +44,11 @@ async def send(c: CoordinatorState) -> None:
             for incident, notice in c.signals:
                 by_incident.setdefault(incident, []).append(notice)
             c.signals.clear()
-            await asyncio.gather(*(tell(c, incident, notices) for incident, notices in by_incident.items()))
+            told = list(by_incident.items())
+            for at in range(0, len(told), NOTICES_AT_ONCE):
+                await asyncio.gather(
+                    *(tell(c, incident, notices) for incident, notices in told[at : at + NOTICES_AT_ONCE])
+                )
         else:  # coordinators started before NOTICES_TOGETHER: one workflow task per notice
             incident, notice = c.signals.pop(0)
             await tell(c, incident, [notice])
