@@ -1,22 +1,26 @@
 """A storm through Alertmanager: N nodes' alerts at once, grouped by node as gpuheal's route does
 (N POSTs as fast as Alertmanager sends them), to the webhook process, to Temporal.
 
-    python -m bench.webhook_storm [--nodes 1000] [--runs 2] [--baseline-src DIR]
+    python -m bench.webhook_storm [--nodes 1000] [--runs 2] [--limits RATE/BURST] [--baseline-src DIR]
 
 Real processes on loopback: Temporal's dev server, `gpuheal webhook` with its default limits,
 Debian's Alertmanager 0.25 with the route and receiver of infra/monitoring (group_wait 1 s,
 group_interval 5 m as in production: a notification Alertmanager gives up on waits that long).
 No worker runs: what is measured is how fast a report becomes a started incident. Each run is a
 storm of its own: its own node names, its own webhook process (a full token bucket), posted after
-the previous run's incidents are all seen.
-`--baseline-src` also runs the webhook from another checkout (e.g. a worktree of the commit
-before), the row named after its commit. Writes bench/results/webhook-storm.md.
+the previous run's incidents are all seen, with Alertmanager's notification log fresh.
+`--limits` adds a run with the webhook's rate limit set so (what the pipeline does when the
+limit is not what bounds it); `--baseline-src` also runs the webhook from another checkout (e.g.
+a worktree of the commit before), the row named after its commit. Writes bench/results/webhook-storm.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +43,7 @@ from infra.sandbox.stack import PORTS, Sandbox
 GROUP_WAIT_S = 1.0
 ALL_STARTED_GOAL_S = 30.0  # issue 36: every incident started within 30 s
 P99_GOAL_S = 1.0 + GROUP_WAIT_S  # issue 36: report -> started p99 < 1 s, plus Alertmanager's group_wait
+TAG = f"s{secrets.token_hex(2)}"  # this invocation's node names
 GIVE_UP_S = 180.0  # a run whose incidents are not all started by then is reported as it stands
 
 
@@ -79,7 +84,8 @@ async def started_times(client: Client, cluster: str, prefix: str, want: int, t0
 
 
 async def one_run(sb: Sandbox, client: Client, label: str, run: int, nodes: int) -> Run:
-    prefix = f"r{run}n"
+    prefix = f"{TAG}r{run}n"  # never an earlier invocation's nodes (Alertmanager's log would dedupe them)
+    shutil.rmtree(sb.root / f"am-{run}", ignore_errors=True)  # nor its notification log
     am = Monitoring(
         sb.root / f"am-{run}",
         sb.webhook_url,
@@ -114,13 +120,17 @@ def rows(runs: list[Run]) -> list[str]:
     return out
 
 
-async def storm(src: Path | None, nodes: int, runs: int, first_run: int) -> list[Run]:
+async def storm(src: Path | None, nodes: int, runs: int, first_run: int, limits: str = "") -> list[Run]:
+    """`runs` storms against a fresh server; `limits` RATE/BURST for the webhook ("": its defaults)."""
     sb = Sandbox.named("bench", RUN / "webhook-storm", cluster="amstorm")
     if src is not None:
         sb.extra_env["PYTHONPATH"] = str(src)  # the webhook process runs that checkout's gpuheal
+    if limits:
+        rate, burst = limits.split("/")
+        sb.extra_env.update({"GPUHEAL_WEBHOOK_RATE": rate, "GPUHEAL_WEBHOOK_BURST": burst})
     sb.stop_temporal()
     sb.start_temporal(fresh=True)
-    label = git_label(src)
+    label = git_label(src) + (f", limits {limits}" if limits else "")
     results = []
     try:
         client = await connect(Settings.from_env(sb.env()).temporal)
@@ -140,10 +150,14 @@ async def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--baseline-src", type=Path, help="a checkout whose webhook is measured too (the before)")
+    ap.add_argument("--limits", default="", help="also one run with the webhook at RATE/BURST, e.g. 1000/1000")
     args = ap.parse_args()
+    load = os.getloadavg()[0]  # said beside the figures: a loaded machine is slower
     results = await storm(None, args.nodes, args.runs, 1)
+    if args.limits:
+        results += await storm(None, args.nodes, 1, len(results) + 1, args.limits)
     if args.baseline_src:
-        results += await storm(args.baseline_src.resolve(), args.nodes, 1, args.runs + 1)
+        results += await storm(args.baseline_src.resolve(), args.nodes, 1, len(results) + 1)
     ours = [r for r in results if not r.label.startswith("before")]
     goals = [
         goal(
@@ -173,6 +187,7 @@ async def main() -> int:
             "to each incident's start in Temporal. `POSTs` and `failed`: Alertmanager's own counts of its webhook",
             "requests (a 503 it retries; a 429 it does not, that group waits for group_interval, 5 m here).",
             "Each run has a webhook process of its own (a full token bucket).",
+            f"Load average when it began: {load:.1f} on {os.cpu_count()} cores.",
             "",
             "| webhook | run | started | all started by | p50 | p99 | POSTs | failed |",
             "|---|---|---|---|---|---|---|---|",
