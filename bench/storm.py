@@ -1,6 +1,7 @@
 """A failure storm against the cluster's coordinator: what admitting 1,000 incidents at once costs.
 
     python -m bench.storm [--reports 1000] [--budget 5%] [--in-flight 50] [--quiet 20] [--temporal cluster]
+                          [--workers 1,2,4] [--no-own-coordinator] [--baseline-src DIR]
 
 A Slurm sandbox with --reports nodes (fleet0001.. are defined in slurm.conf without a slurmd: a
 fleet's size, not its daemons), a fresh Temporal dev server and the worker as its own process.
@@ -16,6 +17,9 @@ each waiting for its decision: the same measures with no storm around them.
 The breaker and the rate are opened wide (a storm this size would trip the breaker at once by
 default, which is the point of the breaker but not of this benchmark). XID 79 (replace): granted
 incidents drain their node and wait for a spare, so grants stay put while the storm is admitted.
+The coordinator runs in a worker process of its own (GPUHEAL_WORKER_SERVES=coordinator, as the
+chart deploys it) beside the incidents' workers, unless --no-own-coordinator; --baseline-src runs
+one storm first with another checkout's workers (the before, one process serving all).
 With --temporal cluster, the Temporal cluster (temporal-server on PostgreSQL, mTLS) instead of the
 dev server; its figures ("Temporal" = the server and PostgreSQL together) size docs/production.md
 (sizing per 1,000 nodes). Writes bench/results/storm.md (storm-cluster.md). Figures, not assertions, but
@@ -212,19 +216,35 @@ async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
     return None
 
 
-async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_by_one: bool, workers: int = 1) -> Run:
-    print(f"{name}: {len(nodes)} reports, {workers} worker(s)", flush=True)
+async def one_run(
+    sb: Sandbox,
+    name: str,
+    nodes: list[str],
+    in_flight: int,
+    one_by_one: bool,
+    workers: int = 1,
+    own: bool = False,
+    src: Path | None = None,
+) -> Run:
+    """`own`: the coordinator in a worker process of its own (GPUHEAL_WORKER_SERVES) beside the
+    `workers` serving the incidents; `src`: the workers run that checkout's gpuheal (the before)."""
+    print(f"{name}: {len(nodes)} reports, {workers} worker(s){' + the coordinator' if own else ''}", flush=True)
     # Temporal takes 10 updates in flight per workflow: the workers share 8
     # (docs/configuration.md: GPUHEAL_COORDINATOR_UPDATES)
     sb.extra_env["GPUHEAL_COORDINATOR_UPDATES"] = str(max(1, 8 // workers))
+    sb.extra_env.pop("PYTHONPATH", None)
+    if src is not None:
+        sb.extra_env["PYTHONPATH"] = str(src)
     sb.start_slurm(clean=True)
     sb.stop_temporal()
     sb.start_temporal(fresh=True)
     settings = Settings.from_env(sb.env())
     client = await connect(settings.temporal)
     started_at = datetime.now(UTC)
-    procs = [sb.start_worker(i) for i in range(workers)]
-    run = Run(name, len(nodes), workers=workers)
+    procs = [sb.start_worker(i, "incidents" if own else "all") for i in range(workers)]
+    if own:
+        procs.append(sb.start_worker(workers, "coordinator"))
+    run = Run(name, len(nodes), workers=workers, own_coordinator=own)
     cluster = settings.require_cluster()
     watch = run.watch = Watch(sb, client, cluster, nodes)
     sampler = threading.Thread(target=watch.slurm, daemon=True)
@@ -272,7 +292,8 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         await reads
         await asyncio.to_thread(sampler.join)
         print(f"  all {len(nodes)} decided in {run.all_decided_s:.1f} s: {run.granted} granted, {run.held} held")
-        run.worker_mb = max(peak_rss_mb(p.pid) for p in procs)
+        run.worker_mb = max(peak_rss_mb(p.pid) for p in procs[:workers])
+        run.coordinator_mb = peak_rss_mb(procs[-1].pid) if own else 0.0
         server = int((sb.temporal.dir / "server.pid").read_text())
         run.temporal_mb = peak_rss_mb(server)
         run.worker_cpu_s, run.temporal_cpu_s = sum(cpu_s(p.pid) for p in procs), cpu_s(server) + database_cpu_s(sb)
@@ -283,8 +304,15 @@ async def one_run(sb: Sandbox, name: str, nodes: list[str], in_flight: int, one_
         runs = queries.where(queries.eq(queries.WORKFLOW_ID, coordinator.id))  # each continue-as-new is a run
         run.coordinator_runs = (await client.count_workflows(runs)).count
         async for wf in client.list_workflows(runs):
+            scheduled: datetime | None = None
             async for e in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
                 run.coordinator_tasks += e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+                run.history_total_kb += e.ByteSize() / 1024
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+                    scheduled = e.event_time.ToDatetime()
+                elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and scheduled is not None:
+                    run.task_waits_ms.append((e.event_time.ToDatetime() - scheduled).total_seconds() * 1000)
+                    scheduled = None
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
                     update = e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
                     run.updates[update] = run.updates.get(update, 0) + 1
@@ -354,6 +382,11 @@ def ppid(pid: int) -> int:
         return -1
 
 
+def git_head(src: Path) -> str:
+    done = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or str(src)
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reports", type=int, default=1000)
@@ -362,6 +395,13 @@ async def main() -> int:
     ap.add_argument("--quiet", type=int, default=20, help="baseline: reports sent one at a time")
     ap.add_argument("--workers", default="1,2,4", help="storms with this many worker processes each")
     ap.add_argument("--temporal", default="dev", choices=KINDS, help="the dev server (default) or the cluster")
+    ap.add_argument(
+        "--own-coordinator",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the coordinator in a worker process of its own, as the chart deploys it (default)",
+    )
+    ap.add_argument("--baseline-src", type=Path, help="a checkout whose workers storm too, first (the before)")
     args = ap.parse_args()
     results = RESULTS if args.temporal == "dev" else RESULTS.with_name("storm-cluster.md")
     counts = [int(w) for w in args.workers.split(",")]
@@ -381,8 +421,14 @@ async def main() -> int:
     sb = Sandbox.named("bench", RUN / "bench-storm", extra_env=env, temporal_kind=args.temporal)
     nodes = node_names(args.reports)
     runs = [await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True)]
+    if args.baseline_src:
+        src = args.baseline_src.resolve()
+        before = f"before ({git_head(src)}): storm, {counts[0]} worker(s)"
+        runs.append(await one_run(sb, before, nodes, args.in_flight, one_by_one=False, workers=counts[0], src=src))
+    own = args.own_coordinator
     for n in counts:
-        runs.append(await one_run(sb, f"storm, {n} worker(s)", nodes, args.in_flight, one_by_one=False, workers=n))
+        name = f"storm, {n} worker(s){' + the coordinator' if own else ''}"
+        runs.append(await one_run(sb, name, nodes, args.in_flight, one_by_one=False, workers=n, own=own))
     lines = report(runs, args, len(nodes))
     results.write_text("\n".join(lines))
     print("\n".join(lines))

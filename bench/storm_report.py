@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bench.common import pct
-from gpuheal.core.messages import FLEET_ADMIT, FLEET_ADMIT_MANY, FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY
+from gpuheal.core.messages import (
+    FLEET_ADMIT,
+    FLEET_ADMIT_MANY,
+    FLEET_CONFIRM,
+    FLEET_CONTAIN,
+    FLEET_REQUEST_CAPACITY,
+    FLEET_REQUEST_CAPACITY_MANY,
+)
 
 # The operators' levers the storm times beside `gpuheal fleet` (their arguments: bench/storm.py).
 LEVERS = ("policy show", "domain release")
@@ -55,7 +62,17 @@ class Run:
     temporal_cpu_s: float = 0.0
     coordinator_tasks: int = 0  # the coordinator's workflow tasks over all its runs
     updates: dict[str, int] = field(default_factory=dict)  # updates the coordinator accepted, by name
+    own_coordinator: bool = False  # the coordinator in a worker process of its own
+    coordinator_mb: float = 0.0  # that process's peak RSS
+    task_waits_ms: list[float] = field(default_factory=list)  # each coordinator task: scheduled -> started
+    history_total_kb: float = 0.0  # the coordinator's events over all its runs
     watch: Watched | None = None
+
+    def coordinator_updates(self) -> int:
+        return sum(self.updates.values())
+
+    def updates_per_1000(self) -> float:
+        return self.coordinator_updates() * 1000 / max(self.reports, 1)
 
 
 def table(runs: list[Run]) -> list[str]:
@@ -74,7 +91,11 @@ def table(runs: list[Run]) -> list[str]:
             return f"{u(one, 0)} + {u(many, 0)}"
 
         admits = pair(FLEET_ADMIT.name, FLEET_ADMIT_MANY.name)
-        return f"{admits} / {pair(FLEET_REQUEST_CAPACITY.name, FLEET_REQUEST_CAPACITY_MANY.name)}"
+        asks = pair(FLEET_REQUEST_CAPACITY.name, FLEET_REQUEST_CAPACITY_MANY.name)
+        return f"{admits} / {asks} / {u(FLEET_CONTAIN.name, 0)} / {u(FLEET_CONFIRM.name, 0)}"
+
+    def waits(v: list[float]) -> str:
+        return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} / {max(v):.0f} ms" if v else "n/a"
 
     def rate(r: Run) -> str:
         return f"{r.coordinator_tasks} ({r.coordinator_tasks / max(r.all_decided_s, 0.1):.1f}/s)"
@@ -91,14 +112,34 @@ def table(runs: list[Run]) -> list[str]:
         line("Temporal server peak RSS", (f"{r.temporal_mb:.0f} MB" for r in runs)),
         line("coordinator history (this run)", (f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)),
         line("coordinator runs (continue-as-new)", (str(r.coordinator_runs) for r in runs)),
-        line("worker processes (coordinator updates each)", (f"{r.workers} ({max(1, 8 // r.workers)})" for r in runs)),
+        line(
+            "worker processes (coordinator updates each)",
+            (
+                f"{r.workers}{' + the coordinator' if r.own_coordinator else ''} ({max(1, 8 // r.workers)})"
+                for r in runs
+            ),
+        ),
         line(
             "workers' CPU per incident (with their Slurm commands)",
             (f"{r.worker_cpu_s * 1000 / r.reports:.0f} ms" for r in runs),
         ),
         line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
         line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
-        line("coordinator updates: admit + admit_many / request + request_many", (updates(r) for r in runs)),
+        line(
+            "coordinator updates: admit + admit_many / request + request_many / contain / confirm",
+            (updates(r) for r in runs),
+        ),
+        line(
+            "coordinator updates, all, per 1,000 incidents",
+            (f"{r.coordinator_updates()} ({r.updates_per_1000():.0f})" for r in runs),
+            "<= 100",
+        ),
+        line("coordinator task scheduled -> started, p50 / p99 / max", (waits(r.task_waits_ms) for r in runs)),
+        line("coordinator history (all its runs)", (f"{r.history_total_kb:.0f} KiB" for r in runs), "< 1 MB"),
+        line(
+            "coordinator's own worker process, peak RSS",
+            (f"{r.coordinator_mb:.0f} MB" if r.own_coordinator else "none: in the worker" for r in runs),
+        ),
         line("`gpuheal fleet`'s read (memo), p50 / max", (peak(w.read_ms) for w in watches), "max < 1 s"),
         line(
             "`gpuheal fleet` command (with Python's start), p50 / max",
@@ -169,8 +210,12 @@ def goals(r: Run) -> list[str]:
     w = r.watch
     assert w is not None
     checks = [
+        ("every incident granted or held within 60 s", r.all_decided_s < 60),
         ("report -> workflow started p99 < 200 ms", pct(r.starts_ms, 0.99) < 200),
         ("coordinator grant p99 < 1 s", pct(r.grants_ms, 0.99) < 1000),
+        ("coordinator updates per 1,000 incidents <= 100", r.updates_per_1000() <= 100),
+        ("coordinator history < 1 MB (all its runs)", r.history_total_kb < 1024),
+        ("worker peak RSS < 300 MB", r.worker_mb < 300),
         ("`gpuheal fleet` read within 1 s every time", bool(w.read_ms) and max(w.read_ms) < 1000 and not w.unanswered),
         (
             "`gpuheal fleet` command within 1 s every time",

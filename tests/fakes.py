@@ -101,6 +101,8 @@ class FakeCluster:
         self.policy = policy or FleetPolicy()
         self.grant = grant
         self.contain: str | None = None  # why the coordinator refuses a held incident's containment
+        self.contains_with_request = False  # a coordinator from CONTAIN_WITH_REQUEST: held, it answers both
+        self.requests: list[CapacityRequest] = []
         self.gone = gone  # nodes Slurm has not (in service)
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
@@ -156,7 +158,12 @@ class FakeCluster:
         @implements(act.REQUEST_CAPACITY)
         async def request(req: CapacityRequest) -> CapacityDecision:
             c.calls.append("request_capacity")
-            return CapacityDecision(granted=c.grant, reason="test grant" if c.grant else "test: held", position=1)
+            c.requests.append(req)
+            answer = CapacityDecision(granted=c.grant, reason="test grant" if c.grant else "test: held", position=1)
+            if c.contains_with_request and req.contain_if_held and not c.grant:
+                why = c.contain or "contained while held (nothing new lands on it)"
+                answer = answer.model_copy(update={"contained": c.contain is None, "containment": why})
+            return answer
 
         @implements(act.CONFIRM_CAPACITY)
         async def confirm(req: CapacityRequest) -> CapacityDecision:

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuheal.activities import validation
 from gpuheal.core import policy
-from gpuheal.core.fleet import coordination, packing, reaping, steering
+from gpuheal.core.fleet import containment, coordination, packing, reaping, steering
 from gpuheal.core.fleet.models import (
     AdmitRequest,
     CapacityDecision,
@@ -99,8 +99,8 @@ class Coordinator(RuleBasedStateMachine):
 
     # --- what happens ---------------------------------------------------------------------
 
-    @rule(node=st.sampled_from(NODES))
-    def an_incident_asks(self, node: str) -> None:
+    @rule(node=st.sampled_from(NODES), contain=st.booleans())
+    def an_incident_asks(self, node: str, contain: bool = False) -> None:
         if node in self.live:
             return
         self.runs += 1
@@ -117,20 +117,31 @@ class Coordinator(RuleBasedStateMachine):
         )
         self.step(lambda: coordination.admit(self.s, req, self.now, serve_when_freed=True, compact=True))
         answer: list[object] = []
-        self.step(
-            lambda: answer.append(coordination.request(self.s, self.capacity(node), self.now, serve_when_freed=True))
-        )
+        req = self.capacity(node, contain)
+
+        def ask() -> None:  # as the coordinator's handler decides it: the request, then containment
+            decided, _ = coordination.request(self.s, req, self.now, serve_when_freed=True)
+            answer.append(containment.with_containment(self.s, [req], [decided], self.now)[0])
+
+        self.step(ask)
         decision = answer[0][0]  # type: ignore[index]
+        assert (decision.contained is not None) == (contain and not decision.granted)
         if decision.already and decision.granted:
             assert self.s.grants[incident].run_id == run, "granted already by an earlier run's grant"
 
-    @rule(nodes=st.lists(st.sampled_from(NODES), min_size=1, max_size=6), when_freed=st.booleans())
-    def a_batch_of_incidents_asks(self, nodes: list[str], when_freed: bool) -> None:
+    @rule(
+        nodes_asking=st.lists(st.tuples(st.sampled_from(NODES), st.booleans()), min_size=1, max_size=6),
+        when_freed=st.booleans(),
+    )
+    def a_batch_of_incidents_asks(self, nodes_asking: list[tuple[str, bool]], when_freed: bool) -> None:
         """Requests that queued in one worker go as one (request_many), new incidents and ones
         asking again, a node even twice; the line is served once for the batch. Each answer is
         its own run's, and the batch decides as those requests one at a time would, in a
         coordinator from SERVE_WHEN_FREED on (`when_freed`) or one from before it, which serves
-        neither time's frees at admission nor when its loop comes back."""
+        neither time's frees at admission nor when its loop comes back. Requests asking their
+        containment with them (CONTAIN_WITH_REQUEST) are decided as the same requests followed by
+        each held one's `contain`, in order."""
+        nodes = [n for n, _ in nodes_asking]
         for node in dict.fromkeys(nodes):
             if node not in self.live:
                 self.runs += 1
@@ -149,14 +160,23 @@ class Coordinator(RuleBasedStateMachine):
                         self.s, req, self.now, serve_when_freed=when_freed, compact=when_freed
                     )
                 )  # type: ignore[misc]
-        reqs = [self.capacity(n) for n in nodes]
+        reqs = [self.capacity(n, contain) for n, contain in nodes_asking]
         one_at_a_time = FleetState.model_validate_json(self.s.model_dump_json())
         for r in reqs:
             coordination.request(one_at_a_time, r, self.now, serve_when_freed=when_freed)
-        answers: list[object] = []
-        self.step(
-            lambda: answers.extend(coordination.request_many(self.s, reqs, self.now, serve_when_freed=when_freed)[0])
-        )
+        answers: list[CapacityDecision] = []
+
+        def ask() -> None:  # as request_capacity_many decides: the batch, then the containment asked
+            decided, _ = coordination.request_many(self.s, reqs, self.now, serve_when_freed=when_freed)
+            answers.extend(containment.with_containment(self.s, reqs, decided, self.now)[0])
+
+        self.step(ask)
+        contained_alone = {  # each one not granted asks its own contain update after, in their order
+            i: coordination.contain(one_at_a_time, r, self.now)[0].granted
+            for i, (r, a) in enumerate(zip(reqs, answers, strict=True))
+            if r.contain_if_held and not a.granted
+        }
+        assert {i: a.contained for i, a in enumerate(answers) if a.contained is not None} == contained_alone
 
         # The same grants, line and books; a held incident's reason is the one of the last serve
         # that looked at it, which one at a time comes at other moments.
@@ -522,10 +542,15 @@ class Coordinator(RuleBasedStateMachine):
                     size = placement(g.node).pool_size
                     assert len(in_pool) <= limit_of(b.per_pool, size), f"over the budget of pool {g.pool}"
 
-    def capacity(self, node: str) -> CapacityRequest:
+    def capacity(self, node: str, contain_if_held: bool = False) -> CapacityRequest:
         incident, run = self.live[node]
         return CapacityRequest(
-            cluster="c", incident_id=incident, run_id=run, placement=placement(node), action=ActionClass.REPLACE_NODE
+            cluster="c",
+            incident_id=incident,
+            run_id=run,
+            placement=placement(node),
+            action=ActionClass.REPLACE_NODE,
+            contain_if_held=contain_if_held,
         )
 
     @invariant()

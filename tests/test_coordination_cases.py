@@ -31,7 +31,7 @@ def recreated_with_a_taken_back_grant_held(m: Coordinator) -> None:
     m.an_incident_asks("gpu03")
     m.an_incident_asks("gpu04")
     m.the_containment_bound_changes("0")
-    m.a_batch_of_incidents_asks(["gpu00"], when_freed=False)
+    m.a_batch_of_incidents_asks([("gpu00", False)], when_freed=False)
     m.an_incident_confirms(Draws("gpu03"))  # type: ignore[arg-type]
     m.time_passes_while_the_loop_is_away(1, then="gpu02")
     # visible: gpu00 yes, gpu02 no, gpu03 yes, gpu04 no; the earlier run not yet
@@ -50,10 +50,10 @@ def test_a_grant_never_puts_more_out_than_the_budget_plus_the_containment_bound(
     m.an_operator_resumes()  # the line is served: gpu00 would be the train pool's third node out
     assert m.drained == {"gpu03", "gpu04"}
     assert "1 out under the budget of pool train and 1 held nodes contained there (limit 2)" in reason(m, "gpu00")
-    m.a_batch_of_incidents_asks(["gpu08"], when_freed=False)  # the inference pool: the cluster's third
+    m.a_batch_of_incidents_asks([("gpu08", False)], when_freed=False)  # the inference pool: the cluster's third
     # gpu03's contained node is granted with it (under the budget now: nothing more out); full.
     assert m.drained == {"gpu03", "gpu04", "gpu08"} and "gpuheal-c-gpu03" in m.s.grants
-    m.a_batch_of_incidents_asks(["gpu05"], when_freed=False)
+    m.a_batch_of_incidents_asks([("gpu05", False)], when_freed=False)
     assert m.drained == {"gpu03", "gpu04", "gpu08"}
 
 

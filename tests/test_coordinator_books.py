@@ -13,6 +13,7 @@ import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from gpuheal.core import ids
 from gpuheal.core import messages as m
 from gpuheal.core.fleet.models import (
     CoordinatorInput,
@@ -47,7 +48,10 @@ async def test_a_coordinator_recreated_before_its_earlier_run_shows_still_rebuil
         opened = OpenIncident(incident_id=first.id, run_id=run1, placement=placement("gpu01"), stage=Stage.REPAIR)
         receiver.open = OpenIncidents(incidents=(opened,), earlier_run="")  # not visible yet
         fresh = await env.client.start_workflow(
-            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+            m.COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=POLICY, on_own_queue=True),
+            id=old.id,
+            task_queue=ids.coordinator_queue(queue),
         )
         second, run2 = await holder(env, queue, "gpu02")
         decision = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
@@ -76,7 +80,10 @@ async def test_a_recreation_that_finds_only_incidents_holding_nothing_looks_agai
         )
         receiver.open = OpenIncidents(incidents=(restarting,), earlier_run="")  # not visible yet
         fresh = await env.client.start_workflow(
-            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+            m.COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=POLICY, on_own_queue=True),
+            id=old.id,
+            task_queue=ids.coordinator_queue(queue),
         )
         second, run2 = await holder(env, queue, "gpu02")
         assert (await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))).granted
@@ -103,7 +110,10 @@ async def test_a_recreation_tripped_already_does_not_trip_again_over_a_resume(en
         )
         receiver.open = OpenIncidents(incidents=(repairing,), earlier_run="")  # not visible yet
         fresh = await env.client.start_workflow(
-            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+            m.COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=POLICY, on_own_queue=True),
+            id=old.id,
+            task_queue=ids.coordinator_queue(queue),
         )
         second, run2 = await holder(env, queue, "gpu02")
         held = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
@@ -134,7 +144,10 @@ async def test_a_rebuild_that_fails_grants_nothing_and_wedges_nothing_until_it_s
         receiver.open = OpenIncidents(incidents=(opened,), earlier_run="Terminated at 12:00:00")
         receiver.listing_fails = 3  # a round of three attempts
         fresh = await env.client.start_workflow(
-            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=POLICY), id=old.id, task_queue=queue
+            m.COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=POLICY, on_own_queue=True),
+            id=old.id,
+            task_queue=ids.coordinator_queue(queue),
         )
         second, run2 = await holder(env, queue, "gpu02")
         asking = asyncio.ensure_future(m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2)))

@@ -71,7 +71,10 @@ async def test_the_coordinator_carries_its_books_packed_into_its_next_run(
             env.client, task_queue=queue, workflows=workflows, activities=receiver.activities(),
             workflow_runner=UnsandboxedWorkflowRunner(),
         ),
-        Worker(env.client, task_queue=ids.coordinator_queue(queue), activities=receiver.activities()),
+        Worker(
+            env.client, task_queue=ids.coordinator_queue(queue), workflows=workflows,
+            activities=receiver.activities(), workflow_runner=UnsandboxedWorkflowRunner(),
+        ),
     ):  # fmt: skip
         handle = await coordinator(env, queue, POLICY)
         first_run = (await handle.describe()).run_id

@@ -133,21 +133,27 @@ async def holder(env: WorkflowEnvironment, queue: str, node: str) -> tuple[Workf
 
 
 def worker(env: WorkflowEnvironment, queue: str, receiver: Receiver) -> Workers:
-    """As a gpuheal worker serves: the workflows on the queue, the coordinator's activities on its own."""
+    """As a gpuheal worker serves: the workflows on the queue (coordinators started there by the
+    release before too), the coordinator and its activities on its own."""
     workflows, activities = [FleetCoordinator, DomainIncidentWorkflow, Holder], receiver.activities()
     return Workers(
         Worker(env.client, task_queue=queue, workflows=workflows, activities=activities),
-        Worker(env.client, task_queue=ids.coordinator_queue(queue), activities=activities),
+        Worker(
+            env.client, task_queue=ids.coordinator_queue(queue), workflows=[FleetCoordinator], activities=activities
+        ),
     )
 
 
-async def coordinator(env: WorkflowEnvironment, queue: str, policy: FleetPolicy) -> WorkflowHandle[object, None]:
+async def coordinator(
+    env: WorkflowEnvironment, queue: str, policy: FleetPolicy, on: str | None = None
+) -> WorkflowHandle[object, None]:
+    """A coordinator started where incidents start it (its own queue), or `on` another."""
     cluster = f"c{uuid.uuid4().hex[:8]}"
     handle: WorkflowHandle[object, None] = await env.client.start_workflow(
         m.COORDINATOR.name,
-        CoordinatorInput(cluster=cluster, seed=policy),
+        CoordinatorInput(cluster=cluster, seed=policy, on_own_queue=on is None),
         id=ids.coordinator_id(cluster),
-        task_queue=queue,
+        task_queue=on or ids.coordinator_queue(queue),
     )
     return handle
 
@@ -317,7 +323,10 @@ async def test_a_recreated_coordinator_grants_nothing_before_it_has_rebuilt_and_
             earlier_run="Terminated at 12:00:00",
         )
         fresh = await env.client.start_workflow(
-            m.COORDINATOR.name, CoordinatorInput(cluster=cluster, seed=policy), id=old.id, task_queue=queue
+            m.COORDINATOR.name,
+            CoordinatorInput(cluster=cluster, seed=policy, on_own_queue=True),
+            id=old.id,
+            task_queue=ids.coordinator_queue(queue),
         )
         second, run2 = await holder(env, queue, "gpu02")
         decision = await m.FLEET_REQUEST_CAPACITY.execute(fresh, ask(second.id, "gpu02", run2))
@@ -359,6 +368,11 @@ async def test_the_fleet_view_is_read_from_the_server_while_no_worker_can_answer
     async with worker(env, queue, receiver):
         handle, first, second = await one_granted_one_held(env, queue)
         live = await m.FLEET_STATUS.ask(handle)
+        for _ in range(50):  # written within MEMO_EVERY_S of the decision
+            shown = await m.FLEET_VIEW.read(handle)
+            if shown is not None and (shown.out, shown.held) == (1, 1):
+                break
+            await env.sleep(0.2)
     with pytest.raises(Exception):  # noqa: B017 (whatever the SDK raises: no answer in time)
         await m.FLEET_STATUS.ask(handle, rpc_timeout=timedelta(seconds=2))
     view = await m.FLEET_VIEW.read(handle)

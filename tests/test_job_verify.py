@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any, cast
@@ -14,6 +15,7 @@ from typing import Any, cast
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from gpuheal.activities import jobs as jobs_module
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
 from gpuheal.clients.slurm import JobUpdate, SlurmBackend
@@ -46,9 +48,11 @@ class Showing:
         self._answers: Iterator[JobSnapshot] = iter(answers)
         self._last = answers[-1]
         self.polls = 0
+        self.at: list[float] = []  # each poll's moment (monotonic)
 
     async def job(self, job_id: int) -> JobSnapshot:
         self.polls += 1
+        self.at.append(time.monotonic())
         self._last = next(self._answers, self._last)
         return self._last
 
@@ -66,7 +70,7 @@ async def run(slurm: Showing, **kw: Any) -> VerifyOutcome:
         avoid_nodes=kw.get("avoid", ()),
         deadline_at=time.time() + kw["within_s"],
         run_for_s=kw.get("run_for_s"),
-        poll_interval_s=POLL_S,
+        poll_interval_s=kw.get("poll_s", POLL_S),
     )
     env = ActivityEnvironment()
     if "beat" in kw:
@@ -80,12 +84,42 @@ PENDING = job("PENDING", reason="Resources")
 async def test_a_job_waiting_for_its_replacement_has_its_whole_deadline_once_it_runs() -> None:
     """Pending (a replacement, its burn-in) for longer than its 0.5 s to train past its
     checkpoint, then running and past it: resumed, not silent at 0.5 s after the requeue."""
-    pending = [PENDING] * 3  # 3 polls of a pending job (0.4 s apart): past 0.5 s
+    pending = [PENDING] * 40  # 40 polls of a pending job (0.02 s apart): past 0.5 s
     slurm = Showing(*pending, job("RUNNING", "gpu09", 1), job("RUNNING", "gpu09", 1, step=41))
     started = time.monotonic()
     got = await run(slurm, run_for_s=0.5, within_s=30)
     assert got.outcome == "resumed" and got.resumed is not None and got.resumed.node == "gpu09", got
     assert time.monotonic() - started > 0.5  # it did wait past the deadline a requeue-based clock had
+
+
+async def test_a_requeued_job_is_seen_running_and_past_its_checkpoint_within_a_poll() -> None:
+    """The MTTR's last part: pending for the scheduler's next pass, it is asked every poll
+    interval (0.5 s), not every 10 s; running again, every 0.1 s until it is past its checkpoint.
+    (A pending job's slow pace once applied from its first poll: a job running 0.8 s after its
+    requeue was seen 10 s later.)"""
+    running = [job("RUNNING", "gpu09", 1)] * 8  # its restart: 8 polls before its first step
+    slurm = Showing(*[PENDING] * 3, *running, job("RUNNING", "gpu09", 1, step=41))
+    started = time.monotonic()
+    got = await run(slurm, within_s=60, poll_s=0.5)
+    took = time.monotonic() - started
+    assert got.outcome == "resumed", got
+    pending_gaps = [b - a for a, b in itertools.pairwise(slurm.at[:4])]
+    running_gaps = [b - a for a, b in itertools.pairwise(slurm.at[3:])]
+    assert all(0.45 <= g < 1.0 for g in pending_gaps), pending_gaps
+    assert max(running_gaps) < 0.2, running_gaps  # 0.05 growing to 0.1 (+ the loop's own time)
+    assert took < 3, took
+
+
+async def test_a_job_pending_past_the_schedulers_pass_is_asked_less(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pending longer than PENDING_FAST_S (a replacement, a reservation): asked at most every
+    PENDING_POLLS polls' worth of interval (0.4 s here), no longer every interval."""
+    monkeypatch.setattr(jobs_module, "PENDING_FAST_S", 0.2)
+    slurm = Showing(*[PENDING] * 20, job("RUNNING", "gpu09", 1, step=41))
+    got = await run(slurm, within_s=60)
+    assert got.outcome == "resumed", got
+    gaps = [b - a for a, b in itertools.pairwise(slurm.at)]
+    fast, slow = [g for g in gaps if g < 0.1], [g for g in gaps if g >= 0.35]
+    assert fast and slow and len(fast) + len(slow) == len(gaps), gaps
 
 
 async def test_a_job_that_runs_and_stays_silent_is_called_so_its_deadline_after_it_started() -> None:

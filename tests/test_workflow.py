@@ -351,6 +351,29 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
     assert held.outcome == "granted: a grant was released"
 
 
+@pytest.mark.parametrize("refused", [None, "not contained: 2 of 2 held nodes contained (the containment bound)"])
+async def test_a_held_incident_hears_its_containment_with_its_request(
+    env: WorkflowEnvironment, refused: str | None
+) -> None:
+    """One decision per incident: asked with the request (the policy drains held nodes), the
+    answer says whether the node may be contained; no contain update of its own follows."""
+    fake, s = FakeCluster(grant=False), settings()
+    fake.contains_with_request, fake.contain = True, refused
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.HELD)
+        await until_true(lambda: "notify:held" in fake.calls, "the held notice")
+        await until_true(lambda: ("drain" in fake.calls) == (refused is None), "contained as answered")
+        assert "contain_while_held" not in fake.calls
+        assert [r.contain_if_held for r in fake.requests] == [True]
+        if refused is not None:
+            status = await handle.query(GpuRemediationWorkflow.status)
+            assert status.held is not None and refused in status.held
+        await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: a grant was released"))
+        result = await handle.result()
+    assert result.outcome == "resolved" and fake.calls.count("drain") == 1
+
+
 async def test_a_held_incident_touches_nothing_while_the_breaker_is_tripped(env: WorkflowEnvironment) -> None:
     """A storm of false alerts must not drain the fleet: the coordinator refuses containment
     while its breaker is tripped, and the held incident drains nothing and says why (in its

@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.activities import interface as act
-from gpuheal.activities.batching import Batcher, I, O
+from gpuheal.activities.batching import REPROBE_S, Batcher, I, O
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.proc import beating
@@ -97,6 +97,17 @@ CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for clos
 HOLDS_NOTHING = frozenset({Stage.TRIAGE.value, Stage.OBSERVE.value, Stage.CLOSE.value, Stage.DONE.value})
 
 
+def _causes(err: BaseException) -> str:
+    """An update's failure with its causes, as one text (a refused field is named deep in it:
+    the SDK's "Failed decoding arguments" wraps the model's error)."""
+    said, seen = [], 0
+    cause: BaseException | None = err
+    while cause is not None and seen < 8:
+        said.append(str(cause))
+        cause, seen = getattr(cause, "cause", None) or cause.__cause__, seen + 1
+    return "; ".join(said)
+
+
 @implements(act.FIND_CLOSED_RUNS)
 async def find_closed_runs(refs: RunRefs) -> RunRefs:
     """Which of these incident runs have closed (completed, failed, terminated, timed out,
@@ -148,6 +159,8 @@ class FleetActivities:
         self._in_flight = asyncio.Semaphore(updates)
         self._admits: dict[str, Batcher[AdmitRequest, Admission]] = {}
         self._requests: dict[str, Batcher[CapacityRequest, CapacityDecision]] = {}
+        # Per cluster: until when its coordinator (of the release before) is asked without contain_if_held
+        self._contain_apart_until: dict[str, float] = {}
         self._listing_lock = asyncio.Lock()
         self._listing: tuple[float, dict[str, NodeInfo], dict[str, dict[str, str]]] | None = None
         self._settings = settings  # the worker's: timeouts, grace, Kubernetes; not the cluster's policy
@@ -190,9 +203,11 @@ class FleetActivities:
         """The cluster's coordinator, started by the first incident's admission (one use each)."""
         return WithStartWorkflowOperation(
             COORDINATOR.name,
-            CoordinatorInput(cluster=cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed)),
+            CoordinatorInput(
+                cluster=cluster, seed=self._seed, seed_digest=policy_file.digest(self._seed), on_own_queue=True
+            ),
             id=ids.coordinator_id(cluster),
-            task_queue=ids.workflows_queue(activity.info().task_queue),
+            task_queue=ids.coordinator_queue(activity.info().task_queue),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"Fleet coordinator of cluster {cluster}: policy, disruption budget, circuit breaker",
         )
@@ -286,7 +301,19 @@ class FleetActivities:
         line = self._batcher(
             self._requests, req.cluster, (FLEET_REQUEST_CAPACITY_MANY.name, self._request_many), self._request_one
         )
-        return await line.ask(req)  # no heartbeat: workflows/incident/capacity.py says why
+        alone = req.model_copy(update={"contain_if_held": False})
+        if req.contain_if_held and time.monotonic() < self._contain_apart_until.get(req.cluster, 0.0):
+            return await line.ask(alone)  # its coordinator refused the field a moment ago
+        try:
+            return await line.ask(req)  # no heartbeat: workflows/incident/capacity.py says why
+        except WorkflowUpdateFailedError as err:
+            # A worker of the release before runs the coordinator (a rollout half done): it forbids
+            # the field. Asked as that release asks (the incident asks `contain` after, as it did),
+            # and so for REPROBE_S, so a storm's batches stay batches meanwhile.
+            if not (req.contain_if_held and "contain_if_held" in _causes(err)):
+                raise
+            self._contain_apart_until[req.cluster] = time.monotonic() + REPROBE_S
+            return await line.ask(alone)
 
     @implements(act.CONFIRM_CAPACITY)
     async def confirm_capacity(self, req: CapacityRequest) -> CapacityDecision:

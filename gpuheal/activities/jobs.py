@@ -72,9 +72,17 @@ HEALTHY_NODE_ACTIONS = frozenset({ActionClass.RESTART_APP.value, ActionClass.IGN
 log = logging.getLogger(__name__)
 
 
-# A pending job's verification asks Slurm at most every PENDING_POLL_S (PENDING_POLLS polls).
+# A requeued job's verification: while it pends for the scheduler's next pass (seconds) it is
+# asked every request's poll_interval_s; once it has pended PENDING_FAST_S (waiting for a
+# replacement or its burn-in, for hours maybe) at most every PENDING_POLL_S (PENDING_POLLS
+# polls). Running again, its first steps past the checkpoint come within a second or two: it is
+# asked every RESTART_POLL_S for RESTART_FAST_S, then every poll_interval_s. (Only the jobs that
+# restart at once are asked that closely: a storm's grants bound how many.)
+PENDING_FAST_S = 15.0
 PENDING_POLL_S = 10.0
 PENDING_POLLS = 20
+RESTART_POLL_S = 0.1
+RESTART_FAST_S = 10.0
 
 
 def _running_again(job: JobSnapshot, want: RequeueResult) -> bool:
@@ -299,9 +307,10 @@ class JobActivities:
         checkpoint it had before the failure; a job that ends is seen at once, a silent one at
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
-        pace, running = polling.Pace(req.poll_interval_s), -1
+        pace, running = polling.Pace(min(RESTART_POLL_S, req.poll_interval_s)), -1
         # When it first ran again (its deadline counts from here), carried across a retry.
         running_since: float | None = _heartbeat_field("running_since")
+        pending_since: float | None = None
         while True:
             pace.asking()
             job = await self._slurm.job(want.job_id)
@@ -311,6 +320,8 @@ class JobActivities:
                 running = job.restart_count
                 if _running_again(job, want) and running_since is None:
                     running_since = time.time()
+            if running_since is not None and time.time() - running_since > RESTART_FAST_S:
+                pace.slower(req.poll_interval_s)  # running a while and not past it yet: asked less
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
             if job.state in ENDED_STATES:
@@ -329,10 +340,13 @@ class JobActivities:
             activity.heartbeat(
                 {"job": job.job_id, "state": job.state, "reason": job.state_reason, "running_since": running_since}
             )
-            if job.state == "PENDING":  # waiting in Slurm (for hours, maybe): asked less often
-                await asyncio.sleep(min(PENDING_POLL_S, PENDING_POLLS * req.poll_interval_s))
-            else:
+            pending_since = (pending_since or time.monotonic()) if job.state == "PENDING" else None
+            if pending_since is None:
                 await pace.sleep()
+            elif time.monotonic() - pending_since < PENDING_FAST_S:  # the scheduler's next pass
+                await asyncio.sleep(req.poll_interval_s)
+            else:  # waiting in Slurm for something else (for hours, maybe): asked less often
+                await asyncio.sleep(min(PENDING_POLL_S, PENDING_POLLS * req.poll_interval_s))
 
     @staticmethod
     def _on_failed_node(job: JobSnapshot, want: RequeueResult, avoid: tuple[str, ...]) -> list[str]:

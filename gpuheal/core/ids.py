@@ -58,11 +58,13 @@ COORDINATOR_QUEUE_SUFFIX = "-coordinator"
 
 
 def coordinator_queue(task_queue: str) -> str:
-    """The task queue of the coordinator's own activities (its rebuild, its looks, its notices),
-    served by every worker beside the incidents' queue with slots of its own: in a storm the
-    incidents' capacity requests fill the incidents' queue's slots while they wait for the
-    coordinator, which could then never get the rebuild they wait for. (Not a workflow id.)"""
-    return f"{task_queue}{COORDINATOR_QUEUE_SUFFIX}"
+    """The coordinator's own task queue, from the cluster's (or from itself): its workflow tasks
+    and its own activities (its rebuild, its looks, its notices), with pollers and slots of their
+    own. In a storm the incidents' capacity requests fill the incidents' queue's activity slots
+    while they wait for the coordinator, which could then never get the rebuild they wait for;
+    and its workflow tasks, behind a thousand incidents' in one queue, waited a second each
+    (issue 36), which every incident's grant waits for. (Not a workflow id.)"""
+    return f"{workflows_queue(task_queue)}{COORDINATOR_QUEUE_SUFFIX}"
 
 
 def workflows_queue(activity_queue: str) -> str:

@@ -152,6 +152,10 @@ FLEET_RETURN_NODE = Update("return_node", NodeReturn, str)  # `gpuheal return`: 
 # `gpuheal rollout` -> the coordinator: a workflow task, so a quiet coordinator sees the new
 # current build at once and moves to it (a build without the handler still gets the task).
 FLEET_WAKE = Signal("wake", str)
+# A worker of this release, at its start, to a coordinator it finds on the cluster's queue (a run
+# of the release before, taken over): it continues as new onto its own queue now. (A signal: a
+# build without the handler keeps it.)
+FLEET_MOVE = Signal("move_to_own_queue", str)
 FLEET_STATUS = Query("status", FleetStatus)
 FLEET_POLICY = Query("current_policy", VersionedPolicy)
 FLEET_VIEW = Memo("fleet", FleetView)  # what `gpuheal fleet` shows, written as it decides
@@ -200,6 +204,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
         FLEET_DOMAIN_DECISION,
         FLEET_RETURN_NODE,
         FLEET_WAKE,
+        FLEET_MOVE,
         FLEET_STATUS,
         FLEET_POLICY,
     ),

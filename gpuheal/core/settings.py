@@ -251,6 +251,13 @@ class Settings(BaseModel):
         "the build it started on (docs/production.md: upgrades)",
         unset="unversioned: every worker serves every incident",
     )
+    worker_serves: Literal["all", "incidents", "coordinator"] = setting(
+        "GPUHEAL_WORKER_SERVES",
+        "all",
+        "what `gpuheal worker` serves: `incidents` (the cluster's queue), `coordinator` (the coordinator's own queue: "
+        "its workflow and activities, a process of its own so a storm's incidents never slow its decisions), or "
+        "both; a cluster needs both served",
+    )
     slurm: SlurmSettings = SlurmSettings()
     provider: ProviderSettings = ProviderSettings()
     webhook_token: SecretStr | None = setting(

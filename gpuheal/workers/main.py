@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import start_http_server
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
@@ -53,7 +53,7 @@ from gpuheal.core.errors import SettingsError
 from gpuheal.core.fleet import packing, policy_file
 from gpuheal.core.fleet import view as fleet_view
 from gpuheal.core.fleet.policy import ConfiguredPolicy
-from gpuheal.core.messages import FLEET_CONFIGURE, FLEET_STATUS, FLEET_VIEW, INCIDENT
+from gpuheal.core.messages import COORDINATOR, FLEET_CONFIGURE, FLEET_MOVE, FLEET_STATUS, FLEET_VIEW, INCIDENT
 from gpuheal.core.settings import Settings
 from gpuheal.providers import build_provider
 from gpuheal.providers.base import ProviderContext
@@ -141,7 +141,8 @@ def deployment(settings: Settings) -> WorkerDeploymentConfig | None:
 
 class Workers:
     """The worker on the cluster's task queue (the workflows and the incidents' activities) and
-    the one on the coordinator's own queue (its activities), run and shut down together."""
+    the one on the coordinator's own queue (its workflow and activities), or either alone
+    (GPUHEAL_WORKER_SERVES), run and shut down together."""
 
     def __init__(self, *workers: Worker) -> None:
         self.workers = workers
@@ -169,14 +170,17 @@ def make_worker(
     activities: list[Callable[..., Any]] | None = None,
     workflows: list[type] | None = None,
 ) -> Workers:
-    """`workflows`: the product's (WORKFLOWS) unless a test brings another build's."""
+    """`workflows`: the product's (WORKFLOWS) unless a test brings another build's. The cluster's
+    queue keeps the coordinator's workflow too: a coordinator started there by the release before
+    runs there until it moves to its own (workflows/fleet.py, OWN_WORKFLOW_QUEUE)."""
     served = activities if activities is not None else activity_list(settings)
+    every = workflows if workflows is not None else WORKFLOWS
     version = deployment(settings)
     grace = timedelta(seconds=10)
     main = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=workflows if workflows is not None else WORKFLOWS,
+        workflows=every,
         activities=served,
         deployment_config=version,
         graceful_shutdown_timeout=grace,
@@ -187,12 +191,19 @@ def make_worker(
     coordinators = Worker(
         client,
         task_queue=ids.coordinator_queue(settings.task_queue),
+        workflows=[w for w in every if _workflow_name(w) == COORDINATOR.name],
         activities=served,
         deployment_config=version,
         graceful_shutdown_timeout=grace,
         max_concurrent_activities=COORDINATOR_ACTIVITY_SLOTS,
     )
-    return Workers(main, coordinators)
+    serves = {"all": (main, coordinators), "incidents": (main,), "coordinator": (coordinators,)}
+    return Workers(*serves[settings.worker_serves])
+
+
+def _workflow_name(cls: type) -> str:
+    """The name a workflow class is registered under (@workflow.defn's)."""
+    return str(getattr(cls, "__temporal_workflow_definition").name)
 
 
 async def _refresh_gauges(client: Client, cluster: str) -> None:
@@ -241,6 +252,20 @@ async def offer_configuration(client: Client, settings: Settings) -> None:
             last = err
         await asyncio.sleep(2**attempt)
     log.error("could not offer this worker's configuration (%s) to the cluster: %s", c.digest, last)
+
+
+async def move_coordinator_home(client: Client, settings: Settings) -> None:
+    """A coordinator found on the cluster's queue (started by the release before, or running
+    since then) is asked to move onto its own (workflows/fleet.py: FLEET_MOVE). Best effort: the
+    next worker to start asks again."""
+    handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
+    try:
+        found = await handle.describe()
+        if found.status == WorkflowExecutionStatus.RUNNING and found.task_queue == settings.task_queue:
+            await FLEET_MOVE.send(handle, f"worker {socket.gethostname()} pid {os.getpid()} of this release")
+            log.info("the coordinator runs on %r: asked to move to its own queue", settings.task_queue)
+    except Exception as err:  # no coordinator yet (the first incident starts it on its own queue)
+        log.debug("the coordinator's queue not checked: %s", err)
 
 
 async def declare_build(client: Client, settings: Settings) -> None:
@@ -348,11 +373,11 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
         loop.add_signal_handler(sig, stop.set)
     refresher = asyncio.create_task(_refresh_gauges(client, settings.require_cluster()))
     log.info(
-        "worker for cluster %r on task queue %r and %r (%s) at %s; provider %s; Slurm via %s; "
+        "worker for cluster %r serving %s on task queue(s) %s (%s) at %s; provider %s; Slurm via %s; "
         "metrics :%d (gpuheal) :%d (SDK)",
         settings.cluster,
-        settings.task_queue,
-        ids.coordinator_queue(settings.task_queue),
+        settings.worker_serves,
+        ", ".join(repr(w.config()["task_queue"]) for w in worker.workers),
         f"build {settings.build_id} of {ids.deployment_name(settings.cluster or '')}"
         if settings.build_id
         else "unversioned",
@@ -364,10 +389,12 @@ async def run_worker(settings: Settings, metrics_port: int, sdk_metrics_port: in
     )
     async with worker:
         offered = asyncio.create_task(offer_configuration(client, settings))
+        moved = asyncio.create_task(move_coordinator_home(client, settings))
         checked = asyncio.create_task(say_if_no_current_build(client, settings))
         declared = asyncio.create_task(declare_build(client, settings))
         await stop.wait()
         offered.cancel()
+        moved.cancel()
         checked.cancel()
         declared.cancel()
         log.info("shutting down: finishing running tasks (up to 10 s)")

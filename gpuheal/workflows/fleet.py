@@ -15,6 +15,7 @@ workflows/coordinator/; its domain incidents are workflows/domain.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -25,6 +26,7 @@ from gpuheal.workflows.coordinator.state import CoordinatorState
 from gpuheal.workflows.coordinator.versions import (
     APP_FAULTS_APART,
     BOOKS,
+    CONTAIN_WITH_REQUEST,
     COORDINATOR_2,
     COORDINATOR_3,
     COUNTS_LEFT,
@@ -34,6 +36,7 @@ from gpuheal.workflows.coordinator.versions import (
     HISTORY_LIMIT_PACKED,
     KEEP_CONTAINED,
     OWN_QUEUE,
+    OWN_WORKFLOW_QUEUE,
     PACK_CARRIED,
     PACKED,
     PUBLISHES,
@@ -45,7 +48,7 @@ from gpuheal.workflows.coordinator.versions import (
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import ids
     from gpuheal.core import messages as m
-    from gpuheal.core.fleet import coordination, packing, reaping, steering
+    from gpuheal.core.fleet import containment, coordination, packing, reaping, steering
     from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.models import (
         BATCH_MOST,
@@ -112,8 +115,13 @@ class FleetCoordinator:
     async def run(self, inp: CoordinatorInput, packed: bytes = b"") -> None:
         self._c.packed = workflow.patched(PACKED)
         self._c.publishes = workflow.patched(PUBLISHES)
+        queue = workflow.info().task_queue
         if workflow.patched(OWN_QUEUE):  # decided once per run: its activities all go one way
-            self._c.own_queue = ids.coordinator_queue(workflow.info().task_queue)
+            self._c.own_queue = ids.coordinator_queue(queue)
+        if workflow.patched(OWN_WORKFLOW_QUEUE):
+            self._c.on_own_queue = True
+            if not _input(inp).on_own_queue:  # started on the cluster's queue: moves now (_long)
+                self._c.move_to = ids.coordinator_queue(queue)
         if workflow.patched(VIEW):
             self._c.showing = asyncio.ensure_future(self._c.show())  # beside the loop, for the whole run
         if self._c.rebuilding and workflow.patched(REBUILD):
@@ -140,6 +148,7 @@ class FleetCoordinator:
                     upgrade = workflow.info().is_target_worker_deployment_version_changed()
                     workflow.continue_as_new(
                         args=args,
+                        task_queue=self._c.move_to,  # None: where it runs
                         initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
                         if upgrade
                         else workflow.ContinueAsNewVersioningBehavior.UNSPECIFIED,
@@ -189,11 +198,14 @@ class FleetCoordinator:
             reconcile.reap(self._c, [], closed_runs=False)
 
     def _long(self) -> bool:
-        """Time for a new run: a long history, or a new current build to move to (versioned
-        workers only: the flag comes with the task after `gpuheal rollout`)."""
+        """Time for a new run: a long history, a new current build to move to (versioned
+        workers only: the flag comes with the task after `gpuheal rollout`), or its own queue
+        to move to (a run started on the cluster's, OWN_WORKFLOW_QUEUE)."""
         info = workflow.info()
         if info.get_current_history_length() < self._c.carry_after:
             return False  # its state was too big to carry a moment ago (reconcile.pack)
+        if self._c.move_to is not None:
+            return True
         if self._c.packed and info.get_current_history_size() > HISTORY_BYTES_LIMIT:
             return True
         return (
@@ -270,7 +282,7 @@ class FleetCoordinator:
             serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
         self._c.apply(out)
-        return CapacityDecisions(answers=tuple(answers))
+        return CapacityDecisions(answers=tuple(self._contained(reqs.requests, answers)))
 
     @request_capacity_many.validator
     def _validate_request_capacity_many(self, reqs: CapacityRequests) -> None:
@@ -286,7 +298,16 @@ class FleetCoordinator:
             serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
         )
         self._c.apply(out)
-        return answer
+        return self._contained([req], [answer])[0]
+
+    def _contained(self, reqs: Sequence[CapacityRequest], answers: list[CapacityDecision]) -> list[CapacityDecision]:
+        """Held ones that asked (contain_if_held) hear their containment decision too, from
+        CONTAIN_WITH_REQUEST on (before it, they ask the contain update, as they did)."""
+        if not any(r.contain_if_held for r in reqs) or not workflow.patched(CONTAIN_WITH_REQUEST):
+            return answers
+        decided, out = containment.with_containment(self._s, reqs, answers, workflow.now(), self._counts())
+        self._c.apply(out)
+        return decided
 
     @workflow.update(name=m.FLEET_CONFIRM.name)
     async def confirm(self, req: CapacityRequest) -> CapacityDecision:
@@ -344,6 +365,16 @@ class FleetCoordinator:
         return answer
 
     # --- operators --------------------------------------------------------------------------
+
+    @workflow.signal(name=m.FLEET_MOVE.name)
+    def move(self, why: str) -> None:
+        """A run of the release before, taken over on the cluster's queue (its replay knows no
+        OWN_WORKFLOW_QUEUE marker, so run() kept it there): onto its own queue now (_long). Decided
+        from its own books, not the queue's name (a Replayer's differs)."""
+        if not self._c.on_own_queue:
+            self._c.on_own_queue = True
+            self._c.move_to = ids.coordinator_queue(workflow.info().task_queue)
+            workflow.logger.info("moving to its own task queue %s: %s", self._c.move_to, why)
 
     @workflow.signal(name=m.FLEET_WAKE.name)
     def wake(self, why: str) -> None:

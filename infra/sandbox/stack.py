@@ -223,12 +223,14 @@ class Sandbox:
         and forget its pid file. Says what it did."""
         return processes.stop_recorded(self.root, name, sig)
 
-    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
-        """The worker (`index` > 0: one more on the same task queue, its own log and ports)."""
+    def start_worker(self, index: int = 0, serves: str = "all") -> subprocess.Popen[bytes]:
+        """The worker (`index` > 0: one more on the same task queue, its own log and ports),
+        serving `serves` (GPUHEAL_WORKER_SERVES)."""
         port = self.metrics_port + 10 * index
         name = "worker" if index == 0 else f"worker-{index}"
         argv = ["worker", "--metrics-port", str(port), "--sdk-metrics-port", str(port + 1)]
-        return processes.spawn(self.root, name, argv, self.env())
+        env = self.env() if serves == "all" else {**self.env(), "GPUHEAL_WORKER_SERVES": serves}
+        return processes.spawn(self.root, name, argv, env)
 
     def start_webhook(self) -> subprocess.Popen[bytes]:
         proc = processes.spawn(self.root, "webhook", ["webhook", "--port", str(self.webhook_port)], self.env())

@@ -62,7 +62,7 @@ def installed(kube: KubeSandbox) -> Iterator[KubeSandbox]:
         "--set", "policy.mode=observe",
         "--set", "clusterApi.namespaces={default}",
         # No pods: the sandbox schedules onto its kwok nodes, and other tests count what runs there.
-        "--set", "worker.replicas=0", "--set", "webhook.replicas=0",
+        "--set", "worker.replicas=0", "--set", "coordinatorWorker.replicas=0", "--set", "webhook.replicas=0",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     yield kube
@@ -92,6 +92,7 @@ def render(*args: str) -> subprocess.CompletedProcess[str]:
         ({"slurm.mungeKeySecret": ""}, "need munge with the cluster's key"),
         ({"extraEnv.GPUHEAL_SMTP_PASSWORD": "p"}, "would land in a ConfigMap"),
         ({"slurm.backend": "rest"}, "needs slurm.restUrl and slurm.restTokenSecret.name"),
+        ({"coordinatorWorker.replicas": "0"}, "nothing else runs the cluster's coordinator"),
     ],
 )
 def test_the_chart_refuses_to_fail_open(values: dict[str, str], refused: str) -> None:
@@ -108,6 +109,36 @@ def test_every_declared_secret_variable_is_refused_in_extra_env() -> None:
     for name in secret:
         done = render("--set", f"extraEnv.{name}=x")
         assert done.returncode != 0 and "would land in a ConfigMap" in done.stderr, name
+
+
+@pytest.mark.parametrize(
+    ("own", "serves"), [("true", {"worker": "incidents", "coordinator": "coordinator"}), ("false", {"worker": "all"})]
+)
+def test_the_coordinator_runs_in_worker_pods_of_its_own_unless_turned_off(own: str, serves: dict[str, str]) -> None:
+    """Between them the Deployments serve both queues, each pod with the worker's Slurm, munge,
+    policy, identity and ServiceAccount (the coordinator's activities read Slurm and the Nodes)."""
+    done = render("--set", f"coordinatorWorker.enabled={own}")
+    assert done.returncode == 0, done.stderr
+    deployments = {
+        d["metadata"]["name"].removeprefix("r-"): d["spec"]["template"]["spec"]
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] != "r-webhook"
+    }
+    assert {name: _env(pod)["GPUHEAL_WORKER_SERVES"] for name, pod in deployments.items()} == serves
+    selectors = [
+        d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "Deployment"
+    ]
+    assert len(selectors) == len(set(selectors)), selectors  # no Deployment adopts another's pods
+    for pod in deployments.values():
+        assert pod["serviceAccountName"] == "r-worker"
+        assert [c["name"] for c in pod["containers"]] == ["worker", "munged"]
+        assert {v["name"] for v in pod["volumes"]} >= {"slurm-config", "munge", "munge-key", "policy", "temporal-tls"}
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["containers"][0].get("env") or []}
 
 
 def test_the_api_server_reports_its_real_version(kube: KubeSandbox) -> None:

@@ -6,7 +6,7 @@ gpuheal.core.fleet.coordination."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializerFunctionWrapHandler, model_serializer
 
@@ -43,6 +43,24 @@ class AdmitRequest(Frozen):
     application_fault: bool = False  # policy.is_application_fault: counted towards no hardware verdict
 
 
+class SentWhereSet(Frozen):
+    """A message whose newer fields (`WHERE_SET`) are sent only where they differ from their
+    defaults: a worker of the release before forbids fields it does not know, and reads what it
+    knows alike."""
+
+    WHERE_SET: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            fields = type(self).model_fields
+            for name in self.WHERE_SET:
+                if getattr(self, name) == fields[name].default:
+                    data.pop(name, None)
+        return data
+
+
 class Admission(Frozen):
     """What the cluster says to a new incident: its policy and what it knows of the node."""
 
@@ -52,7 +70,7 @@ class Admission(Frozen):
     breaker: str | None = None  # tripped: why
 
 
-class AdmitAsk(Frozen):
+class AdmitAsk(SentWhereSet):
     """An incident introducing itself to its cluster's coordinator."""
 
     incident_id: str
@@ -67,14 +85,7 @@ class AdmitAsk(Frozen):
     # A rejected spare (ids.rejected_spare_run): it counts for the breaker and its node's repeats,
     # never towards a domain's escalation (bad spares of one batch are not a failing rack).
     no_domains: bool = False
-
-    @model_serializer(mode="wrap")
-    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Sent only where set: a worker of the release before forbids unknown fields."""
-        data = handler(self)
-        if isinstance(data, dict) and not self.no_domains:
-            data.pop("no_domains", None)
-        return data
+    WHERE_SET = ("no_domains",)
 
 
 class AdmitAnswer(Frozen):
@@ -83,7 +94,7 @@ class AdmitAnswer(Frozen):
     placement: Placement
 
 
-class CapacityRequest(Frozen):
+class CapacityRequest(SentWhereSet):
     cluster: str
     incident_id: str
     placement: Placement
@@ -91,6 +102,10 @@ class CapacityRequest(Frozen):
     # The incident's run (its first run id): what it holds is its run's, never its node's, so a
     # later incident on the same node does not find an earlier, dead run's grant as its own.
     run_id: str = ""
+    # If held, may its node be contained (the policy drains held nodes, and it is not drained
+    # yet)? Answered in the same decision (CapacityDecision.contained), not by an update of its own.
+    contain_if_held: bool = False
+    WHERE_SET = ("contain_if_held",)  # (a coordinator of the release before: activities/fleet.py asks without)
 
 
 # Requests in one batched update: 20 admissions (each answer carries the policy, ~1 KB) or
@@ -152,11 +167,16 @@ class ReleaseRequest(Frozen):
     placement: Placement | None = None  # its node: a release the books do not know still counts it left
 
 
-class CapacityDecision(Frozen):
+class CapacityDecision(SentWhereSet):
     granted: bool
     reason: str
     position: int | None = None  # in line, while held
     already: bool = False
+    # Asked with contain_if_held and not granted: may its node be contained, and why (None: not
+    # decided here; the incident asks the contain update, as before CONTAIN_WITH_REQUEST).
+    contained: bool | None = None
+    containment: str = ""
+    WHERE_SET = ("contained", "containment")  # read only by an incident that asked
 
 
 class CapacityRequests(Frozen):
@@ -355,7 +375,7 @@ Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, 
 # --- the workflows' inputs (their names and messages: gpuheal.core.messages; ids: gpuheal.core.ids)
 
 
-class CoordinatorInput(Frozen):
+class CoordinatorInput(SentWhereSet):
     cluster: str
     seed: FleetPolicy
     # The starting worker's configuration digest (policy_file.digest, computed where the
@@ -364,6 +384,12 @@ class CoordinatorInput(Frozen):
     state: FleetState | None = None  # carried across continue-as-new
     notes: tuple[Note, ...] = ()  # ... with the notices still on their way
     domains: tuple[DomainIncident, ...] = ()  # ... and the domain incidents not yet opened
+    # Started (or carried) onto its own queue (ids.coordinator_queue), as this release starts it.
+    # Unset: started on the cluster's queue by the release before; it moves (workflows/fleet.py).
+    # (The queue is told by the input, not by workflow.info(): that names the worker's queue,
+    # which a Replayer's is not.)
+    on_own_queue: bool = False
+    WHERE_SET = ("on_own_queue",)
 
 
 class DomainIncidentInput(Frozen):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+
+from gpuheal.workflows.coordinator.versions import MEMO_EVERY_S, MEMO_PACED
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import messages as m
@@ -55,6 +58,8 @@ class CoordinatorState:
     packed: bool = False  # from PACKED on: compact books, carried compressed, shorter runs
     publishes: bool = False  # from PUBLISHES on: the policy and open domains in the memo too
     own_queue: str | None = None  # from OWN_QUEUE on: where its activities go (None: its own task queue)
+    on_own_queue: bool = False  # from OWN_WORKFLOW_QUEUE on: its next run runs on its own queue
+    move_to: str | None = None  # ... and, started on the cluster's queue, where its next run goes
     carry_after: int = 0  # history length before which it does not try to carry on again (too big)
 
     def pending(self) -> bool:
@@ -74,7 +79,12 @@ class CoordinatorState:
         if self.reaping:  # a look on its way is not carried: the next run looks soon
             self.fleet.reaped_at = None
         return CoordinatorInput(
-            cluster=self.fleet.cluster, seed=self.seed, state=self.fleet, notes=notes, domains=domains
+            cluster=self.fleet.cluster,
+            seed=self.seed,
+            state=self.fleet,
+            notes=notes,
+            domains=domains,
+            on_own_queue=self.on_own_queue,
         )
 
     def pack(self) -> bytes | None:
@@ -113,24 +123,39 @@ class CoordinatorState:
 
     async def show(self) -> None:
         """The view in the memo and the UI's details, written anew after state changes, beside the
-        loop for the whole run. The memo only when a figure changed (each write is a history event)."""
+        loop for the whole run. The memo only when a figure changed (each write is a history event),
+        and from MEMO_PACED at most every MEMO_EVERY_S: what changes meanwhile is drawn together."""
         shown: dict[str, Any] | None = None
         published: dict[str, Any] = {}
+        paced = workflow.patched(MEMO_PACED)
+        written: datetime | None = None
         while True:
             await workflow.wait_condition(lambda: self.changed)
             self.changed = False
             v = self.view()
             workflow.set_current_details(fleet_view.details(v, self.undelivered))
             figures = v.model_dump(exclude={"at"})
+            if paced and self.publishes:  # the levers first, never paced (a policy read right after a change)
+                self._publish(published)
             if figures != shown:
+                due = written + timedelta(seconds=MEMO_EVERY_S) - workflow.now() if paced and written else None
+                if due is not None and due > timedelta(0):
+                    await workflow.sleep(due, summary="the fleet view: written at most once a second")
+                    self.changed = True  # drawn anew now, with what changed meanwhile
+                    continue
                 workflow.upsert_memo({m.FLEET_VIEW.key: v})
-                shown = figures
-            if self.publishes:
-                levers = self.levers()
-                changed = {k: v for k, v in levers.items() if published.get(k) != v}
-                if changed:  # rarely: a policy change, a domain incident opened or decided
-                    workflow.upsert_memo(dict(changed))
-                    published.update(changed)
+                shown, written = figures, workflow.now()
+            if self.publishes and not paced:
+                self._publish(published)
+
+    def _publish(self, published: dict[str, Any]) -> None:
+        """The operators' levers' keys that changed (rarely: a policy change, a domain incident
+        opened or decided), written at once."""
+        levers = self.levers()
+        changed = {k: v for k, v in levers.items() if published.get(k) != v}
+        if changed:
+            workflow.upsert_memo(dict(changed))
+            published.update(changed)
 
     def levers(self) -> dict[str, Any]:
         """What the operators' levers read (gpuheal.cli.policy, gpuheal.cli.fleet, gpuheal.cli.versions),

@@ -68,6 +68,20 @@ BORROWED_GO_BACK = "coordinator-gives-back-borrowed-nodes-of-ended-runs"
 # task apiece, so k slots freed at once (a release, a resume, a budget raised) took k task cycles
 # (a second each in a storm). From this marker they go out in one task, one incident's in order.
 NOTICES_TOGETHER = "coordinator-sends-its-grant-notices-together"
+# Nor did they run their workflow tasks on their own queue (ids.coordinator_queue): behind a
+# storm's incidents in the cluster's queue (and in a worker's sticky queue beside them) each task
+# waited about a second, and every grant waits for one. From this marker a run on the cluster's
+# queue continues as new onto its own at once, its state carried.
+OWN_WORKFLOW_QUEUE = "coordinator-runs-on-its-own-queue"
+# Nor did they decide a held incident's containment with its request: each asked the contain
+# update after its request was held (a storm's thousand held: about 950 updates more). From this
+# marker a request asking contain_if_held hears both in one answer (gpuheal.core.fleet.containment).
+CONTAIN_WITH_REQUEST = "coordinator-decides-containment-with-the-request"
+# Nor did they pace their memo: the view was written anew after every workflow task that changed
+# a figure (each write an event of up to 3 KB: tens a second from a busy coordinator on its own
+# queue). From this marker it is written at most every MEMO_EVERY_S, a storm's changes drawn together.
+MEMO_PACED = "coordinator-writes-its-memo-at-most-every-second"
+MEMO_EVERY_S = 1.0
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.

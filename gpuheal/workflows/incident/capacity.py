@@ -140,13 +140,19 @@ class Unanswered:
 Ask = Callable[[IncidentState], Awaitable[CapacityDecision | Unanswered]]
 
 
-async def request(s: IncidentState) -> CapacityDecision | Unanswered:
-    """Before capacity leaves service: granted now, or held in line (or no answer at all)."""
+async def request(s: IncidentState, contain: bool = True) -> CapacityDecision | Unanswered:
+    """Before capacity leaves service: granted now, or held in line (or no answer at all). Held,
+    with the policy's containment (`contain`: it would wait in line), the answer says whether its
+    node may be contained too (contained_while_held)."""
     await admit_again_if_hardware(s)
     _forget_earlier_notices(s)
+    drains = s.cluster_policy.containment_while_held == "drain" and s.drain is None
     try:
         return await act_run(
-            act.REQUEST_CAPACITY, _ask(s), summary="ask the coordinator for capacity", timeout=COORDINATOR
+            act.REQUEST_CAPACITY,
+            _ask(s, contain_if_held=contain and drains),
+            summary="ask the coordinator for capacity",
+            timeout=COORDINATOR,
         )
     except ActivityError as err:
         return _unanswered("the request for capacity", err)
@@ -167,6 +173,16 @@ def _unanswered(asked: str, err: ActivityError) -> Unanswered:
         raise err  # how incidents started before the fix ended (their histories replay so)
     workflow.logger.warning("the coordinator did not answer %s: %s", asked, err.cause or err)
     return Unanswered(asked=asked, cause=str(err.cause or err))
+
+
+async def contained_while_held(s: IncidentState, decision: CapacityDecision) -> tuple[bool, str]:
+    """Held: may the node be drained so nothing new lands on it? Answered with the request by a
+    coordinator from CONTAIN_WITH_REQUEST on (asked with it), else asked now (may_contain)."""
+    if s.drain is not None:
+        return False, ""  # out of service already
+    if decision.contained is not None:
+        return decision.contained, decision.containment
+    return await may_contain(s)
 
 
 async def may_contain(s: IncidentState) -> tuple[bool, str]:
@@ -295,7 +311,7 @@ async def release(s: IncidentState) -> None:
         workflow.logger.warning("release did not land: %s", err.cause or err)
 
 
-def _ask(s: IncidentState) -> CapacityRequest:
+def _ask(s: IncidentState, contain_if_held: bool = False) -> CapacityRequest:
     assert s.placement is not None
     return CapacityRequest(
         cluster=s.ref.cluster,
@@ -303,4 +319,5 @@ def _ask(s: IncidentState) -> CapacityRequest:
         placement=s.placement,
         action=s.current_action(),
         run_id=workflow.info().first_execution_run_id,
+        contain_if_held=contain_if_held,
     )

@@ -28,7 +28,7 @@ async def granted(s: IncidentState, decision: CapacityDecision, drain: Callable[
     limit = s.cluster_policy.max_hold_s
     async with in_stage(s, Stage.HELD) as rec:
         s.held_for = f"{decision.reason} (number {decision.position} in line)"
-        contain, why = await capacity.may_contain(s) if s.drain is None else (False, "")
+        contain, why = await capacity.contained_while_held(s, decision)
         s.held_for += f"; {why}" if why and not contain else ""
         await notify(s, "held", "warning", render.held(s.first_report, s.held_for))
         if contain:

@@ -94,7 +94,7 @@ async def _why_not_now(s: IncidentState) -> str:
         return "no validation job is set (GPUHEAL_VALIDATE_JOB)"
     if budget.needs_approval(p.mode, ActionClass.REPLACE_NODE, p.approval):
         return f"the cluster's policy has a person approve what may replace a node (mode {p.mode})"
-    answer = await capacity.request(s)
+    answer = await capacity.request(s, contain=False)  # held, it leaves the line at once
     if isinstance(answer, CapacityDecision) and answer.granted:
         return ""
     await capacity.release(s)  # out of the line: the job restarts now, not after a wait
