@@ -185,7 +185,7 @@ def scaling(storms: list[Run]) -> list[str]:
         per = r.worker_cpu_s * 1000 / r.reports
         rate = r.coordinator_tasks / max(r.all_decided_s, 0.1)
         lines.append(
-            f"- {r.workers} worker(s): {per:.0f} CPU-ms of workers per incident and "
+            f"- {r.name}: {per:.0f} CPU-ms of workers per incident and "
             f"{r.temporal_cpu_s * 1000 / r.reports:.0f} of the server; {r.reports / max(r.all_decided_s, 0.1):.1f} "
             f"incidents decided per second; the coordinator ran {rate:.1f} workflow tasks a second "
             f"({r.reports / max(r.coordinator_tasks, 1):.2f} incidents per task)."

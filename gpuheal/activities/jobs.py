@@ -76,8 +76,9 @@ log = logging.getLogger(__name__)
 # asked every request's poll_interval_s; once it has pended PENDING_FAST_S (waiting for a
 # replacement or its burn-in, for hours maybe) at most every PENDING_POLL_S (PENDING_POLLS
 # polls). Running again, its first steps past the checkpoint come within a second or two: it is
-# asked every RESTART_POLL_S for RESTART_FAST_S, then every poll_interval_s. (Only the jobs that
-# restart at once are asked that closely: a storm's grants bound how many.)
+# asked every RESTART_POLL_S for RESTART_FAST_S from that moment, then every poll_interval_s (in
+# any other state too: a job stuck COMPLETING). Never faster than the last question took
+# (polling.after). Only jobs that just ran again are asked that closely: a storm's grants bound how many.
 PENDING_FAST_S = 15.0
 PENDING_POLL_S = 10.0
 PENDING_POLLS = 20
@@ -307,7 +308,7 @@ class JobActivities:
         checkpoint it had before the failure; a job that ends is seen at once, a silent one at
         the deadline. Heartbeats say what it is doing meanwhile."""
         want = req.requeue
-        pace, running = polling.Pace(min(RESTART_POLL_S, req.poll_interval_s)), -1
+        pace, running, fast_until = polling.Pace(req.poll_interval_s), -1, 0.0
         # When it first ran again (its deadline counts from here), carried across a retry.
         running_since: float | None = _heartbeat_field("running_since")
         pending_since: float | None = None
@@ -315,13 +316,13 @@ class JobActivities:
             pace.asking()
             job = await self._slurm.job(want.job_id)
             if job is not None and job.state == "RUNNING" and job.restart_count != running:
-                # RUNNING again: its first steps come within a second, watched closely again
-                pace.restart()
-                running = job.restart_count
+                # RUNNING again: its first steps come within a second or two, watched closely
+                pace = polling.Pace(min(RESTART_POLL_S, req.poll_interval_s))
+                running, fast_until = job.restart_count, time.monotonic() + RESTART_FAST_S
                 if _running_again(job, want) and running_since is None:
                     running_since = time.time()
-            if running_since is not None and time.time() - running_since > RESTART_FAST_S:
-                pace.slower(req.poll_interval_s)  # running a while and not past it yet: asked less
+            if time.monotonic() > fast_until:
+                pace.slower(req.poll_interval_s)  # not past it yet (or not running): asked less
             if job is None:
                 return VerifyOutcome(job_id=want.job_id, outcome="died", state="PURGED", reason="Slurm forgot it")
             if job.state in ENDED_STATES:
@@ -341,10 +342,8 @@ class JobActivities:
                 {"job": job.job_id, "state": job.state, "reason": job.state_reason, "running_since": running_since}
             )
             pending_since = (pending_since or time.monotonic()) if job.state == "PENDING" else None
-            if pending_since is None:
-                await pace.sleep()
-            elif time.monotonic() - pending_since < PENDING_FAST_S:  # the scheduler's next pass
-                await asyncio.sleep(req.poll_interval_s)
+            if pending_since is None or time.monotonic() - pending_since < PENDING_FAST_S:
+                await pace.sleep()  # running, or pending for the scheduler's next pass
             else:  # waiting in Slurm for something else (for hours, maybe): asked less often
                 await asyncio.sleep(min(PENDING_POLL_S, PENDING_POLLS * req.poll_interval_s))
 

@@ -177,6 +177,20 @@ def make_worker(
     every = workflows if workflows is not None else WORKFLOWS
     version = deployment(settings)
     grace = timedelta(seconds=10)
+
+    def coordinators() -> Worker:  # built only where served: the SDK starts its core at once
+        return Worker(
+            client,
+            task_queue=ids.coordinator_queue(settings.task_queue),
+            workflows=[w for w in every if _workflow_name(w) == COORDINATOR.name],
+            activities=served,
+            deployment_config=version,
+            graceful_shutdown_timeout=grace,
+            max_concurrent_activities=COORDINATOR_ACTIVITY_SLOTS,
+        )
+
+    if settings.worker_serves == "coordinator":
+        return Workers(coordinators())
     main = Worker(
         client,
         task_queue=settings.task_queue,
@@ -188,17 +202,7 @@ def make_worker(
         # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
     )
-    coordinators = Worker(
-        client,
-        task_queue=ids.coordinator_queue(settings.task_queue),
-        workflows=[w for w in every if _workflow_name(w) == COORDINATOR.name],
-        activities=served,
-        deployment_config=version,
-        graceful_shutdown_timeout=grace,
-        max_concurrent_activities=COORDINATOR_ACTIVITY_SLOTS,
-    )
-    serves = {"all": (main, coordinators), "incidents": (main,), "coordinator": (coordinators,)}
-    return Workers(*serves[settings.worker_serves])
+    return Workers(main) if settings.worker_serves == "incidents" else Workers(main, coordinators())
 
 
 def _workflow_name(cls: type) -> str:
@@ -259,13 +263,20 @@ async def move_coordinator_home(client: Client, settings: Settings) -> None:
     since then) is asked to move onto its own (workflows/fleet.py: FLEET_MOVE). Best effort: the
     next worker to start asks again."""
     handle = client.get_workflow_handle(ids.coordinator_id(settings.require_cluster()))
-    try:
-        found = await handle.describe()
-        if found.status == WorkflowExecutionStatus.RUNNING and found.task_queue == settings.task_queue:
-            await FLEET_MOVE.send(handle, f"worker {socket.gethostname()} pid {os.getpid()} of this release")
-            log.info("the coordinator runs on %r: asked to move to its own queue", settings.task_queue)
-    except Exception as err:  # no coordinator yet (the first incident starts it on its own queue)
-        log.debug("the coordinator's queue not checked: %s", err)
+    last: Exception | None = None
+    for attempt in range(OFFER_ATTEMPTS):
+        try:
+            found = await handle.describe()
+            if found.status == WorkflowExecutionStatus.RUNNING and found.task_queue == settings.task_queue:
+                await FLEET_MOVE.send(handle, f"worker {socket.gethostname()} pid {os.getpid()} of this release")
+                log.info("the coordinator runs on %r: asked to move to its own queue", settings.task_queue)
+            return
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return  # no coordinator yet: the first incident starts it on its own queue
+            last = err
+        await asyncio.sleep(2**attempt)
+    log.warning("could not check which queue the coordinator runs on: %s", last)
 
 
 async def declare_build(client: Client, settings: Settings) -> None:

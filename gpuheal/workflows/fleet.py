@@ -35,6 +35,7 @@ from gpuheal.workflows.coordinator.versions import (
     HISTORY_LIMIT,
     HISTORY_LIMIT_PACKED,
     KEEP_CONTAINED,
+    MOVE_ON_SIGNAL,
     OWN_QUEUE,
     OWN_WORKFLOW_QUEUE,
     PACK_CARRIED,
@@ -99,6 +100,7 @@ class FleetCoordinator:
             seed=inp.seed,
             notes=list(inp.notes),  # carried across continue-as-new, still to go out
             domains=list(inp.domains),
+            on_own_queue=inp.on_own_queue,  # (a move signal in the first task finds it)
             rebuilding=inp.state is None,  # a fresh start may be a recreation: rebuild first (run())
         )
         # A rule of this run, never carried; decided here, before any handler of the first task
@@ -122,6 +124,8 @@ class FleetCoordinator:
             self._c.on_own_queue = True
             if not _input(inp).on_own_queue:  # started on the cluster's queue: moves now (_long)
                 self._c.move_to = ids.coordinator_queue(queue)
+            else:  # (a move signal handled before run() started asked for nothing)
+                self._c.move_to = None
         if workflow.patched(VIEW):
             self._c.showing = asyncio.ensure_future(self._c.show())  # beside the loop, for the whole run
         if self._c.rebuilding and workflow.patched(REBUILD):
@@ -205,7 +209,7 @@ class FleetCoordinator:
         if info.get_current_history_length() < self._c.carry_after:
             return False  # its state was too big to carry a moment ago (reconcile.pack)
         if self._c.move_to is not None:
-            return True
+            return self._c.look_again is None or self._c.look_again.done()  # a rebuild's second look first
         if self._c.packed and info.get_current_history_size() > HISTORY_BYTES_LIMIT:
             return True
         return (
@@ -371,7 +375,7 @@ class FleetCoordinator:
         """A run of the release before, taken over on the cluster's queue (its replay knows no
         OWN_WORKFLOW_QUEUE marker, so run() kept it there): onto its own queue now (_long). Decided
         from its own books, not the queue's name (a Replayer's differs)."""
-        if not self._c.on_own_queue:
+        if not self._c.on_own_queue and workflow.patched(MOVE_ON_SIGNAL):
             self._c.on_own_queue = True
             self._c.move_to = ids.coordinator_queue(workflow.info().task_queue)
             workflow.logger.info("moving to its own task queue %s: %s", self._c.move_to, why)

@@ -131,6 +131,12 @@ def test_the_coordinator_runs_in_worker_pods_of_its_own_unless_turned_off(own: s
         if d and d["kind"] == "Deployment"
     ]
     assert len(selectors) == len(set(selectors)), selectors  # no Deployment adopts another's pods
+    strategies = {
+        d["spec"]["strategy"]["type"]
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] != "r-webhook"
+    }
+    assert strategies == {"Recreate"}  # no release's workers beside the one before
     for pod in deployments.values():
         assert pod["serviceAccountName"] == "r-worker"
         assert [c["name"] for c in pod["containers"]] == ["worker", "munged"]

@@ -19,12 +19,14 @@ from gpuheal.core.fleet import repeats
 from gpuheal.core.fleet.models import FleetState
 
 # The formats of the coordinator's carried state: 1, whole JSON in CoordinatorInput.state (every
-# build before PACKED); 2, packed here. A build declares what it reads and writes in its Worker
+# build before PACKED); 2, packed here; 3, packed, its input saying the coordinator runs on its own
+# queue (CoordinatorInput.on_own_queue, issue 36), which a build before refuses (it also serves no
+# coordinator workflow there). A build declares what it reads and writes in its Worker
 # Deployment version's metadata (gpuheal.clients.deployment), and `gpuheal rollout` refuses a
 # build that cannot read what the coordinator's build writes: rolled back onto it, the
 # coordinator would fail every workflow task (no admissions, no grants).
-WRITES = 2
-READS = frozenset({1, 2})
+WRITES = 3
+READS = frozenset({1, 2, 3})
 # What a packed state starts with: its format, so a build that cannot read it says so; then its
 # codec. bz2 packs a fleet's week a fifth smaller than zlib, at about 10 MB/s: it is used up to
 # BZ2_MOST_JSON (well inside a workflow task's 2 s, on a loaded machine too); a storm's bigger

@@ -73,6 +73,11 @@ NOTICES_TOGETHER = "coordinator-sends-its-grant-notices-together"
 # waited about a second, and every grant waits for one. From this marker a run on the cluster's
 # queue continues as new onto its own at once, its state carried.
 OWN_WORKFLOW_QUEUE = "coordinator-runs-on-its-own-queue"
+# A run taken over from the release before replays without that marker (patched() answers False
+# for the whole run): it moves when a worker of this release signals it (FLEET_MOVE). The
+# handler's own marker: a signal an old worker took (and buffered, having no handler) replays as
+# nothing.
+MOVE_ON_SIGNAL = "coordinator-moves-to-its-own-queue-when-asked"
 # Nor did they decide a held incident's containment with its request: each asked the contain
 # update after its request was held (a storm's thousand held: about 950 updates more). From this
 # marker a request asking contain_if_held hears both in one answer (gpuheal.core.fleet.containment).

@@ -17,6 +17,7 @@ import pytest
 from temporalio.client import Client
 
 from gpuheal.core import ids
+from gpuheal.core.fleet import packing
 from gpuheal.triggers.start import start_or_join
 from gpuheal.workers.main import declare_build, make_worker
 from infra.sandbox import HOST_SLURM, REPO
@@ -69,7 +70,10 @@ async def test_a_rollback_to_a_build_that_cannot_read_the_state_is_refused_and_n
 
                 back = await gpuheal(prod, settings, "rollout", "v1", "--operator", "alice", "--reason", "roll back")
                 assert back.returncode == 1
-                assert "build v1 not made current: the coordinator carries its state in format 2" in back.stderr
+                assert (
+                    f"build v1 not made current: the coordinator carries its state in format {packing.WRITES}"
+                    in back.stderr
+                )
                 assert "build v1 reads 1 only (it declares none" in back.stderr
                 shown = await gpuheal(prod, settings, "versions")
                 current = [line for line in shown.stdout.splitlines() if " current " in f" {line} "]
