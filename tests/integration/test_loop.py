@@ -197,7 +197,9 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
     slurm: Sandbox, settings: Settings, client: Client
 ) -> None:
     with worker_env(slurm, settings):
-        job = slurm.submit_training("crash", step_s=2.0)
+        # Steps 5 s apart: the verification lasts at least one step after the job runs again
+        # (it sees the restarted job within 0.1 s), a window wide enough on a loaded machine.
+        job = slurm.submit_training("crash", step_s=5.0)
         node = await asyncio.to_thread(slurm.wait_for_step, job, 2)
         worker = slurm.start_worker()
         slurm.inject_gpu_fault(node)
