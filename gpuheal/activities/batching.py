@@ -29,6 +29,18 @@ def unknown_update(err: WorkflowUpdateFailedError, name: str) -> bool:
     return "not found" in why and name in why
 
 
+def refused_field(err: WorkflowUpdateFailedError, field: str) -> bool:
+    """The coordinator runs on a worker of an earlier release, whose model forbids this field.
+    It is named deep in the failure (the SDK's "Failed decoding arguments" wraps the model's
+    error), so the whole chain of causes is read."""
+    said: list[str] = []
+    cause: BaseException | None = err
+    while cause is not None and len(said) < 8:
+        said.append(str(cause))
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return any(field in text for text in said)
+
+
 class Batcher(Generic[I, O]):
     """One worker's requests to its coordinator, sent together: each caller waits for one of the
     worker's update slots, and whoever gets one sends the front of the line (at most `most`

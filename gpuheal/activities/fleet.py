@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.activities import interface as act
-from gpuheal.activities.batching import REPROBE_S, Batcher, I, O
+from gpuheal.activities.batching import REPROBE_S, Batcher, I, O, refused_field, unknown_update
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
 from gpuheal.clients.proc import beating
@@ -95,17 +95,6 @@ CLOSED_RUN_LOOKUPS = 16  # describes at once when the coordinator looks for clos
 # Stages in which an incident holds nothing of the coordinator's yet (or any more): the rebuild
 # does not ask their status (its visibility Stage is enough: it is upserted as a stage begins).
 HOLDS_NOTHING = frozenset({Stage.TRIAGE.value, Stage.OBSERVE.value, Stage.CLOSE.value, Stage.DONE.value})
-
-
-def _causes(err: BaseException) -> str:
-    """An update's failure with its causes, as one text (a refused field is named deep in it:
-    the SDK's "Failed decoding arguments" wraps the model's error)."""
-    said, seen = [], 0
-    cause: BaseException | None = err
-    while cause is not None and seen < 8:
-        said.append(str(cause))
-        cause, seen = getattr(cause, "cause", None) or cause.__cause__, seen + 1
-    return "; ".join(said)
 
 
 @implements(act.FIND_CLOSED_RUNS)
@@ -310,7 +299,7 @@ class FleetActivities:
             # A worker of the release before runs the coordinator (a rollout half done): it forbids
             # the field. Asked as that release asks (the incident asks `contain` after, as it did),
             # and so for REPROBE_S, so a storm's batches stay batches meanwhile.
-            if not (req.contain_if_held and "contain_if_held" in _causes(err)):
+            if not (req.contain_if_held and refused_field(err, "contain_if_held")):
                 raise
             self._contain_apart_until[req.cluster] = time.monotonic() + REPROBE_S
             return await line.ask(alone)
@@ -330,7 +319,7 @@ class FleetActivities:
         except WorkflowUpdateFailedError as err:
             # A worker of the release before runs the coordinator (a rollout half done): it knows
             # only `release` (whatever the incident holds; a contained node counts as left).
-            if "not found" not in str(err.cause or err) or FLEET_RELEASE_RUN.name not in str(err.cause or err):
+            if not unknown_update(err, FLEET_RELEASE_RUN.name):
                 raise
             return await self._update(req.cluster, FLEET_RELEASE, req.incident_id)
 
