@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -49,6 +50,7 @@ from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet.view import FleetView
 from gpuheal.core.messages import (
+    FLEET_ADMIT_AND_REQUEST_MANY,
     FLEET_DOMAINS,
     FLEET_POLICY_MEMO,
     FLEET_REQUEST_CAPACITY,
@@ -58,7 +60,7 @@ from gpuheal.core.messages import (
 )
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
-from gpuheal.triggers.start import already_handled, start_or_join
+from gpuheal.triggers.start import AlreadyHandled, start_unless_handled
 from infra.sandbox import REPO, RUN
 from infra.sandbox.stack import Sandbox
 from infra.sandbox.temporal import KINDS
@@ -195,24 +197,36 @@ async def send(client: Client, settings: Settings, node: str, run: Run) -> None:
         observed_at=datetime.now(UTC),
     )
     t0 = time.perf_counter()
-    if await already_handled(client, settings, report) is None:
-        await start_or_join(client, settings, report)
-    else:
-        run.skipped += 1
+    if isinstance(await start_unless_handled(client, settings, report), AlreadyHandled):
+        run.skipped += 1  # (as the webhook and the CLI start: one call for a node with no closed incident)
     run.starts_ms.append((time.perf_counter() - t0) * 1000)
 
 
-async def grant_latency_ms(client: Client, workflow_id: str) -> float | None:
-    """The incident's first request_capacity activity: scheduled -> completed."""
-    scheduled: dict[int, datetime] = {}
+async def grant_latency_ms(client: Client, workflow_id: str) -> tuple[float, float] | None:
+    """Two figures for the incident's capacity answer (scheduled -> completed): from its ask, and
+    from its admission's ask. The ask is its first request_capacity, or its admission when the
+    decision came with it (admit_and_request_many): then both figures are the same. From the
+    admission is the one a before without the merged update compares with fairly."""
+    scheduled: dict[int, tuple[str, datetime]] = {}
+    admitted_at: datetime | None = None
+    asking = {act.ADMIT_INCIDENT.name, act.REQUEST_CAPACITY.name}
     async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if e.activity_task_scheduled_event_attributes.activity_type.name == act.REQUEST_CAPACITY.name:
-                scheduled[e.event_id] = e.event_time.ToDatetime()
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            if name in asking:
+                scheduled[e.event_id] = (name, e.event_time.ToDatetime())
+                if name == act.ADMIT_INCIDENT.name and admitted_at is None:
+                    admitted_at = e.event_time.ToDatetime()
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            at = scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
-            if at is not None:
-                return (e.event_time.ToDatetime() - at).total_seconds() * 1000
+            done = e.activity_task_completed_event_attributes
+            name, at = scheduled.get(done.scheduled_event_id, ("", datetime.min))
+            if name == act.ADMIT_INCIDENT.name:
+                answer = json.loads(done.result.payloads[0].data) if done.result.payloads else {}
+                if not answer.get("decision"):
+                    continue  # admitted alone: its request follows
+            if name:
+                end = e.event_time.ToDatetime()
+                return (end - at).total_seconds() * 1000, (end - (admitted_at or at)).total_seconds() * 1000
     return None
 
 
@@ -308,6 +322,8 @@ async def one_run(
             async for e in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
                 run.coordinator_tasks += e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
                 run.history_total_kb += e.ByteSize() / 1024
+                kind = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
+                run.history_by_kind[kind] = run.history_by_kind.get(kind, 0.0) + e.ByteSize() / 1024
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
                     scheduled = e.event_time.ToDatetime()
                 elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and scheduled is not None:
@@ -317,12 +333,11 @@ async def one_run(
                     update = e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
                     run.updates[update] = run.updates.get(update, 0) + 1
         if not one_by_one:  # a storm queues requests in each worker: fewer updates than requests
-            asks = run.updates.get(FLEET_REQUEST_CAPACITY.name, 0) + run.updates.get(
-                FLEET_REQUEST_CAPACITY_MANY.name, 0
-            )
+            kinds = (FLEET_REQUEST_CAPACITY, FLEET_REQUEST_CAPACITY_MANY, FLEET_ADMIT_AND_REQUEST_MANY)
+            asks = sum(run.updates.get(k.name, 0) for k in kinds)
             check(0 < asks < len(nodes), f"{name}: {asks} capacity updates for {len(nodes)} incidents ({run.updates})")
         gate = asyncio.Semaphore(16)
-        latencies: dict[str, float] = {}
+        latencies: dict[str, tuple[float, float]] = {}
 
         async def latency(node: str) -> None:
             async with gate:
@@ -339,7 +354,8 @@ async def one_run(
             print(f"  {len(nodes) - len(latencies)} incident(s) not answered yet (slow to admit): waiting", flush=True)
             await asyncio.sleep(5)
             run.all_decided_s = time.monotonic() - t0
-        run.grants_ms = [latencies[n] for n in nodes if n in latencies]
+        run.grants_ms = [latencies[n][0] for n in nodes if n in latencies]
+        run.answers_ms = [latencies[n][1] for n in nodes if n in latencies]
         check(
             len(run.grants_ms) == len(nodes), f"{name}: {len(run.grants_ms)} grant latencies for {len(nodes)} incidents"
         )
@@ -402,6 +418,11 @@ async def main() -> int:
         help="the coordinator in a worker process of its own, as the chart deploys it (default)",
     )
     ap.add_argument("--baseline-src", type=Path, help="a checkout whose workers storm too, first (the before)")
+    ap.add_argument(
+        "--baseline-own",
+        action="store_true",
+        help="the before's coordinator in a process of its own too (a before that has GPUHEAL_WORKER_SERVES)",
+    )
     args = ap.parse_args()
     results = RESULTS if args.temporal == "dev" else RESULTS.with_name("storm-cluster.md")
     counts = [int(w) for w in args.workers.split(",")]
@@ -423,8 +444,13 @@ async def main() -> int:
     runs = [await one_run(sb, "baseline: one at a time", nodes[: args.quiet], 1, one_by_one=True)]
     if args.baseline_src:
         src = args.baseline_src.resolve()
-        before = f"before ({git_head(src)}): storm, {counts[0]} worker(s)"
-        runs.append(await one_run(sb, before, nodes, args.in_flight, one_by_one=False, workers=counts[0], src=src))
+        apart = " + the coordinator" if args.baseline_own else ""
+        before = f"before ({git_head(src)}): storm, {counts[0]} worker(s){apart}"
+        runs.append(
+            await one_run(
+                sb, before, nodes, args.in_flight, one_by_one=False, workers=counts[0], own=args.baseline_own, src=src
+            )
+        )
     own = args.own_coordinator
     for n in counts:
         name = f"storm, {n} worker(s){' + the coordinator' if own else ''}"

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from bench.common import pct
 from gpuheal.core.messages import (
     FLEET_ADMIT,
+    FLEET_ADMIT_AND_REQUEST_MANY,
     FLEET_ADMIT_MANY,
     FLEET_CONFIRM,
     FLEET_CONTAIN,
@@ -46,7 +47,8 @@ class Run:
     name: str
     reports: int
     starts_ms: list[float] = field(default_factory=list)
-    grants_ms: list[float] = field(default_factory=list)
+    grants_ms: list[float] = field(default_factory=list)  # from the incident's capacity ask to its answer
+    answers_ms: list[float] = field(default_factory=list)  # from its admission's ask to its capacity answer
     send_s: float = 0.0
     all_decided_s: float = 0.0
     granted: int = 0
@@ -66,6 +68,7 @@ class Run:
     coordinator_mb: float = 0.0  # that process's peak RSS
     task_waits_ms: list[float] = field(default_factory=list)  # each coordinator task: scheduled -> started
     history_total_kb: float = 0.0  # the coordinator's events over all its runs
+    history_by_kind: dict[str, float] = field(default_factory=dict)  # KiB by event type, all its runs
     watch: Watched | None = None
 
     def coordinator_updates(self) -> int:
@@ -90,9 +93,13 @@ def table(runs: list[Run]) -> list[str]:
         def pair(one: str, many: str) -> str:
             return f"{u(one, 0)} + {u(many, 0)}"
 
-        admits = pair(FLEET_ADMIT.name, FLEET_ADMIT_MANY.name)
+        admits = f"{pair(FLEET_ADMIT.name, FLEET_ADMIT_MANY.name)} + {u(FLEET_ADMIT_AND_REQUEST_MANY.name, 0)}"
         asks = pair(FLEET_REQUEST_CAPACITY.name, FLEET_REQUEST_CAPACITY_MANY.name)
         return f"{admits} / {asks} / {u(FLEET_CONTAIN.name, 0)} / {u(FLEET_CONFIRM.name, 0)}"
+
+    def heaviest(r: Run) -> str:
+        top = sorted(r.history_by_kind.items(), key=lambda kv: -kv[1])[:3]
+        return "; ".join(f"{kind} {kb:.0f}" for kind, kb in top) or "n/a"
 
     def waits(v: list[float]) -> str:
         return f"{statistics.median(v):.0f} / {pct(v, 0.99):.0f} / {max(v):.0f} ms" if v else "n/a"
@@ -105,6 +112,7 @@ def table(runs: list[Run]) -> list[str]:
         "|---|" + "---|" * len(runs) + "---|",
         line("report -> workflow started, p50 / p99", (ms(r.starts_ms) for r in runs), "p99 < 200 ms"),
         line("coordinator grant latency, p50 / p99", (ms(r.grants_ms) for r in runs), "p99 < 1 s"),
+        line("admission asked -> capacity answered, p50 / p99", (ms(r.answers_ms) for r in runs)),
         line("all reports sent", (f"{r.send_s:.1f} s" for r in runs)),
         line("every incident granted or held", (f"{r.all_decided_s:.1f} s" for r in runs)),
         line("granted / held", (f"{r.granted} / {r.held}" for r in runs)),
@@ -126,7 +134,8 @@ def table(runs: list[Run]) -> list[str]:
         line("Temporal server's CPU per incident", (f"{r.temporal_cpu_s * 1000 / r.reports:.0f} ms" for r in runs)),
         line("coordinator workflow tasks (per second of the run)", (rate(r) for r in runs)),
         line(
-            "coordinator updates: admit + admit_many / request + request_many / contain / confirm",
+            "coordinator updates: admit + admit_many + admit_and_request_many / request + request_many / contain"
+            " / confirm",
             (updates(r) for r in runs),
         ),
         line(
@@ -136,6 +145,7 @@ def table(runs: list[Run]) -> list[str]:
         ),
         line("coordinator task scheduled -> started, p50 / p99 / max", (waits(r.task_waits_ms) for r in runs)),
         line("coordinator history (all its runs)", (f"{r.history_total_kb:.0f} KiB" for r in runs), "< 1 MB"),
+        line("coordinator history: the largest event kinds, KiB", (heaviest(r) for r in runs)),
         line(
             "coordinator's own worker process, peak RSS",
             (f"{r.coordinator_mb:.0f} MB" if r.own_coordinator else "none: in the worker" for r in runs),

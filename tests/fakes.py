@@ -24,6 +24,7 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
+from gpuheal.core import policy as gpuheal_policy
 from gpuheal.core.app_faults import AppFault, AppFaults, AppFaultsRequest
 from gpuheal.core.errors import UNKNOWN_NODE
 from gpuheal.core.fleet.models import (
@@ -102,6 +103,9 @@ class FakeCluster:
         self.grant = grant
         self.contain: str | None = None  # why the coordinator refuses a held incident's containment
         self.contains_with_request = False  # a coordinator from CONTAIN_WITH_REQUEST: held, it answers both
+        # A coordinator with admit_and_request_many: asked, it decides the request with the admission.
+        self.decides_with_admission = False
+        self.admit_fails = False  # the admission is not answered (its attempts spent)
         self.requests: list[CapacityRequest] = []
         self.gone = gone  # nodes Slurm has not (in service)
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
@@ -148,12 +152,29 @@ class FakeCluster:
             c.calls.append("admit")
             c.admitted.append(ask.application_fault)
             c.admit_asks.append(ask)
+            if c.admit_fails:
+                raise ApplicationError("the coordinator did not answer", non_retryable=True)
             policy = VersionedPolicy(version=1, policy=c.policy, changed_by="test", reason="test", at=datetime.now(UTC))
+            decision = None
+            # (as the real activity: not from a worker with the Kubernetes half; no repeat offenders here)
+            asks = ask.ask_capacity and c.settings.kubernetes is None
+            if c.decides_with_admission and asks and c.policy.mode != "observe":
+                if gpuheal_policy.takes_capacity(ask.action):
+                    drains = ask.contain_if_held and c.policy.containment_while_held == "drain"
+                    decision = decide(ask.model_copy(update={"contain_if_held": drains}))
             return AdmitAnswer(
                 admission=Admission(policy=policy),
                 settings=c.settings,
                 placement=Placement(node=ask.node, cluster_size=10),
+                decision=decision,
             )
+
+        def decide(req: CapacityRequest | AdmitAsk) -> CapacityDecision:
+            answer = CapacityDecision(granted=c.grant, reason="test grant" if c.grant else "test: held", position=1)
+            if (c.contains_with_request or c.decides_with_admission) and req.contain_if_held and not c.grant:
+                why = c.contain or "contained while held (nothing new lands on it)"
+                answer = answer.model_copy(update={"contained": c.contain is None, "containment": why})
+            return answer
 
         @implements(act.REQUEST_CAPACITY)
         async def request(req: CapacityRequest) -> CapacityDecision:

@@ -213,3 +213,84 @@ async def test_requests_of_refused_batches_go_again_in_the_order_they_came() -> 
     line: Batcher[int, int] = Batcher(asyncio.Semaphore(2), (MANY, many), one, most=3)
     assert await asyncio.gather(*(line.ask(i) for i in range(7))) == [i * 10 for i in range(7)]
     assert sent == list(range(7))
+
+
+async def test_batches_grow_with_the_load_one_in_flight_per_line() -> None:
+    """While a line's update is on its way, whatever arrives waits for the next: one update for
+    all of them, not one per free slot (a storm's updates grow in size, not in number)."""
+    c = Coordinator()
+    started = asyncio.Event()
+
+    async def slow_many(items: list[int]) -> list[int]:
+        started.set()
+        await asyncio.sleep(0.05)
+        return await c.many(items)
+
+    async def slow_one(item: int) -> int:
+        started.set()
+        await asyncio.sleep(0.05)
+        return await c.one(item)
+
+    line: Batcher[int, int] = Batcher(asyncio.Semaphore(8), (MANY, slow_many), slow_one, most=50, linger_s=0)
+    first = asyncio.ensure_future(line.ask(0))
+    await asyncio.wait_for(started.wait(), 5)
+    rest = [asyncio.ensure_future(line.ask(i)) for i in range(1, 31)]
+    assert await asyncio.gather(first, *rest) == [i * 10 for i in range(31)]
+    assert c.sends == [[0], list(range(1, 31))]
+
+
+async def test_under_load_a_sender_waits_a_moment_for_more() -> None:
+    """After a batch of more than one (load), the next sender lingers (up to linger_s, or until
+    the batch is full): requests arriving 20 ms apart go together, not one by one."""
+    c = Coordinator()
+    gate = asyncio.Semaphore(1)
+    line: Batcher[int, int] = Batcher(gate, (MANY, c.many), c.one, most=50, linger_s=0.5)
+    assert await asyncio.gather(*await queued(line, gate, [1, 2])) == [10, 20]  # load seen
+
+    async def later(i: int) -> int:
+        await asyncio.sleep(0.02 * (i - 3))
+        return await line.ask(i)
+
+    assert await asyncio.gather(*(later(i) for i in range(3, 8))) == [30, 40, 50, 60, 70]
+    assert c.sends == [[1, 2], [3, 4, 5, 6, 7]]
+    # A full batch does not wait for the rest of the moment.
+    full: Batcher[int, int] = Batcher(gate, (MANY, c.many), c.one, most=3, linger_s=30)
+    assert await asyncio.gather(*await queued(full, gate, [8, 9])) == [80, 90]
+    assert await asyncio.wait_for(asyncio.gather(*(full.ask(i) for i in (10, 11, 12))), 5) == [100, 110, 120]
+
+
+async def test_a_lone_request_goes_in_the_batched_update_when_that_is_the_newer() -> None:
+    """`one_via_many` (admit_and_request_many): a lone request too, in a batch of one; the older
+    update only for a coordinator without the batched one."""
+    c, via = Coordinator(), []
+
+    async def many(items: list[int]) -> list[int]:
+        via.append("many")
+        return await c.many(items)
+
+    line: Batcher[int, int] = Batcher(asyncio.Semaphore(1), (MANY, many), c.one, one_via_many=True)
+    assert await line.ask(4) == 40 and via == ["many"]
+    old = Coordinator(knows_many=False)
+    line = Batcher(asyncio.Semaphore(1), (MANY, old.many), old.one, one_via_many=True)
+    assert await line.ask(5) == 50 and await line.ask(6) == 60
+    assert old.sends == [[5], [5], [6]]  # found out once, then its own update
+    assert c.sends == [[4]]
+
+
+async def test_singles_to_a_coordinator_without_the_batched_update_go_side_by_side() -> None:
+    """Found without the batched update (a rollout half done), the line sends one request per
+    update, several at once within the slots: those already waiting their line's turn too."""
+    c, now, most = Coordinator(knows_many=False), [0], [0]
+
+    async def one(item: int) -> int:
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        try:
+            await asyncio.sleep(0.01)
+            return item * 10
+        finally:
+            now[0] -= 1
+
+    line: Batcher[int, int] = Batcher(asyncio.Semaphore(4), (MANY, c.many), one, most=3, linger_s=0)
+    assert await asyncio.gather(*(line.ask(i) for i in range(12))) == [i * 10 for i in range(12)]
+    assert most[0] > 1, "singles one at a time"

@@ -34,9 +34,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuheal.activities import validation
 from gpuheal.core import policy
-from gpuheal.core.fleet import containment, coordination, packing, reaping, steering
+from gpuheal.core.fleet import admitting, containment, coordination, packing, reaping, steering
 from gpuheal.core.fleet.models import (
+    AdmitItem,
     AdmitRequest,
+    Admitted,
+    Admitting,
     CapacityDecision,
     CapacityRequest,
     DomainDecision,
@@ -55,6 +58,7 @@ from gpuheal.core.models.base import ActionClass, Stage
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NODES = [f"gpu{i:02d}" for i in range(12)]
 POOLS = {n: ("train" if i < 8 else "infer") for i, n in enumerate(NODES)}
+ACTIONS = [ActionClass.REPLACE_NODE, ActionClass.REBOOT_NODE, ActionClass.RESET_GPU, ActionClass.RESTART_APP]
 BUDGETS = st.sampled_from(["0", "1", "2", "3", "10%", "25%", "50%"])
 BY = OperatorAction(operator="alice", reason="test")
 
@@ -191,6 +195,76 @@ class Coordinator(RuleBasedStateMachine):
             else:
                 held = self.s.queue[a.position - 1] if a.position else None
                 assert held is not None and held.incident_id == r.incident_id, f"{r.incident_id}: wrong place"
+
+    @rule(
+        items=st.lists(
+            st.tuples(st.sampled_from(NODES), st.sampled_from(ACTIONS), st.booleans(), st.booleans()),
+            min_size=1,
+            max_size=6,
+        ),
+        decide_capacity=st.booleans(),
+    )
+    def a_batch_is_admitted_with_its_requests(
+        self, items: list[tuple[str, ActionClass, bool, bool]], decide_capacity: bool
+    ) -> None:
+        """One decision per incident (admit_and_request_many): a worker's batch of admissions, each
+        asking its capacity request too (or not), new incidents and ones asking again, decides as
+        the same admissions one at a time, then the requests each incident would send once
+        admitted (its action as admitted takes capacity, not in observe mode), one at a time, each
+        held one then asking its `contain`. A coordinator still rebuilding (`decide_capacity`
+        False) admits alone."""
+        batch = []
+        for node, action, asks, contain in items:
+            if node not in self.live:
+                self.runs += 1
+                self.live[node] = (f"gpuheal-c-{node}", str(self.runs))
+            incident, run = self.live[node]
+            admit = Admitting(
+                incident_id=incident, run_id=run, cluster="c", placement=placement(node), action=action, what="XID"
+            )
+            batch.append(AdmitItem(admit=admit, ask_capacity=asks, contain_if_held=contain))
+        one = FleetState.model_validate_json(self.s.model_dump_json())
+        admissions = [coordination.admit(one, i.admit, self.now, serve_when_freed=True, compact=True)[0] for i in batch]
+        expected: dict[int, CapacityDecision] = {}
+        for k, (i, a) in enumerate(zip(batch, admissions, strict=True)):
+            # What the incident sends once admitted (workflows/incident/capacity.request), modelled here.
+            action = i.admit.action
+            if a.repeat_offender and action in policy.REPLACED_WHEN_REPEATED:
+                action = ActionClass.REPLACE_NODE
+            plan = policy.plan_for(action)
+            asks = decide_capacity and i.ask_capacity and a.policy.policy.mode != "observe"
+            if not (asks and (plan.drain or plan.repair is not None)):
+                continue
+            drains = i.contain_if_held and a.policy.policy.containment_while_held == "drain"
+            req = self.capacity(i.admit.placement.node, drains).model_copy(update={"action": action})
+            d, _ = coordination.request(one, req, self.now, serve_when_freed=True)
+            if drains and not d.granted:
+                c, _ = coordination.contain(one, req, self.now)
+                d = d.model_copy(update={"contained": c.granted, "containment": c.reason})
+            expected[k] = d
+        answers: list[Admitted] = []
+        self.step(
+            lambda: answers.extend(
+                admitting.admit_and_request_many(self.s, batch, self.now, decide_capacity=decide_capacity)[0]
+            )
+        )
+
+        def decided(s: FleetState) -> FleetState:  # (a held one's reason: the last serve that looked)
+            return s.model_copy(update={"queue": [h.model_copy(update={"reason": ""}) for h in s.queue]})
+
+        assert decided(self.s) == decided(one), "a batch decided otherwise than its incidents one at a time"
+        for k, (a, alone) in enumerate(zip(answers, admissions, strict=True)):
+            assert (a.policy, a.repeat_offender, a.breaker, a.domain_incident) == (
+                alone.policy,
+                alone.repeat_offender,
+                alone.breaker,
+                alone.domain_incident,
+            )
+            assert (a.decision is None) == (k not in expected), "capacity decided unasked, or asked and not decided"
+            if a.decision is not None:
+                e = expected[k]
+                said = (a.decision.granted, a.decision.contained)
+                assert said == (e.granted, e.contained), f"{batch[k].admit.incident_id}: {said}, alone {e}"
 
     @precondition(lambda self: any(self.live.get(h.node) == (h.incident_id, h.run_id) for h in self.s.queue))
     @rule(data=st.data())
@@ -367,10 +441,17 @@ class Coordinator(RuleBasedStateMachine):
         new = self.s.policy.policy.model_copy(update={"budget": budget})
         self.step(lambda: steering.set_policy(self.s, new, "carol", "tune", self.now))
 
-    @rule(limit=BUDGETS)
-    def the_containment_bound_changes(self, limit: str) -> None:
-        new = self.s.policy.policy.model_copy(update={"containment_limit": limit})
+    @rule(limit=BUDGETS, contains=st.sampled_from(["drain", "none"]))
+    def the_containment_bound_changes(self, limit: str, contains: str = "drain") -> None:
+        update = {"containment_limit": limit, "containment_while_held": contains}
+        new = self.s.policy.policy.model_copy(update=update)
         self.step(lambda: steering.set_policy(self.s, new, "carol", "tune", self.now))
+
+    @rule(mode=st.sampled_from(["observe", "approve", "auto"]))
+    def the_mode_changes(self, mode: str) -> None:
+        """Observe mode (a trial): incidents ask for nothing, so none is decided with an admission."""
+        new = self.s.policy.policy.model_copy(update={"mode": mode})
+        self.step(lambda: steering.set_policy(self.s, new, "carol", "trial", self.now))
 
     @rule(seconds=st.sampled_from([1, 30, 119, 121, 299, 301, 601, 3600]))
     def time_passes(self, seconds: int) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bench.fleet_state import GOAL_BYTES, HELD, OUT, Week, worst_week
 from gpuheal.core.fleet import coordination, packing, repeats
-from gpuheal.core.fleet.models import AdmitRequest, FleetState, Placement
+from gpuheal.core.fleet.models import AdmitRequest, Arrival, FleetState, Placement
 from gpuheal.core.fleet.policy import FleetPolicy, RepeatPolicy, VersionedPolicy
 from gpuheal.core.models.base import ActionClass
 
@@ -141,3 +141,34 @@ def test_the_compact_books_say_what_the_whole_arrivals_said(steps: list[Step], c
         assert now_said.repeat_offender == said.repeat_offender, f"step {i}"
         if i < len(carries) and carries[i]:
             compact = packing.unpack(pack(compact, at))
+
+
+@given(
+    node=st.sampled_from(["gpu01", "gpu02"]),
+    uuids=st.lists(st.sampled_from(["GPU-aaaa-bbbb-cccc-dddd", "GPU-1111-2222-3333-4444", "x"]), max_size=2),
+    serials=st.lists(st.sampled_from(["S1", "S2", "node:gpu01"]), max_size=2),
+    key=st.sampled_from(
+        [
+            "node:gpu01",
+            "node:gpu02",
+            "serial:S1",
+            "serial:S2",
+            "uuid:aaaabbbbcccc",
+            "uuid:111122223333",
+            "uuid:x",
+            "x",
+            "gpu:x",
+        ]
+    ),
+)
+def test_an_arrival_counts_for_exactly_its_keys(node: str, uuids: list[str], serials: list[str], key: str) -> None:
+    """The storm's fast test of a key (repeats.counts_for) says what building its keys says."""
+    a = Arrival(
+        at=datetime(2026, 12, 1, tzinfo=UTC),
+        incident_id="i",
+        node=node,
+        domains=(),
+        gpu_uuids=tuple(uuids),
+        gpu_serials=tuple(serials),
+    )
+    assert repeats.counts_for(a, key) == (key in repeats.keys(node, uuids, serials))

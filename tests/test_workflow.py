@@ -640,3 +640,50 @@ async def test_a_requeued_jobs_deadline_counts_from_when_it_runs_again(
     jobs = fake.settings.jobs
     assert req.run_for_s == jobs.verify_timeout_s and req.avoid_nodes == avoided
     assert req.deadline_at - asked_at >= jobs.start_wait_s + jobs.verify_timeout_s - 5
+
+
+async def test_an_incident_granted_with_its_admission_asks_no_more(env: WorkflowEnvironment) -> None:
+    """One decision per incident (a coordinator with admit_and_request_many): the admission at
+    triage asks for capacity too, the grant comes with it, and no request of its own follows."""
+    fake, s = FakeCluster(), settings()
+    fake.decides_with_admission = True
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        result = await handle.result()
+    assert result.outcome == "resolved"
+    assert [(a.ask_capacity, a.contain_if_held) for a in fake.admit_asks] == [(True, True)]
+    assert "request_capacity" not in fake.calls
+    node_calls = [c for c in fake.calls if c in NODE_SIDE]
+    assert node_calls[:3] == ["look_up", "admit", "notify:remediating"]
+    assert fake.calls.count("drain") == 1 and len(fake.releases) == 1
+
+
+async def test_an_incident_held_with_its_admission_is_contained_as_answered(env: WorkflowEnvironment) -> None:
+    """Held in the admission's answer, with its containment: drained as containment, asking
+    neither a request nor a contain of its own; granted later by a notice, it goes on."""
+    fake, s = FakeCluster(grant=False), settings()
+    fake.decides_with_admission = True
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        await wait_for_stage(handle, Stage.HELD)
+        await until_true(lambda: "drain" in fake.calls, "contained as answered")
+        assert "request_capacity" not in fake.calls and "contain_while_held" not in fake.calls
+        await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: a grant was released"))
+        result = await handle.result()
+    assert result.outcome == "resolved" and fake.calls.count("drain") == 1
+
+
+async def test_a_triage_that_fails_after_its_admission_asked_for_capacity_gives_it_back(
+    env: WorkflowEnvironment,
+) -> None:
+    """The admission asked for capacity and did not come back (its attempts spent: the coordinator
+    may have granted it all the same): the run fails in triage, its release sent first, so no
+    grant waits for the look for closed runs."""
+    fake, s = FakeCluster(), settings()
+    fake.decides_with_admission, fake.admit_fails = True, True
+    async with worker(env, s, fake):
+        handle = await start_or_join(env.client, s, report(79))
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    assert [a.ask_capacity for a in fake.admit_asks] == [True]
+    assert [bool(r.run_id) for r in fake.releases] == [True] and "drain" not in fake.calls

@@ -19,6 +19,12 @@ from temporalio.client import WorkflowUpdateFailedError
 from gpuheal.core.fleet.models import BATCH_MOST
 
 REPROBE_S = 60.0  # a coordinator found without the batched update is asked again after this
+# Under load (the last batch held more than one request), a sender waits this long for more to
+# join before it sends (or until the batch is full): a storm's batches grow to tens, and a lone
+# request never waits. It costs a storm's requests this much latency, to cut its updates (each
+# one a slot of the ten Temporal allows in flight, and two events of the coordinator's history).
+LINGER_S = 0.25
+LOAD_SEEN_S = 1.0  # a batch of more than one this recent is load (a lone request after a storm goes at once)
 I = TypeVar("I")  # noqa: E741  (an update's input and output, as in core.messages)
 O = TypeVar("O")  # noqa: E741
 
@@ -46,13 +52,17 @@ class Batcher(Generic[I, O]):
     worker's update slots, and whoever gets one sends the front of the line (at most `most`
     requests) as one batched update; each caller gets its own answer, first come first decided.
 
-    A request goes alone, in its own update and slot: when it is all there is; when the
-    coordinator lacks the batched update (a worker of the release before runs it; asked again
-    after REPROBE_S); when it was in a batch the coordinator refused as a whole (each of that
-    batch then goes alone, so a refusal is only its own request's). A sender cancelled mid-send
-    puts its batch back at the front of the line; a caller cancelled while its request is in
-    another's batch is dropped from it (every decision is idempotent per incident run, so a
-    request sent again is answered as before)."""
+    One batch of a line is in flight at a time: what arrives meanwhile goes in the next, so
+    batches grow with the load; under load a sender also lingers (LINGER_S) for more to join.
+
+    A request goes alone, in its own update and slot: when it is all there is (unless
+    `one_via_many`: then in a batch of one, the batched update being the newer, compact one);
+    when the coordinator lacks the batched update (a worker of the release before runs it; asked
+    again after REPROBE_S); when it was in a batch the coordinator refused as a whole (each of
+    that batch then goes alone, so a refusal is only its own request's). A sender cancelled
+    mid-send puts its batch back at the front of the line; a caller cancelled while its request
+    is in another's batch is dropped from it (every decision is idempotent per incident run, so
+    a request sent again is answered as before)."""
 
     def __init__(
         self,
@@ -60,8 +70,14 @@ class Batcher(Generic[I, O]):
         many: tuple[str, Callable[[list[I]], Awaitable[list[O]]]],
         one: Callable[[I], Awaitable[O]],
         most: int = BATCH_MOST,
+        one_via_many: bool = False,
+        linger_s: float = LINGER_S,
     ) -> None:
         self._gate, (self._name, self._many), self._one, self._most = gate, many, one, most
+        self._one_via_many, self._linger_s = one_via_many, linger_s
+        self._turn = asyncio.Lock()  # one batch of this line in flight at a time
+        self._last, self._last_at = 0, 0.0  # how many the last batch held (more than one is load), when
+        self._joined = asyncio.Event()  # set as a request joins the line
         self._line: list[tuple[I, asyncio.Future[O]]] = []
         self._came: dict[asyncio.Future[O], int] = {}  # each request's place in arrival order
         self._arrivals = itertools.count()
@@ -73,12 +89,24 @@ class Batcher(Generic[I, O]):
         mine: asyncio.Future[O] = asyncio.get_running_loop().create_future()
         self._came[mine] = next(self._arrivals)
         self._line.append((item, mine))
+        self._joined.set()
         try:
             while not mine.done():
                 if self._queued(mine):
-                    async with self._gate:
-                        if self._queued(mine):  # not taken by another sender meanwhile
-                            await self._send()
+                    # One batch (or one request of a refused batch) at a time while batched; to a
+                    # coordinator without the batched update, singles go side by side within the
+                    # gate, as they always did: one found waiting for the turn after the flip leaves it.
+                    if not self.batched:
+                        async with self._gate:
+                            if self._queued(mine) and not self.batched:  # (else the turn's, as a batch)
+                                await self._send()
+                        continue
+                    async with self._turn:
+                        if self._queued(mine) and self.batched:  # not taken meanwhile, nor found old
+                            await self._linger()
+                            async with self._gate:
+                                if self._queued(mine):
+                                    await self._send()
                     continue
                 # On its way in another caller's update: its answer, or back in line.
                 back: asyncio.Future[Any] = asyncio.ensure_future(self._back.wait())
@@ -98,6 +126,20 @@ class Batcher(Generic[I, O]):
     def batched(self) -> bool:
         return time.monotonic() >= self._singly_until
 
+    async def _linger(self) -> None:
+        """Under load (the last batch, within the last second, held more than one), until the
+        batch is full or LINGER_S passed: more join meanwhile."""
+        loaded = self._last > 1 and time.monotonic() - self._last_at < LOAD_SEEN_S
+        if not loaded or self._linger_s <= 0 or not self.batched:
+            return
+        until = time.monotonic() + self._linger_s
+        while len(self._line) < self._most and (left := until - time.monotonic()) > 0:
+            self._joined.clear()
+            try:
+                await asyncio.wait_for(self._joined.wait(), left)
+            except TimeoutError:
+                return
+
     def _queued(self, mine: asyncio.Future[O]) -> bool:
         return not mine.done() and any(f is mine for _, f in self._line)
 
@@ -109,6 +151,7 @@ class Batcher(Generic[I, O]):
             while n < min(len(live), self._most) and not {live[0][1], live[n][1]} & self._alone:
                 n += 1
         batch, self._line = live[:n], live[n:]
+        self._last, self._last_at = len(batch), time.monotonic()
         return batch
 
     def _requeue(self, batch: list[tuple[I, asyncio.Future[O]]]) -> None:
@@ -122,7 +165,7 @@ class Batcher(Generic[I, O]):
     async def _send(self) -> None:
         batch = self._take()
         try:
-            if len(batch) > 1:
+            if len(batch) > 1 or (self._one_via_many and self.batched and not {f for _, f in batch} & self._alone):
                 try:
                     answers = await self._many([i for i, _ in batch])
                 except WorkflowUpdateFailedError as err:

@@ -3,17 +3,18 @@
 `admit_incident` finds where the node sits (its pool and topology domains, and the sizes the
 budget's shares are of) and asks the cluster's coordinator, starting it if it is the first
 incident (update-with-start, seeded with this worker's configured policy); the answer carries the
-cluster's policy and its version, which the incident records. The others are one update or one
-start each. Every call is idempotent on the coordinator's side (per incident).
+cluster's policy and its version, which the incident records, and, when the incident asked, its
+capacity decision (activities/admitting.py: one decision per incident). The others are one update
+or one start each. Every call is idempotent on the coordinator's side (per incident).
 
 Temporal accepts at most 10 updates in flight per workflow (`history.maxInFlightUpdates`) and
 refuses the rest, so a storm of incidents asking at once would mostly be refused and retried
 with backoff. A worker therefore sends at most GPUHEAL_COORDINATOR_UPDATES at a time and queues
 the rest in its Batcher (activities/batching.py; with several workers, keep workers x this <= 8:
 room for operators' own updates).
-Admissions and capacity requests that queued meanwhile go together in the next update (up to
-BATCH_MOST), decided in one coordinator workflow task: a storm costs tasks per batch, not per
-incident.
+Admissions (with their capacity requests, up to ADMIT_BATCH_MOST) and capacity requests asked on
+their own (up to BATCH_MOST) that queued meanwhile go together in the next update, decided in one
+coordinator workflow task: a storm costs tasks per batch, not per incident.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.admitting import AdmitLines
 from gpuheal.activities.batching import REPROBE_S, Batcher, I, O, refused_field, unknown_update
 from gpuheal.activities.interface import implements
 from gpuheal.clients.kube import POOL_LABEL, call
@@ -44,11 +46,9 @@ from gpuheal.core import ids, policy, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import policy_file
 from gpuheal.core.fleet.models import (
-    Admission,
     AdmitAnswer,
     AdmitAsk,
-    AdmitRequest,
-    AdmitRequests,
+    Admitting,
     CapacityDecision,
     CapacityRequest,
     CapacityRequests,
@@ -67,8 +67,6 @@ from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.messages import (
     COORDINATOR,
     DOMAIN_INCIDENT,
-    FLEET_ADMIT,
-    FLEET_ADMIT_MANY,
     FLEET_CONFIRM,
     FLEET_CONTAIN,
     FLEET_DOMAIN_DECISION,
@@ -146,7 +144,7 @@ class FleetActivities:
             self._core = client.CoreV1Api(kube)
         self._seed = seed
         self._in_flight = asyncio.Semaphore(updates)
-        self._admits: dict[str, Batcher[AdmitRequest, Admission]] = {}
+        self._admissions = AdmitLines(self._in_flight, self._start, seed)
         self._requests: dict[str, Batcher[CapacityRequest, CapacityDecision]] = {}
         # Per cluster: until when its coordinator (of the release before) is asked without contain_if_held
         self._contain_apart_until: dict[str, float] = {}
@@ -172,7 +170,7 @@ class FleetActivities:
         placement = await self._placement(ask.node)
         if ask.no_domains:
             placement = placement.model_copy(update={"domains": {}})
-        req = AdmitRequest(
+        admitting = Admitting(
             incident_id=ask.incident_id,
             run_id=ask.run_id,
             cluster=ask.cluster,
@@ -181,12 +179,14 @@ class FleetActivities:
             what=ask.what,
             gpu_uuids=ask.gpu_uuids,
             gpu_serials=ask.gpu_serials,
-            seed=self._seed,
             application_fault=ask.application_fault,
         )
-        line = self._batcher(self._admits, ask.cluster, (FLEET_ADMIT_MANY.name, self._admit_many), self._admit_one)
-        admission = await line.ask(req)
-        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement)
+        # Not where the incident maps its Kubernetes node after its admission: a grant held that long
+        # in `triage` is one a recreated coordinator's rebuild would not count (it asks no status of
+        # incidents in triage). There the incident asks for capacity once mapped, as before.
+        asks = ask.ask_capacity and self._settings.kubernetes is None
+        admission, decision = await self._admissions.admit(admitting, asks, ask.contain_if_held)
+        return AdmitAnswer(admission=admission, settings=self._settings, placement=placement, decision=decision)
 
     def _start(self, cluster: str) -> WithStartWorkflowOperation[Any, Any]:
         """The cluster's coordinator, started by the first incident's admission (one use each)."""
@@ -200,14 +200,6 @@ class FleetActivities:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"Fleet coordinator of cluster {cluster}: policy, disruption budget, circuit breaker",
         )
-
-    async def _admit_one(self, req: AdmitRequest) -> Admission:
-        return await FLEET_ADMIT.execute_with_start(activity.client(), req, self._start(req.cluster))
-
-    async def _admit_many(self, reqs: list[AdmitRequest]) -> list[Admission]:
-        batch = AdmitRequests(requests=tuple(reqs))
-        out = await FLEET_ADMIT_MANY.execute_with_start(activity.client(), batch, self._start(reqs[0].cluster))
-        return list(out.answers)
 
     # Requests start the coordinator too: one terminated since the admission is recreated (and
     # rebuilds before it decides) instead of the request failing until the incident gives up.

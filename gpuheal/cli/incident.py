@@ -29,11 +29,11 @@ from gpuheal.core.render import render_result, render_timeline
 from gpuheal.core.settings import Settings
 from gpuheal.triggers.start import (
     PROBE_TIMEOUT_S,
+    AlreadyHandled,
     NodeProbe,
-    already_handled,
     check_own_cluster,
     slurm_probe,
-    start_or_join,
+    start_unless_handled,
 )
 
 QUERY_TIMEOUT_S = 3.0
@@ -73,11 +73,10 @@ async def report_failure(settings: Settings, args: argparse.Namespace) -> int:
     )
     check_own_cluster(settings, report.cluster)  # before anything is asked: this queue is this cluster's
     client = await connect(settings.temporal)
-    by = await already_handled(client, settings, report, node_in_service=_slurm_probe(settings))
-    if by is not None:
-        print(f"{report.describe()}: already handled by {by}; nothing started")
+    handle = await start_unless_handled(client, settings, report, node_in_service=_slurm_probe(settings))
+    if isinstance(handle, AlreadyHandled):
+        print(f"{report.describe()}: already handled by {handle}; nothing started")
         return 0
-    handle = await start_or_join(client, settings, report)
     print(f"{report.describe()} -> incident {handle.id}")
     print(f"  {settings.incident_url(handle.id)}")
     return 0

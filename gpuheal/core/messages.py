@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from gpuheal.core.fleet.models import (
     Admission,
     Admissions,
+    AdmitBatch,
+    AdmitBatchAnswers,
     AdmitRequest,
     AdmitRequests,
     CapacityDecision,
@@ -137,6 +139,9 @@ FLEET_REQUEST_CAPACITY = Update("request_capacity", CapacityRequest, CapacityDec
 # Many at once, decided in one workflow task, in order (a storm; activities/batching.py's Batcher).
 FLEET_ADMIT_MANY = Update("admit_many", AdmitRequests, Admissions)  # also sent with start
 FLEET_REQUEST_CAPACITY_MANY = Update("request_capacity_many", CapacityRequests, CapacityDecisions)
+# Admissions with their capacity requests, one decision per incident (gpuheal.core.fleet.admitting;
+# also sent with start). A coordinator without it: admit and admit_many, as before.
+FLEET_ADMIT_AND_REQUEST_MANY = Update("admit_and_request_many", AdmitBatch, AdmitBatchAnswers)
 FLEET_CONFIRM = Update("confirm", CapacityRequest, CapacityDecision)
 FLEET_RELEASE = Update("release", str, str)  # the incident id (incidents of an earlier release)
 FLEET_RELEASE_RUN = Update("release_run", ReleaseRequest, str)  # what that incident run holds
@@ -189,6 +194,7 @@ HANDLERS: dict[Workflow[Any, Any], tuple[Update[Any, Any] | Signal[Any] | Query[
     COORDINATOR: (
         FLEET_ADMIT,
         FLEET_ADMIT_MANY,
+        FLEET_ADMIT_AND_REQUEST_MANY,
         FLEET_REQUEST_CAPACITY,
         FLEET_REQUEST_CAPACITY_MANY,
         FLEET_CONFIRM,

@@ -165,6 +165,20 @@ def plan_for(action: ActionClass) -> Plan:
     return PLANS[action]
 
 
+def takes_capacity(action: ActionClass) -> bool:
+    """Whether the action takes its node out of service (a drain or a repair): it asks the
+    coordinator for capacity first (the incident asks; the coordinator decides it with the
+    admission when asked to, by this same rule)."""
+    plan = PLANS[action]
+    return plan.drain or plan.repair is not None
+
+
+def as_admitted(action: ActionClass, repeat_offender: str | None) -> ActionClass:
+    """The action once admitted: a repeat offender is replaced (the incident's current action,
+    and the one the coordinator decides capacity for with the admission)."""
+    return A.REPLACE_NODE if repeat_offender and action in REPLACED_WHEN_REPEATED else action
+
+
 def drain_reason(incident_id: str, why: str) -> str:
     # Slurm shows the reason in sinfo/scontrol; it names the incident so an operator can find it,
     # and it is how we later recognise a drain as ours (never undrain someone else's).

@@ -30,6 +30,8 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.clients.slurm.base import NodeOutOfService, SlurmBackend, UnknownNode
@@ -75,8 +77,11 @@ def check_own_cluster(settings: Settings, cluster: str) -> None:
 
 
 async def start_or_join(
-    client: Client, settings: Settings, report: HealthReport
+    client: Client, settings: Settings, report: HealthReport, *, only_if_new: bool = False
 ) -> WorkflowHandle[Any, RemediationResult]:
+    """Signal-with-start: the node's running incident gets the report, or a new one starts.
+    `only_if_new`: refused (WorkflowAlreadyStartedError) when the node has a closed incident,
+    which only the duplicate check may decide on (start_unless_handled)."""
     check_own_cluster(settings, report.cluster)
     return await client.start_workflow(
         INCIDENT.name,
@@ -84,12 +89,31 @@ async def start_or_join(
         result_type=INCIDENT.output,
         id=ids.incident_id(report.cluster, report.node),
         task_queue=settings.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE
+        if only_if_new
+        else WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         start_signal=INCIDENT_REPORT.name,
         start_signal_args=[report],
         search_attributes=sa.of_incident([report], Stage.TRIAGE.value),
         static_summary=f"GPU failure: {report.describe()}",
         static_details=(f"Reported by `{report.source}` at {report.observed_at.isoformat()}.\n\n{report.summary}"),
     )
+
+
+async def start_unless_handled(
+    client: Client, settings: Settings, report: HealthReport, *, node_in_service: NodeProbe | None = None
+) -> WorkflowHandle[Any, RemediationResult] | AlreadyHandled:
+    """already_handled, then start_or_join, in one Temporal call where that decides alike: a node
+    with no incident yet (or none within retention) starts one, a node whose incident runs joins
+    it (already_handled answers None for both). Only a node with a closed incident is looked at
+    as already_handled does (the signal-with-start refuses to reuse its id), then started or not.
+    A storm's first reports are one call each instead of two."""
+    try:
+        return await start_or_join(client, settings, report, only_if_new=True)
+    except WorkflowAlreadyStartedError:
+        pass  # a closed incident of this node: the duplicate check decides
+    by = await already_handled(client, settings, report, node_in_service=node_in_service)
+    return by if by is not None else await start_or_join(client, settings, report)
 
 
 async def give_back_borrowed(

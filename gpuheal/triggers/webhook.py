@@ -38,14 +38,15 @@ from gpuheal.triggers.start import (
     foreign_cluster,
     give_back_borrowed,
     slurm_probe,
-    start_or_join,
+    start_unless_handled,
 )
 
 log = logging.getLogger("gpuheal.webhook")
 
 MAX_BODY_BYTES = 256 * 1024
 REPORTS_AT_ONCE = 16  # reports checked and started at once by one webhook process (Temporal calls in flight)
-Starter = Callable[[HealthReport], Awaitable[str]]
+# Starts or joins the node's incident (its workflow id), or says which incident already handled it.
+Starter = Callable[[HealthReport], Awaitable[str | AlreadyHandled]]
 Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
 
@@ -111,7 +112,10 @@ def make_app(
         try:
             # the same alert, or the same failure while its node is out: starts nothing
             by = await handled(report) if handled is not None else None
-            return by if by is not None else (await start(report), report.describe())
+            if by is not None:
+                return by
+            started = await start(report)
+            return started if isinstance(started, AlreadyHandled) else (started, report.describe())
         except Exception as err:
             # Neither a guess nor the whole payload: the other reports go on, and the 503 below
             # makes Alertmanager send the group again (a started one is joined then).
@@ -194,9 +198,13 @@ def make_app(
 
 
 def temporal_starter(client: Client, settings: Settings) -> Starter:
-    async def start(report: HealthReport) -> str:
-        handle = await start_or_join(client, settings, report)
-        return handle.id
+    """The duplicate check and the start together (start_unless_handled): one Temporal call for a
+    node with no closed incident, as a storm's are."""
+    probe = _in_service_probe(settings)
+
+    async def start(report: HealthReport) -> str | AlreadyHandled:
+        started = await start_unless_handled(client, settings, report, node_in_service=probe)
+        return started if isinstance(started, AlreadyHandled) else started.id
 
     return start
 
@@ -209,13 +217,8 @@ def temporal_give_back(client: Client, settings: Settings) -> GiveBacker:
 
 
 def temporal_handled(client: Client, settings: Settings) -> Handled:
-    """The duplicate check, with this process's duplicate window; where the webhook can reach
-    Slurm, Slurm says whether a node is back in service (else the incidents' records stand)."""
-    try:
-        probe: NodeProbe | None = slurm_probe(build_slurm(settings.slurm))
-    except ValueError as err:  # SettingsError: no slurmrestd address or token
-        log.info("the duplicate check will not ask Slurm whether a node is back in service: %s", err)
-        probe = None
+    """The duplicate check alone, with this process's duplicate window (see _in_service_probe)."""
+    probe = _in_service_probe(settings)
 
     async def handled(report: HealthReport) -> AlreadyHandled | None:
         return await already_handled(client, settings, report, node_in_service=probe)
@@ -223,12 +226,21 @@ def temporal_handled(client: Client, settings: Settings) -> Handled:
     return handled
 
 
+def _in_service_probe(settings: Settings) -> NodeProbe | None:
+    """Where the webhook can reach Slurm, Slurm says whether a node is back in service (else the
+    incidents' records stand)."""
+    try:
+        return slurm_probe(build_slurm(settings.slurm))
+    except ValueError as err:  # SettingsError: no slurmrestd address or token
+        log.info("the duplicate check will not ask Slurm whether a node is back in service: %s", err)
+        return None
+
+
 async def serve(settings: Settings, host: str, port: int, client: Client) -> web.AppRunner:
     app = make_app(
         settings,
         temporal_starter(client, settings),
         give_back=temporal_give_back(client, settings),
-        handled=temporal_handled(client, settings),
     )
     runner = web.AppRunner(app)
     await runner.setup()

@@ -49,12 +49,15 @@ from gpuheal.workflows.coordinator.versions import (
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import ids
     from gpuheal.core import messages as m
-    from gpuheal.core.fleet import containment, coordination, packing, reaping, steering
+    from gpuheal.core.fleet import admitting, containment, coordination, packing, reaping, steering
     from gpuheal.core.fleet import view as fleet_view
     from gpuheal.core.fleet.models import (
+        ADMIT_BATCH_MOST,
         BATCH_MOST,
         Admission,
         Admissions,
+        AdmitBatch,
+        AdmitBatchAnswers,
         AdmitRequest,
         AdmitRequests,
         CapacityDecision,
@@ -234,6 +237,29 @@ class FleetCoordinator:
     @admit_many.validator
     def _validate_admit_many(self, reqs: AdmitRequests) -> None:
         _validate_batch(self._s.cluster, [r.cluster for r in reqs.requests])
+
+    @workflow.update(name=m.FLEET_ADMIT_AND_REQUEST_MANY.name)
+    def admit_and_request_many(self, batch: AdmitBatch) -> AdmitBatchAnswers:
+        """Admissions with their capacity requests, one decision per incident, in one task
+        (gpuheal.core.fleet.admitting). A new update, so no patch: no history without it replays
+        here. Capacity is decided only once the books are rebuilt: meanwhile the admissions are
+        answered at once (never held up as requests are) and those incidents ask as before."""
+        answers, out = admitting.admit_and_request_many(
+            self._s,
+            batch.requests,
+            workflow.now(),
+            decide_capacity=not self._c.rebuilding,
+            counts_left=self._counts(),
+            serve_when_freed=workflow.patched(SERVE_WHEN_FREED),
+            compact=workflow.patched(PACKED),
+            app_faults_apart=workflow.patched(APP_FAULTS_APART),
+        )
+        self._c.apply(out)
+        return AdmitBatchAnswers(answers=tuple(answers))
+
+    @admit_and_request_many.validator
+    def _validate_admit_and_request_many(self, batch: AdmitBatch) -> None:
+        _validate_batch(self._s.cluster, [i.admit.cluster for i in batch.requests], ADMIT_BATCH_MOST)
 
     def _admit(self, req: AdmitRequest) -> Admission:
         answer, out = coordination.admit(
@@ -486,10 +512,10 @@ class FleetCoordinator:
         return self._s.policy
 
 
-def _validate_batch(cluster: str, clusters: list[str]) -> None:
-    """A batch is one worker's, for this cluster, within BATCH_MOST: refused whole otherwise
+def _validate_batch(cluster: str, clusters: list[str], most: int = BATCH_MOST) -> None:
+    """A batch is one worker's, for this cluster, within its most: refused whole otherwise
     (rejected before it reaches the history; the Batcher then sends its requests alone)."""
-    if not 0 < len(clusters) <= BATCH_MOST:
-        raise ValueError(f"a batch holds 1 to {BATCH_MOST} requests, not {len(clusters)}")
+    if not 0 < len(clusters) <= most:
+        raise ValueError(f"a batch holds 1 to {most} requests, not {len(clusters)}")
     if any(c != cluster for c in clusters):
         raise ValueError(f"a batch for coordinator {cluster!r} holds requests of {sorted(set(clusters) - {cluster})}")

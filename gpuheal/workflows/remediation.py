@@ -141,7 +141,7 @@ class GpuRemediationWorkflow:
                 await act_run(act.LOOK_UP_SLURM_NODE, s.ref, summary="look up Slurm node")
                 verdict = policy.triage_all(s.reports)
                 if verdict.action != ActionClass.IGNORE:
-                    await capacity.admit(s, verdict.action, self._s.first_report.describe())
+                    await capacity.admit(s, verdict.action, self._s.first_report.describe(), with_request=True)
                 k8s = s.settings.kubernetes
                 if k8s is not None:
                     req = MapNodeRequest(ref=s.ref, node_label=k8s.node_label)
@@ -155,6 +155,8 @@ class GpuRemediationWorkflow:
                     rec.outcome = render.replaced_earlier(s.earlier)
                     return s.current_action()
                 msg = cause.message if cause is not None else str(err)
+                if capacity.may_hold_from_admission(s):  # granted or in line with it, maybe: given back
+                    await capacity.release(s, attempts=3)
                 raise ApplicationError(f"cannot remediate {self._s.first_report.describe()}: {msg}") from err
             action = s.current_action()
             set_action(s, action)

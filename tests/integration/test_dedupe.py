@@ -4,14 +4,24 @@ webhook with a 600 s duplicate window, alerts as Alertmanager posts them."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import (
+    Client,
+    DescribeWorkflowInput,
+    Interceptor,
+    OutboundInterceptor,
+    WorkflowExecutionDescription,
+)
 
 from gpuheal.core.messages import INCIDENT
 from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.report import HealthReport
 from gpuheal.core.settings import Settings
+from gpuheal.triggers.start import AlreadyHandled, start_unless_handled
 from gpuheal.triggers.webhook import serve
 from gpuheal.workers.main import make_worker
 from infra.sandbox.stack import Sandbox
@@ -54,3 +64,46 @@ async def test_xid_79_a_second_after_an_ignored_xid_63_starts_a_new_incident(
             assert again["started_or_joined"] == [] and (handled["by"], handled["run_id"]) == (incident, first_run)
     finally:
         await runner.cleanup()
+
+
+class Describes(Interceptor):
+    """Counts the workflow describes a client sends: the duplicate check's first call."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        outer = self
+
+        class Counting(OutboundInterceptor):
+            async def describe_workflow(self, input: DescribeWorkflowInput) -> WorkflowExecutionDescription:
+                outer.count += 1
+                return await super().describe_workflow(input)
+
+        return Counting(next)
+
+
+async def test_a_report_is_started_or_joined_in_one_call_unless_the_node_has_a_closed_incident(
+    settings: Settings, client: Client
+) -> None:
+    """start_unless_handled on the real server (no worker: nothing runs): a node's first report
+    starts its incident and a second joins it, neither asking the duplicate check (one call each);
+    once that incident is closed, the next report goes through the duplicate check, and starts a
+    new run (a terminated run swallows nothing)."""
+    describes = Describes()
+    counted = Client(client.service_client, namespace=client.namespace, interceptors=[describes])
+    first = HealthReport(node="gpu01", cluster=settings.cluster, xid=79, gpu=0, observed_at=datetime.now(UTC))
+    started = await start_unless_handled(counted, settings, first)
+    assert not isinstance(started, AlreadyHandled) and describes.count == 0
+    second = first.model_copy(update={"xid": 94, "gpu": 1})
+    joined = await start_unless_handled(counted, settings, second)
+    assert not isinstance(joined, AlreadyHandled) and describes.count == 0
+    run = (await client.get_workflow_handle(started.id).describe()).run_id
+    signals = [e async for e in client.get_workflow_handle(started.id).fetch_history_events()]
+    signalled = [e for e in signals if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+    assert len(signalled) == 2 and joined.first_execution_run_id in (run, None)  # both reports, one run
+    await client.get_workflow_handle(started.id).terminate("test: closed")
+    again = await start_unless_handled(counted, settings, first.model_copy(update={"observed_at": datetime.now(UTC)}))
+    assert not isinstance(again, AlreadyHandled) and describes.count >= 1  # the duplicate check was asked
+    assert (await client.get_workflow_handle(started.id).describe()).run_id != run
+    await client.get_workflow_handle(started.id).terminate("test over")

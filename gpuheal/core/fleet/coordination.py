@@ -19,7 +19,7 @@ from gpuheal.core import ids
 from gpuheal.core.fleet import breaker, budget, reaping, repeats, windows
 from gpuheal.core.fleet.models import (
     Admission,
-    AdmitRequest,
+    Admitting,
     Arrival,
     Breaker,
     CapacityDecision,
@@ -55,7 +55,7 @@ class Effects:
 
 def admit(
     s: FleetState,
-    req: AdmitRequest,
+    req: Admitting,
     now: datetime,
     serve_when_freed: bool = False,
     compact: bool = False,

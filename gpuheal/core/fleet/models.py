@@ -30,19 +30,6 @@ class Placement(Frozen):
     domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
 
 
-class AdmitRequest(Frozen):
-    incident_id: str
-    run_id: str = ""  # one incident of the node (its workflow id is the node's, run after run)
-    cluster: str
-    placement: Placement
-    action: ActionClass
-    what: str  # the failure, for the breaker's and the escalation's notices
-    gpu_uuids: tuple[str, ...] = ()
-    gpu_serials: tuple[str, ...] = ()
-    seed: FleetPolicy  # the worker's configured policy: the coordinator's first, if it is new
-    application_fault: bool = False  # policy.is_application_fault: counted towards no hardware verdict
-
-
 class SentWhereSet(Frozen):
     """A message whose newer fields (`WHERE_SET`) are sent only where they differ from their
     defaults: a worker of the release before forbids fields it does not know, and reads what it
@@ -59,6 +46,38 @@ class SentWhereSet(Frozen):
                 if getattr(self, name) == fields[name].default:
                     data.pop(name, None)
         return data
+
+
+class Admitting(Frozen):
+    """What the coordinator reads of an incident introducing itself (coordination.admit)."""
+
+    incident_id: str
+    run_id: str = ""  # one incident of the node (its workflow id is the node's, run after run)
+    cluster: str
+    placement: Placement
+    action: ActionClass
+    what: str  # the failure, for the breaker's and the escalation's notices
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_serials: tuple[str, ...] = ()
+    application_fault: bool = False  # policy.is_application_fault: counted towards no hardware verdict
+
+
+class AdmitRequest(Admitting):
+    """The `admit` and `admit_many` updates' request (every release so far)."""
+
+    seed: FleetPolicy  # never read: the seed comes with the start (CoordinatorInput); kept for their models
+
+
+class AdmitItem(SentWhereSet):
+    """One incident in `admit_and_request_many` (issue 36): its admission and, where its action
+    takes capacity, its capacity request, decided in one update. No seed, and its policy is
+    answered only when it is not the one the worker already holds (`known_policy`)."""
+
+    admit: Admitting
+    ask_capacity: bool = False  # decide its capacity request too (if the admitted action takes any)
+    contain_if_held: bool = False  # as CapacityRequest.contain_if_held (the policy decides if it drains)
+    known_policy: str = ""  # policy.policy_key of the policy this worker holds: not sent back
+    WHERE_SET = ("ask_capacity", "contain_if_held", "known_policy")
 
 
 class Admission(Frozen):
@@ -85,13 +104,11 @@ class AdmitAsk(SentWhereSet):
     # A rejected spare (ids.rejected_spare_run): it counts for the breaker and its node's repeats,
     # never towards a domain's escalation (bad spares of one batch are not a failing rack).
     no_domains: bool = False
-    WHERE_SET = ("no_domains",)
-
-
-class AdmitAnswer(Frozen):
-    admission: Admission
-    settings: RemediationSettings  # the worker's (timeouts, grace, Kubernetes): not the policy
-    placement: Placement
+    # Its capacity request too, if its admitted action takes capacity (the coordinator decides it
+    # in the same update, unless it is still rebuilding: then the incident asks as before).
+    ask_capacity: bool = False
+    contain_if_held: bool = False  # as CapacityRequest's
+    WHERE_SET = ("no_domains", "ask_capacity", "contain_if_held")
 
 
 class CapacityRequest(SentWhereSet):
@@ -113,6 +130,12 @@ class CapacityRequest(SentWhereSet):
 # a batch of 20 beside 950 held took 0.04 s (coordination.request_many serves the line once, and
 # only when something was freed), so well inside the SDK's 2 s deadlock bound even on a starved CPU.
 BATCH_MOST = 20
+# admit_and_request_many's batches: compact (no seed, no policy repeated), so a storm's line goes
+# in tens of updates, not hundreds. 200 new incidents beside 950 held decided in 280 ms of one
+# workflow task, measured on these 2 cores while a storm benchmark ran; the SDK's deadlock bound
+# (2 s) is for the whole task, which may bring one batch from each worker: 100 leaves room for
+# several. A storm's batches are far smaller (bench/results/storm.md).
+ADMIT_BATCH_MOST = 100
 
 
 class AdmitRequests(Frozen):
@@ -187,6 +210,37 @@ class CapacityRequests(Frozen):
 
 class CapacityDecisions(Frozen):
     answers: tuple[CapacityDecision, ...]  # in the requests' order
+
+
+class Admitted(SentWhereSet):
+    """One answer of `admit_and_request_many`: an Admission, its policy left out when the worker
+    holds it (AdmitItem.known_policy), and the capacity decision when it was asked and made."""
+
+    policy: VersionedPolicy | None = None  # None: the one the item named as known
+    repeat_offender: str | None = None
+    domain_incident: str | None = None
+    breaker: str | None = None
+    decision: CapacityDecision | None = None
+    WHERE_SET = ("policy", "repeat_offender", "domain_incident", "breaker", "decision")
+
+
+class AdmitBatch(Frozen):
+    """Admissions (with their capacity requests) one worker sends together."""
+
+    requests: tuple[AdmitItem, ...]
+
+
+class AdmitBatchAnswers(Frozen):
+    answers: tuple[Admitted, ...]  # in the requests' order
+
+
+class AdmitAnswer(SentWhereSet):
+    admission: Admission
+    settings: RemediationSettings  # the worker's (timeouts, grace, Kubernetes): not the policy
+    placement: Placement
+    # Its capacity request, decided with its admission (AdmitAsk.ask_capacity), when it was.
+    decision: CapacityDecision | None = None
+    WHERE_SET = ("decision",)
 
 
 class Grant(Frozen):

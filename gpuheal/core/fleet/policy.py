@@ -189,3 +189,9 @@ class VersionedPolicy(Frozen):
     changed_by: str
     reason: str
     at: datetime
+
+
+def policy_key(p: VersionedPolicy) -> str:
+    """Names one version of a coordinator's policy: its number and when it was set (a coordinator
+    recreated from nothing counts its versions from 1 again, at another moment)."""
+    return f"{p.version}@{p.at.isoformat()}"

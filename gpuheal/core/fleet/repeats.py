@@ -118,11 +118,20 @@ def count(s: FleetState, key: str, now: datetime, window_s: float) -> int:
     oldest = now.timestamp() - window_s
     earlier = sum(1 for t, _ in s.past.get(key, ()) if t >= oldest)  # an entry per run (_keep)
     recent = {
-        (a.incident_id, a.run_id)
-        for a in s.arrivals
-        if (now - a.at).total_seconds() <= window_s and key in keys(a.node, a.gpu_uuids, a.gpu_serials)
+        (a.incident_id, a.run_id) for a in s.arrivals if counts_for(a, key) and (now - a.at).total_seconds() <= window_s
     }
     return earlier + len(recent)  # (an arrival is whole or in the books, never both)
+
+
+def counts_for(a: Arrival, key: str) -> bool:
+    """`key in keys(a.node, a.gpu_uuids, a.gpu_serials)`, without building them: a storm's
+    admission asks it of every recent arrival (a thousand), so its cost is the batch's."""
+    kind, _, value = key.partition(":")
+    if kind == "node":
+        return a.node == value
+    if kind == "serial":
+        return value in a.gpu_serials
+    return kind == "uuid" and any(uuid_key(u) == value for u in a.gpu_uuids)
 
 
 def repeat_offender(

@@ -43,6 +43,11 @@ ESCALATION_ASKS = "an-escalation-to-a-drain-asks-for-capacity"
 # it now is: the coordinator counted no arrival for the application fault (APP_FAULTS_APART), and
 # the breaker, the escalation and the repeat-offender rule must see the hardware failure.
 ESCALATION_ADMITS = "an-escalation-to-hardware-is-admitted-again"
+# Incidents started before it were admitted, then asked for capacity in an update of its own: two
+# of the coordinator's updates per incident. From it, the admission at triage asks for both, and
+# the first request takes the answer that came with the admission (one decision per incident,
+# gpuheal.core.fleet.admitting); a coordinator without it answers the admission alone (none came).
+ADMIT_WITH_REQUEST = "the-admission-asks-for-capacity-too"
 # Incidents started before it failed (no named ending; dedupe then took the run for one that
 # handled nothing) when the coordinator did not answer a request, a confirmation or the release
 # at the close after their attempts; they keep failing so (workflow.patched) to replay. Asked only
@@ -68,7 +73,15 @@ STILL_OUT = frozenset(
 )
 
 
-async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool = False) -> None:
+async def admit(
+    s: IncidentState, action: ActionClass, what: str, hardware: bool = False, with_request: bool = False
+) -> None:
+    """Admitted by the cluster's coordinator; `with_request` (at triage, from ADMIT_WITH_REQUEST
+    on): its capacity request decided in the same update, kept for its first request."""
+    asks = with_request and workflow.patched(ADMIT_WITH_REQUEST)
+    if asks:
+        _forget_earlier_notices(s)  # (asked now: a notice from here on answers it)
+        s.capacity_asked = True
     ask = AdmitAsk(
         incident_id=s.ref.incident_id,
         run_id=workflow.info().first_execution_run_id,
@@ -79,6 +92,8 @@ async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool
         gpu_uuids=tuple(r.gpu_uuid for r in s.reports if r.gpu_uuid),
         gpu_serials=tuple(dict.fromkeys(r.gpu_serial for r in s.reports if r.gpu_serial)),
         application_fault=not hardware and policy.is_application_fault(s.reports),
+        ask_capacity=asks,
+        contain_if_held=asks and s.drain is None,
     )
     # The storm's calls (admission, grants) wait in the worker's line without heartbeats: a
     # thousand heartbeating waits cost the server a write each per 48 s, and on starved cores
@@ -91,6 +106,7 @@ async def admit(s: IncidentState, action: ActionClass, what: str, hardware: bool
     s.policy = answer.admission.policy
     s.repeat = answer.admission.repeat_offender
     s.admitted_as_application_fault = ask.application_fault
+    s.admitted_decision = answer.decision if asks else None
 
 
 async def count_rejected(s: IncidentState, new: str, detail: str) -> None:
@@ -145,6 +161,9 @@ async def request(s: IncidentState, contain: bool = True) -> CapacityDecision | 
     with the policy's containment (`contain`: it would wait in line), the answer says whether its
     node may be contained too (contained_while_held)."""
     await admit_again_if_hardware(s)
+    if (early := s.admitted_decision) is not None:  # decided with its admission (ADMIT_WITH_REQUEST)
+        s.admitted_decision = None
+        return early
     _forget_earlier_notices(s)
     drains = s.cluster_policy.containment_while_held == "drain" and s.drain is None
     try:
@@ -284,9 +303,16 @@ async def _retry_replacement(
     return None
 
 
-async def release(s: IncidentState) -> None:
-    """The node is back (or gone for good): the budget frees, whatever the outcome."""
-    if s.policy is None or s.observing:
+def may_hold_from_admission(s: IncidentState) -> bool:
+    """Its admission asked for capacity and was answered with a decision, or not answered at all
+    (the coordinator may have decided it): a triage that fails now gives it back."""
+    return s.capacity_asked and (s.policy is None or s.admitted_decision is not None)
+
+
+async def release(s: IncidentState, attempts: int | None = None) -> None:
+    """The node is back (or gone for good): the budget frees, whatever the outcome; also after a
+    failed triage that may hold something from its admission (may_hold_from_admission)."""
+    if (s.policy is None and not s.capacity_asked) or s.observing:
         return
     # Its run's holdings only (an activity's input is not part of replay: no patch needed).
     run_id = workflow.info().first_execution_run_id
@@ -299,7 +325,9 @@ async def release(s: IncidentState) -> None:
         placement=s.placement,  # a coordinator whose books lost this run still counts its node left
     )
     try:
-        await ask_coordinator(act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster")
+        await ask_coordinator(
+            act.RELEASE_CAPACITY, req, summary="give the capacity back to the cluster", attempts=attempts
+        )
     except ActivityError as err:  # the incident has its result: an unanswered release never fails it
         if not workflow.patched(UNANSWERED_IS_AN_ENDING):
             raise  # how incidents started before the fix ended (their histories replay so)

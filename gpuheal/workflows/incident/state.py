@@ -13,7 +13,7 @@ from gpuheal.workflows.incident.ledger import JobLedger
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.core import policy, render
-    from gpuheal.core.fleet.models import GrantNotice, Placement
+    from gpuheal.core.fleet.models import CapacityDecision, GrantNotice, Placement
     from gpuheal.core.fleet.policy import FleetPolicy, VersionedPolicy
     from gpuheal.core.models.base import ActionClass, NodeAt, Stage
     from gpuheal.core.models.incident import Decision, RecordedDecision, RemediationSettings
@@ -49,6 +49,10 @@ class IncidentState:
     placement: Placement | None = None
     repeat: str | None = None
     admitted_as_application_fault: bool = False  # what its last admission told the coordinator
+    # Its capacity request, decided with its admission (capacity.ADMIT_WITH_REQUEST): the answer
+    # its first request takes instead of asking again.
+    admitted_decision: CapacityDecision | None = None
+    capacity_asked: bool = False  # its admission asked for capacity (the worker may not have passed it on)
     burn_in: str | None = None  # an application fault one too many for its GPU: why (ladder.py)
     burn_in_verdict: Literal["passed", "failed"] | None = None
     rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
@@ -92,10 +96,7 @@ class IncidentState:
     def current_action(self) -> ActionClass:
         if self.action is not None:
             return self.action
-        action = policy.triage_all(self.reports).action
-        if self.repeat and action in policy.REPLACED_WHEN_REPEATED:
-            return ActionClass.REPLACE_NODE
-        return action
+        return policy.as_admitted(policy.triage_all(self.reports).action, self.repeat)
 
     def reason(self) -> str:
         verdict = policy.triage_all(self.reports)
