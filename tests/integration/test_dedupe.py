@@ -91,7 +91,9 @@ async def test_a_report_is_started_or_joined_in_one_call_unless_the_node_has_a_c
     once that incident is closed, the next report goes through the duplicate check, and starts a
     new run (a terminated run swallows nothing)."""
     describes = Describes()
-    counted = Client(client.service_client, namespace=client.namespace, interceptors=[describes])
+    config = client.config()
+    config["interceptors"] = [*config["interceptors"], describes]  # (its data converter kept: pydantic)
+    counted = Client(**config)
     first = HealthReport(node="gpu01", cluster=settings.cluster, xid=79, gpu=0, observed_at=datetime.now(UTC))
     started = await start_unless_handled(counted, settings, first)
     assert not isinstance(started, AlreadyHandled) and describes.count == 0
