@@ -34,7 +34,6 @@ from gpuheal.triggers.alertmanager import AlertmanagerPayload, GiveBack, to_repo
 from gpuheal.triggers.start import (
     AlreadyHandled,
     NodeProbe,
-    already_handled,
     foreign_cluster,
     give_back_borrowed,
     slurm_probe,
@@ -214,16 +213,6 @@ def temporal_give_back(client: Client, settings: Settings) -> GiveBacker:
         return await give_back_borrowed(client, settings, request.cluster, request.node, "alertmanager", request.reason)
 
     return give_back
-
-
-def temporal_handled(client: Client, settings: Settings) -> Handled:
-    """The duplicate check alone, with this process's duplicate window (see _in_service_probe)."""
-    probe = _in_service_probe(settings)
-
-    async def handled(report: HealthReport) -> AlreadyHandled | None:
-        return await already_handled(client, settings, report, node_in_service=probe)
-
-    return handled
 
 
 def _in_service_probe(settings: Settings) -> NodeProbe | None:
