@@ -113,6 +113,7 @@ class FakeCluster:
         self.notices_down = False
         self.draining = asyncio.Event()
         self.drain_gate: asyncio.Event | None = None
+        self.drain_fails = False  # Slurm refuses the drain (non-retryable)
         self.checkpoint_gate: asyncio.Event | None = None
         self.verify_gate: asyncio.Event | None = None  # holds job recoveries in their verify
         self.app_faults: list[AppFault] = []  # the GPU's earlier application faults, as Temporal has them
@@ -241,6 +242,8 @@ class FakeCluster:
             c.draining.set()
             if c.drain_gate is not None:  # a test holds the drain open (something happens meanwhile)
                 await c.drain_gate.wait()
+            if c.drain_fails:
+                raise ApplicationError(f"slurmctld refused to drain {req.node.node}", non_retryable=True)
             return DrainResult(node=req.node.node, drained_by_us=True, already_drained=False)
 
         @implements(act.REPAIR_NODE)

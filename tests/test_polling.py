@@ -43,3 +43,24 @@ async def test_a_pace_adds_up_its_pauses_and_restarts_fast() -> None:
     before = pace.slept
     await pace.sleep()
     assert FIRST_POLL_S <= pace.slept - before < 0.2  # back to the fast start, not the interval
+
+
+@given(most=st.floats(0.06, 30), fast_for=st.floats(0, 2))
+def test_a_fast_window_asks_at_the_first_pace_then_grows_as_before(most: float, fast_for: float) -> None:
+    seen = list(islice(delays(most, fast_for=fast_for), 200))
+    fast = round(fast_for / FIRST_POLL_S)
+    assert seen[:fast] == [FIRST_POLL_S] * fast  # the window, at the first pace
+    assert seen[fast:] == list(islice(delays(most), 200 - fast))  # then exactly the usual growth
+
+
+def test_a_checkpoint_landing_at_130_ms_is_seen_within_50_ms_not_110() -> None:
+    def seen_at(pauses: list[float], lands: float) -> float:
+        t = 0.0
+        for p in pauses:
+            if t >= lands:
+                return t
+            t += p
+        raise AssertionError("never asked after it landed")
+
+    assert seen_at(list(islice(delays(0.2, fast_for=0.5), 50)), 0.13) - 0.13 <= FIRST_POLL_S
+    assert seen_at(list(islice(delays(0.2), 50)), 0.13) - 0.13 > 0.1  # the pace before

@@ -62,6 +62,10 @@ from gpuheal.core.models.slurm import (
 # it eligible at once waits for PENDING this often at most for REQUEUED_FAST_S, then (a job stuck
 # COMPLETING: a hung node's epilog, in a storm thousands) every REQUEUED_SLOW_POLL_S; this long in all.
 REQUEUED_POLL_S = 0.25
+# A checkpoint on its signal lands within tens to hundreds of milliseconds, and the incident's
+# requeue waits on it: the first half second is asked at polling's first pace (a granted
+# incident's checkpoint wait; the budget bounds how many at once), then backing off as before.
+CHECKPOINT_FAST_S = 0.5
 REQUEUED_FAST_S = 3.0
 REQUEUED_SLOW_POLL_S = 2.0
 REQUEUED_WAIT_S = 30.0
@@ -133,7 +137,7 @@ class JobActivities:
         beyond `unconfirmed_wait_s`."""
         done: dict[int, CheckpointOutcome] = {}
         asks = {a.job_id: a for a in req.asks}
-        pace = polling.Pace(req.poll_interval_s)
+        pace = polling.Pace(req.poll_interval_s, fast_for=CHECKPOINT_FAST_S)
         while True:
             now = time.time()
             pace.asking()

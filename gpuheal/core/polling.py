@@ -21,9 +21,11 @@ def after(delay: float, last_took: float) -> float:
     return max(delay, last_took)
 
 
-def delays(most: float, first: float = FIRST_POLL_S) -> Iterator[float]:
-    """first, first x 1.5, ... up to `most`, then `most` for ever."""
+def delays(most: float, first: float = FIRST_POLL_S, fast_for: float = 0.0) -> Iterator[float]:
+    """first (repeated for `fast_for` seconds), first x 1.5, ... up to `most`, then `most` for ever."""
     d = min(first, most)
+    for _ in range(round(fast_for / d) if d > 0 else 0):
+        yield d
     while True:
         yield d
         d = min(most, d * GROWTH)
@@ -31,16 +33,17 @@ def delays(most: float, first: float = FIRST_POLL_S) -> Iterator[float]:
 
 class Pace:
     """One wait's questions: `asking()` before each, `await sleep()` after; the pause is the
-    next of `delays`, never shorter than the question took (`after`). `restart()` goes back to
-    the fast start; `slept` is the pause so far."""
+    next of `delays`, never shorter than the question took (`after`); a wait whose answer is
+    likely within its first moments asks at the first pace for `fast_for` seconds. `restart()`
+    goes back to the fast start; `slept` is the pause so far."""
 
-    def __init__(self, most: float) -> None:
-        self.most, self.slept = most, 0.0
-        self._delays = delays(most)
+    def __init__(self, most: float, fast_for: float = 0.0) -> None:
+        self.most, self.slept, self._fast_for = most, 0.0, fast_for
+        self._delays = delays(most, fast_for=fast_for)
         self._asked = time.monotonic()
 
     def restart(self) -> None:
-        self._delays = delays(self.most)
+        self._delays = delays(self.most, fast_for=self._fast_for)
 
     def slower(self, most: float) -> None:
         """Pause up to `most` from now on, growing to it (a wait past its likely end asks less)."""

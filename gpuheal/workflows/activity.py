@@ -8,8 +8,10 @@ timeouts apply unless the call says otherwise. The summary shows in the Temporal
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -91,3 +93,17 @@ async def ask_coordinator(activity: Activity[I, O], arg: I, *, summary: str, att
 async def run_waiting(activity: Activity[I, O], arg: I, *, summary: str, deadline_s: float) -> O:
     """An activity that waits up to `deadline_s` itself, heartbeating: timed out only past it."""
     return await run(activity, arg, summary=summary, timeout=past_deadline(deadline_s), heartbeat=WAIT_HEARTBEAT)
+
+
+async def side_by_side(*steps: Coroutine[Any, Any, None]) -> None:
+    """Independent steps at once, their activities in flight together. The first to fail cancels
+    the others, then its error is raised: nothing goes on behind a step that failed, as nothing
+    would have run after it one by one. (Tasks start in the order given: deterministic.)"""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -8,7 +8,7 @@ coordinator's negotiation, the job ledger and borrowing are helpers beside it. `
 stages in order, one method each:
 
   triage (+ admission by the cluster's coordinator) -> [observe] -> [held] -> [drain, approval]
-         -> notify -> protect_progress -> drain -> requeue -> [evict] -> repair_or_replace
+         -> notify | drain | protect_progress (side by side) -> requeue -> [evict] -> repair_or_replace
          [-> borrow, awaiting_capacity, give_back] -> verify_resume -> return_to_service -> close
 
 The coordinator (workflows/fleet.py) admits the incident and grants it capacity before it takes
@@ -29,6 +29,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
+from gpuheal.workflows.activity import side_by_side
 from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, follow_up, holding, jobs, ladder, node
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
@@ -51,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.models.result import RemediationResult, RemediationStatus
     from gpuheal.core.models.slurm import NodeRef
 
+# Incidents before this release told, checkpointed and drained one after another, the drain last.
+EARLY_STEPS_SIDE_BY_SIDE = "notice-drain-and-checkpoint-side-by-side"
 # Stages during which a more severe report still changes what the incident will do.
 ESCALATABLE = frozenset({Stage.HELD, Stage.APPROVAL, Stage.NOTIFY, Stage.PROTECT, Stage.DRAIN, Stage.REQUEUE})
 
@@ -91,8 +94,7 @@ class GpuRemediationWorkflow:
             decision = await self._approval_gate(s.current_action())
             if decision.verdict == "abort":
                 return await self._close_aborted(decision)
-        await self._notify_remediating()
-        await self._protect_progress()
+        await self._early_steps(plan.drain)
         await capacity.admit_again_if_hardware(s)  # a report saying hardware joined an application fault
         await ladder.climb(s)  # an application fault one too many for its GPU: a burn-in
         plan = ladder.plan_for(s)  # a later report may have escalated it
@@ -195,6 +197,19 @@ class GpuRemediationWorkflow:
         await notify(self._s, "aborted", "warning", render.abort_notice(decision))
         self._s.node_at = render.aborted_node_state(self._s.ref.node, self._s.drain)
         return await self._close("aborted", decision.reason)
+
+    async def _early_steps(self, drain: bool) -> None:
+        """The notice, the drain and the checkpoint ask at once: none needs another's answer. A
+        drain leaves running jobs running; it keeps new ones off the failing node while the old
+        ones checkpoint (one landing before it is found by the requeue's second look). A plan
+        that drains only once escalated drains after, as before."""
+        s = self._s
+        if not workflow.patched(EARLY_STEPS_SIDE_BY_SIDE):
+            await self._notify_remediating()
+            await self._protect_progress()
+            return
+        drains = [self._drain(s.reason())] if drain and s.drain is None else []
+        await side_by_side(self._notify_remediating(), *drains, self._protect_progress())
 
     async def _notify_remediating(self) -> None:
         async with in_stage(self._s, Stage.NOTIFY) as rec:

@@ -153,8 +153,9 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
     # The job confirms gpuheal's checkpoint request only once the test opens its gate, after the
-    # apiserver is down: the protect stage (before the drain and the cordon) stays open exactly as
-    # long as that takes, however loaded the machine (a grace of 8 s, then 20 s, was once too short).
+    # apiserver is down: the protect stage (before the requeue and the eviction; the drain and the
+    # cordon go beside it) stays open exactly as long as that takes, however loaded the machine
+    # (a grace of 8 s, then 20 s, was once too short).
     # The worker's settings rule (not the trigger's): a grace long enough never to end first, also
     # for a job whose progress reports lag on a loaded machine (the unconfirmed wait).
     grace = {"checkpoint_grace_s": 300, "checkpoint_unconfirmed_wait_s": 300}
@@ -165,27 +166,38 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
-        await wait_stage(handle, Stage.PROTECT)
+        await wait_done(handle, Stage.CORDON)  # beside the checkpoint wait, which the gate holds open
         await asyncio.to_thread(kube.stop_apiserver)
         try:
             status = await handle.query(GpuRemediationWorkflow.status)
-            assert status.stage == Stage.PROTECT, "the apiserver must be down before the cordon starts"
-            gate.touch()  # the job checkpoints now; the drain follows, then the cordon, which fails
-            await wait_stage(handle, Stage.CORDON)  # the drain is done; the cordon now fails and is retried
+            assert not any(r.stage == Stage.EVICT for r in status.stages), "the apiserver must be down first"
+            gate.touch()  # the job checkpoints now; the requeue follows, then the eviction, which fails
+            await wait_stage(handle, Stage.EVICT)  # the eviction now fails and is retried
             await asyncio.sleep(3)
-            # Read the clock *before* the apiserver starts: the retried cordon may succeed while
+            # Read the clock *before* the apiserver starts: the retried eviction may succeed while
             # start_apiserver() is still waiting for /readyz, so a reading after it could come later
-            # than the cordon (the race this test once lost on a loaded machine).
+            # than the eviction (the race this test once lost on a loaded machine).
             restart_at = datetime.now(UTC)
         finally:
             await asyncio.to_thread(kube.start_apiserver)  # whatever happened: the next tests need it
         result = await asyncio.wait_for(handle.result(), 180)
     assert result.outcome == "resolved"
-    cordon = next(s for s in result.stages if s.stage == Stage.CORDON)
-    assert cordon.ended_at is not None and cordon.ended_at >= restart_at  # the Kubernetes steps waited it out
-    assert await activity_attempts(handle, "cordon_and_taint_node") >= 2  # it failed while the apiserver was down
+    evict = next(s for s in result.stages if s.stage == Stage.EVICT)
+    assert evict.ended_at is not None and evict.ended_at >= restart_at  # the Kubernetes steps waited it out
+    assert await activity_attempts(handle, "evict_pods") >= 2  # it failed while the apiserver was down
     n = node(kube, target)
     assert not n.spec.unschedulable and not any(t.key == TAINT_KEY for t in (n.spec.taints or []))
+
+
+async def wait_done(handle: Any, stage: Stage, timeout: float = 60) -> None:
+    """Until the incident's `stage` has ended (a stage beside others: its Stage is not the last)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await handle.query(GpuRemediationWorkflow.status)
+        if any(r.stage == stage and r.ended_at is not None for r in status.stages):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{stage} never ended")
 
 
 async def test_node_cordoned_by_someone_else_stays_cordoned(
