@@ -27,10 +27,15 @@ async def test_the_node_is_drained_while_its_jobs_checkpoint(env: WorkflowEnviro
     fake.checkpoint_gate = asyncio.Event()
     async with worker(env, s, fake):
         handle = await start_or_join(env.client, s, report(79))
-        await until_true(lambda: "confirm" in fake.calls and "drain" in fake.calls, "the drain beside the checkpoint")
+
+        async def drained_while_checkpointing() -> bool:
+            status = await handle.query(GpuRemediationWorkflow.status)
+            return any(r.stage == Stage.DRAIN and r.ended_at is not None for r in status.stages)
+
+        await until_true(drained_while_checkpointing, "the drain done while the checkpoint is held open")
         status = await handle.query(GpuRemediationWorkflow.status)
-        drained = [r for r in status.stages if r.stage == Stage.DRAIN]
-        assert len(drained) == 1 and drained[0].ended_at is not None  # done, the checkpoint still open
+        protect = [r for r in status.stages if r.stage == Stage.PROTECT]
+        assert len(protect) == 1 and protect[0].ended_at is None  # (the gate holds it)
         assert not any(r.stage == Stage.REQUEUE for r in status.stages)
         fake.checkpoint_gate.set()
         result = await handle.result()
@@ -54,7 +59,7 @@ async def test_a_drain_slurm_refuses_stops_the_checkpoint_wait_beside_it(env: Wo
             await handle.result()
         history = await handle.fetch_history()
     assert "refused to drain" in str(failed.value.cause.cause)  # type: ignore[union-attr]
-    assert not fake.checkpoint_gate.is_set() and not any(c.startswith("requeue") for c in fake.calls)
+    assert "confirm" in fake.calls and not any(c.startswith("requeue") for c in fake.calls)
     waits = [
         e.event_id
         for e in history.events

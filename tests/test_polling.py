@@ -48,9 +48,11 @@ async def test_a_pace_adds_up_its_pauses_and_restarts_fast() -> None:
 @given(most=st.floats(0.06, 30), fast_for=st.floats(0, 2))
 def test_a_fast_window_asks_at_the_first_pace_then_grows_as_before(most: float, fast_for: float) -> None:
     seen = list(islice(delays(most, fast_for=fast_for), 200))
-    fast = round(fast_for / FIRST_POLL_S)
-    assert seen[:fast] == [FIRST_POLL_S] * fast  # the window, at the first pace
-    assert seen[fast:] == list(islice(delays(most), 200 - fast))  # then exactly the usual growth
+    fast = round(fast_for / FIRST_POLL_S) if fast_for >= FIRST_POLL_S else 0
+    assert seen[:fast] == [FIRST_POLL_S] * fast  # the window, at the first pace...
+    assert abs(sum(seen[:fast]) - fast * FIRST_POLL_S) < 1e-9 and sum(seen[:fast]) <= fast_for + FIRST_POLL_S / 2
+    extra = max(fast - 1, 0)  # ...whose last pause is the growth's first
+    assert seen[extra:] == list(islice(delays(most), 200 - extra))  # then exactly the usual growth
 
 
 def test_a_checkpoint_landing_at_130_ms_is_seen_within_50_ms_not_110() -> None:

@@ -22,9 +22,10 @@ def after(delay: float, last_took: float) -> float:
 
 
 def delays(most: float, first: float = FIRST_POLL_S, fast_for: float = 0.0) -> Iterator[float]:
-    """first (repeated for `fast_for` seconds), first x 1.5, ... up to `most`, then `most` for ever."""
+    """first (every pause of the first `fast_for` seconds), first x 1.5, ... up to `most`, then
+    `most` for ever."""
     d = min(first, most)
-    for _ in range(round(fast_for / d) if d > 0 else 0):
+    for _ in range(round(fast_for / d) - 1 if d > 0 and fast_for >= d else 0):
         yield d
     while True:
         yield d

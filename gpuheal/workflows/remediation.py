@@ -208,8 +208,15 @@ class GpuRemediationWorkflow:
             await self._notify_remediating()
             await self._protect_progress()
             return
-        drains = [self._drain(s.reason())] if drain and s.drain is None else []
+        s.escalates_until_planned = True
+        # A NoExecute taint evicts the node's pods at once (slurmd's too, on Slurm on Kubernetes):
+        # that cordon waits for the checkpoints. A drain and a NoSchedule cordon go beside them.
+        k8s = s.settings.kubernetes
+        cordon_after = k8s is not None and k8s.no_execute
+        drains = [self._drain(s.reason(), cordon=not cordon_after)] if drain and s.drain is None else []
         await side_by_side(self._notify_remediating(), *drains, self._protect_progress())
+        if drains and cordon_after:
+            await self._cordon()
 
     async def _notify_remediating(self) -> None:
         async with in_stage(self._s, Stage.NOTIFY) as rec:
@@ -221,12 +228,15 @@ class GpuRemediationWorkflow:
         async with in_stage(self._s, Stage.PROTECT) as rec:
             rec.outcome = await jobs.protect_progress(self._s)
 
-    async def _drain(self, why: str) -> None:
+    async def _drain(self, why: str, cordon: bool = True) -> None:
         """Slurm first (eviction alone tells Slurm nothing), then the Kubernetes cordon."""
-        s = self._s
-        async with in_stage(s, Stage.DRAIN) as rec:
-            rec.outcome = await node.drain_in_slurm(s, why)
-        k8s = s.settings.kubernetes
+        async with in_stage(self._s, Stage.DRAIN) as rec:
+            rec.outcome = await node.drain_in_slurm(self._s, why)
+        if cordon:
+            await self._cordon()
+
+    async def _cordon(self) -> None:
+        s, k8s = self._s, self._s.settings.kubernetes
         if s.kube is not None and k8s is not None and s.cordon is None:
             async with in_stage(s, Stage.CORDON) as rec:
                 rec.outcome = await node.cordon(s, k8s)
@@ -361,7 +371,8 @@ class GpuRemediationWorkflow:
         # After the plan: never swallowed, a follow-up run acts on it (and this run keeps its action).
         follows = follow_up.outgrows(s) and workflow.patched(follow_up.LATE_SEVERE_FOLLOWS)
         # Before that, a more severe report escalates the remediation.
-        if s.action is not None and s.stage in ESCALATABLE and not follows:
+        escalatable = s.stage in ESCALATABLE or (s.escalates_until_planned and not s.planned)
+        if s.action is not None and escalatable and not follows:
             escalated = policy.triage_all(s.reports).action
             if escalated != s.action:
                 set_action(s, escalated)

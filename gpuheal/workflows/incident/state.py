@@ -41,6 +41,10 @@ class IncidentState:
     done: list[str] = field(default_factory=list)
     action: ActionClass | None = None  # set at triage; a later, more severe report escalates it
     planned: bool = False  # the plan was read for the last time: a more severe report follows up
+    # The early steps went side by side (remediation.EARLY_STEPS_SIDE_BY_SIDE): a more severe
+    # report escalates the run in any stage until the plan is set (the cordon beside the
+    # checkpoint wait is the last stage started, and not one ESCALATABLE names).
+    escalates_until_planned: bool = False
 
     # Set when the coordinator admits the incident: the worker's settings, the cluster's policy
     # (recorded in history by the admission's result), where the node sits, a repeat offender.
