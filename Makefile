@@ -21,12 +21,10 @@ demo: $(STAMP)
 	$(PY) -m infra.sandbox.demo --slurm $(SLURM) --backend $(BACKEND) --temporal $(TEMPORAL) \
 	  $(if $(filter 0,$(K8S)),--no-k8s,)
 
+# The sandbox's builds (Kubernetes, the Temporal cluster, the newer Slurm roots) go beside the
+# tests that need none of them; then the rest (infra/test.sh).
 test: $(STAMP) lint
-	bash infra/k8s/build.sh
-	bash infra/temporal/cluster/build.sh
-	bash infra/slurm/roots.sh build 24.11 >/dev/null
-	bash infra/slurm/roots.sh build 26.05 >/dev/null
-	$(VENV)/bin/pytest
+	bash infra/test.sh
 
 # The inner loop: lint, then every test that needs no daemon (unit, property, time-skipping
 # workflow tests), spread over processes: their time is mostly waiting on the test server.

@@ -27,6 +27,12 @@ if [ "${1:-}" = "--print-bin" ]; then echo "$BIN"; exit 0; fi
 
 log() { printf 'k8s-build: %s\n' "$*" >&2; }
 
+# One build at a time per cache (`make test` builds beside its first tests; a second build, by
+# hand or by a fixture, waits for the first, then finds the binaries built).
+mkdir -p "$BIN"
+exec 9>"$CACHE/.lock"
+flock 9
+
 if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
   log "installing Debian packages openssl curl"
   apt-get update -qq
@@ -34,7 +40,6 @@ if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
 fi
 command -v go >/dev/null || { log "Go is required to build the sandbox (https://go.dev/doc/install)"; exit 1; }
 
-mkdir -p "$BIN"
 start=$(date +%s)
 built=0
 # What `kubectl version`, /version and Helm's .Capabilities.KubeVersion report.

@@ -42,6 +42,11 @@ cmd_build() {
   local version=$1 suite root tmp started got
   suite=$(suite_of "$version")
   root="$ROOTS/$suite"
+  mkdir -p "$ROOTS"
+  # One build of a root at a time (`make test` builds beside its first tests; a second build, by
+  # hand or by a fixture, waits for the first, then finds the root built).
+  exec 9>"$ROOTS/.$suite.lock"
+  flock 9
   if [ -f "$root/.gpuheal-stamp" ] && [ "$(cat "$root/.gpuheal-stamp")" = "$STAMP_TEXT" ]; then
     echo "$root"
     return 0
@@ -51,7 +56,6 @@ cmd_build() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
   }
-  mkdir -p "$ROOTS"
   tmp="$root.building.$$"
   rm -rf "$tmp"
   started=$(date +%s)

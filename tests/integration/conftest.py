@@ -45,10 +45,27 @@ SLURM_IDS = [f"{backend}-{version}" for backend, version in SLURM_MATRIX]
 across_slurm = pytest.mark.parametrize("slurm", SLURM_MATRIX, ids=SLURM_IDS, indirect=True)
 
 
+# What needs infra/'s builds (`built`): the Kubernetes sandbox (kube-apiserver, etcd, kwok, and
+# Helm for the chart's tests), the Temporal cluster (the production topology), the newer Slurm
+# releases' roots. `make test` runs the others while it builds (infra/test.sh).
+NEEDS_BUILDS = frozenset({"kube", "prod"})
+BUILT_MODULES = frozenset({"test_helm.py"})
+
+
+def needs_builds(item: pytest.Item) -> bool:
+    if NEEDS_BUILDS & set(getattr(item, "fixturenames", ())) or item.path.name in BUILT_MODULES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    release = callspec.params.get("slurm") if callspec is not None else None
+    return release is not None and release[1] != HOST_SLURM
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in str(item.path):
             item.add_marker(pytest.mark.integration)
+            if needs_builds(item):
+                item.add_marker(pytest.mark.built)
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,10 @@ log() { printf 'temporal-build: %s\n' "$*" >&2; }
 command -v go >/dev/null || { log "Go is required to build the Temporal server (https://go.dev/doc/install)"; exit 1; }
 
 mkdir -p "$BIN"
+# One build at a time per cache (`make test` builds beside its first tests; a second build, by
+# hand or by a fixture, waits for the first, then finds the server built).
+exec 9>"$CACHE/.lock"
+flock 9
 start=$(date +%s)
 built=0
 for target in temporal-server=go.temporal.io/server/cmd/server \

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make test`'s tests. What infra/ builds for the sandbox (the Kubernetes binaries, the Temporal
+# cluster's server, the newer Slurm releases' roots: about 20 minutes on a fresh machine, all
+# CPU) is built beside the tests that need none of it, which mostly wait on daemons: at the
+# lowest priority, so those tests keep the CPU they ask for. Then the tests that need the builds
+# run (marked `built`: tests/integration/conftest.py). Built already: seconds.
+# Arguments go to both pytest runs.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p .run
+log=.run/builds.log
+echo "make test: building the sandbox beside the first tests (progress: $log)"
+setsid nice -n 19 bash -ec '
+  bash infra/k8s/build.sh
+  bash infra/temporal/cluster/build.sh
+  bash infra/slurm/roots.sh build 24.11 >/dev/null
+  bash infra/slurm/roots.sh build 26.05 >/dev/null
+' >"$log" 2>&1 &
+builds=$!
+# Stopped (Ctrl-C, a CI cancel) or failed early: no build goes on behind it.
+trap 'kill -TERM -- "-$builds" 2>/dev/null' EXIT
+trap 'exit 130' INT TERM
+
+outcome() { [ "$1" = 5 ] && echo 0 || echo "$1"; }  # 5: nothing selected (arguments naming one group)
+.venv/bin/pytest -m "not built" "$@"
+first=$(outcome $?)
+case $first in 2 | 3 | 4) exit "$first" ;; esac # interrupted, or pytest itself refused: stop here
+if ! wait "$builds"; then
+  tail -40 "$log" >&2
+  echo "make test: the sandbox's builds failed (all of it: $log)" >&2
+  exit 1
+fi
+cat "$log"
+.venv/bin/pytest -m built "$@"
+second=$(outcome $?)
+exit $((first != 0 ? first : second))
