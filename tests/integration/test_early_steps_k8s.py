@@ -46,6 +46,11 @@ async def stage_records(handle: Any) -> dict[Stage, Any]:
     return {r.stage: r for r in status.stages}
 
 
+async def ended(handle: Any, stage: Stage) -> bool:
+    stages = await stage_records(handle)
+    return stage in stages and stages[stage].ended_at is not None
+
+
 async def test_a_severe_report_after_the_cordon_beside_the_checkpoint_escalates_the_run(
     slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
@@ -57,12 +62,7 @@ async def test_a_severe_report_after_the_cordon_beside_the_checkpoint_escalates_
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))
-
-        async def cordoned() -> bool:
-            stages = await stage_records(handle)
-            return Stage.CORDON in stages and stages[Stage.CORDON].ended_at is not None
-
-        await until(cordoned, "the cordon done beside the checkpoint wait")
+        await until(lambda: ended(handle, Stage.CORDON), "the cordon done beside the checkpoint wait")
         assert (await stage_records(handle))[Stage.PROTECT].ended_at is None
         await start_or_join(client, settings, report(settings, target, 79, gpu=None))
 
@@ -89,12 +89,7 @@ async def test_a_no_execute_cordon_waits_for_the_checkpoint(
     await asyncio.to_thread(kube.add_pod, f"slurmd-{target}", target, labels={"app": "slurmd"})
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))
-
-        async def drained() -> bool:
-            stages = await stage_records(handle)
-            return Stage.DRAIN in stages and stages[Stage.DRAIN].ended_at is not None
-
-        await until(drained, "the Slurm drain beside the checkpoint wait")
+        await until(lambda: ended(handle, Stage.DRAIN), "the Slurm drain beside the checkpoint wait")
         await asyncio.sleep(3)  # time enough for a cordon beside it to have come
         assert Stage.CORDON not in await stage_records(handle)
         core: Any = kube.core()
@@ -105,7 +100,8 @@ async def test_a_no_execute_cordon_waits_for_the_checkpoint(
         result = await asyncio.wait_for(handle.result(), 180)
     assert result.outcome == "resolved", result.reason
     stages = {r.stage: r for r in result.stages}
-    assert stages[Stage.CORDON].started_at >= stages[Stage.PROTECT].ended_at
+    checkpointed = stages[Stage.PROTECT].ended_at
+    assert checkpointed is not None and stages[Stage.CORDON].started_at >= checkpointed
     # What it waited for: the taint manager removes the pod by itself once the taint is on.
     names = [
         p.metadata.name for p in core.list_namespaced_pod("default").items if p.metadata.deletion_timestamp is None
