@@ -23,14 +23,12 @@ coordinator that does not answer is one too (`not_granted`, workflows/incident/h
 
 from __future__ import annotations
 
-from functools import partial
-
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from gpuheal.workflows.activity import run as act_run
 from gpuheal.workflows.activity import side_by_side
-from gpuheal.workflows.incident import approval, borrowing, capacity, evidence, follow_up, holding, jobs, ladder, node
+from gpuheal.workflows.incident import approval, capacity, evidence, follow_up, holding, jobs, ladder, node, replacing
 from gpuheal.workflows.incident.ledger import not_back
 from gpuheal.workflows.incident.result import result_for
 from gpuheal.workflows.incident.state import IncidentState
@@ -112,7 +110,7 @@ class GpuRemediationWorkflow:
         if plan.repair is not None:
             if (ended := await self._go(capacity.confirm)) is not None:
                 return ended
-            if not await self._repair_or_replace(plan.repair):
+            if not await replacing.repair_or_replace(s, plan.repair):
                 s.node_at = render.no_capacity_state(s.ref.node, s.jobs.accounts(s.ref.incident_id))
                 if s.unvalidated is not None:  # a spare came, but its burn-in said nothing
                     assert s.replacement is not None
@@ -261,61 +259,6 @@ class GpuRemediationWorkflow:
             return None
         s.node_at = render.blocked_node_state(evicted.blocked)
         return decision
-
-    async def _repair_or_replace(self, repair: ActionClass) -> bool:
-        """False: no replacement (that passed its validation) came within the capacity bound."""
-        s = self._s
-        async with in_stage(s, Stage.REPAIR) as rec:
-            if repair != ActionClass.REPLACE_NODE:
-                repair, rec.outcome = await node.repair(s, repair)
-            if repair == ActionClass.REPLACE_NODE:
-                s.replacement = await node.replace(s)
-                new = s.replacement.new_node
-                rec.outcome = render.replaced(new, s.ref.node) if new else s.replacement.no_capacity
-        await self._validate_new_node()
-        got, first = True, True
-        while s.replacement is not None and s.replacement.new_node is None:
-            # No spare, or the new node's GPUs failed (it is drained, rejected): wait for another.
-            if len(s.rejected) >= node.MAX_REJECTED or s.unvalidated is not None:
-                got = False
-                break
-            if first and s.settings.borrow is not None and s.kube is not None:
-                await self._borrow()  # a bridge until the replacement comes
-            first = False
-            if not await capacity.await_capacity(s, partial(node.replace, s)):
-                got = False
-                break
-            await self._validate_new_node()
-        if s.borrowed is not None:
-            await self._give_back()  # its jobs move to the new node (validated), or wait in line
-        if not got:
-            return False
-        if s.capacity_back_at is None:
-            s.capacity_back_at = workflow.now()
-        return True
-
-    async def _validate_new_node(self) -> None:
-        """Where validation is on, a replacement takes jobs only once its GPUs passed; one that
-        failed leaves the replacement "no capacity" again (its reason says why)."""
-        s = self._s
-        if node.new_node_to_validate(s) is None:
-            return
-        async with in_stage(s, Stage.VALIDATE) as rec:
-            passed = await node.validate_new_node(s)
-            assert s.replacement is not None
-            rec.outcome = s.new_node_verdict.detail if passed and s.new_node_verdict else s.replacement.no_capacity
-
-    async def _borrow(self) -> None:
-        """No spare: take a node from the inference pool (never below its minimum) into Slurm."""
-        s = self._s
-        async with in_stage(s, Stage.BORROW) as rec:
-            rec.outcome = await borrowing.borrow(s)
-            if s.borrowed is not None:
-                await notify(s, "borrowed", "warning", rec.outcome)
-
-    async def _give_back(self) -> None:
-        async with in_stage(self._s, Stage.GIVE_BACK) as rec:
-            rec.outcome = await borrowing.give_back(self._s, partial(jobs.hand_over_from, self._s))
 
     async def _verify_resume(self) -> None:
         async with in_stage(self._s, Stage.VERIFY) as rec:

@@ -12,6 +12,8 @@ through activities.
   jobs.py       the node's jobs: checkpoint, hand to their recoveries, collect the answers
   ledger.py     every job on the node and what became of it (pure bookkeeping)
   node.py       the node: drain and cordon, evict, repair or replace, back in service
+  replacing.py  the repair_or_replace stage: a repair or a new node (validated), and a borrowed
+                node as a bridge while none comes
   borrowing.py  a node borrowed from inference while no spare comes, and its give-back
   result.py     the result at the close
 """
