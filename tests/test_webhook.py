@@ -138,14 +138,18 @@ async def test_a_payloads_nodes_start_together_each_nodes_reports_in_order() -> 
 
 
 async def test_an_alert_already_handled_names_its_incident_and_starts_nothing() -> None:
-    started: list[HealthReport] = []
+    asked: list[HealthReport] = []
 
-    async def handled(report: HealthReport) -> AlreadyHandled:
+    async def start(report: HealthReport) -> str | AlreadyHandled:
+        """As start_unless_handled answers a report an incident already handled: nothing started."""
+        asked.append(report)
         return AlreadyHandled(
             incident_id=ids.incident_id(report.cluster, "gpu01"), run_id="r1", kind="same_alert", why="the same alert"
         )
 
-    client = await client_for(started, handled=handled)
+    app = make_app(Settings(webhook_token=SecretStr(TOKEN), cluster="c1"), start)
+    client = TestClient(TestServer(app))
+    await client.start_server()
     try:
         resp = await client.post("/alertmanager", json=body(), headers=AUTH)
         assert resp.status == 200
@@ -155,7 +159,7 @@ async def test_an_alert_already_handled_names_its_incident_and_starts_nothing() 
     (skipped,) = answer["already_handled"]
     assert (skipped["by"], skipped["run_id"]) == ("gpuheal-c1-gpu01", "r1")
     assert skipped["why"] == "gpuheal-c1-gpu01 (the same alert)" and "gpu01" in skipped["report"]
-    assert answer["started_or_joined"] == [] and started == []
+    assert answer["started_or_joined"] == [] and [r.node for r in asked] == ["gpu01"]  # asked once, one Temporal call
 
 
 async def test_a_give_back_alert_asks_the_borrowing_incident_and_starts_nothing() -> None:

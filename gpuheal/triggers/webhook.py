@@ -46,7 +46,6 @@ MAX_BODY_BYTES = 256 * 1024
 REPORTS_AT_ONCE = 16  # reports checked and started at once by one webhook process (Temporal calls in flight)
 # Starts or joins the node's incident (its workflow id), or says which incident already handled it.
 Starter = Callable[[HealthReport], Awaitable[str | AlreadyHandled]]
-Handled = Callable[[HealthReport], Awaitable[AlreadyHandled | None]]
 GiveBacker = Callable[[GiveBack], Awaitable[str]]  # asks the incident that borrowed the node
 
 
@@ -98,7 +97,6 @@ def make_app(
     start: Starter,
     *,
     give_back: GiveBacker | None = None,
-    handled: Handled | None = None,
 ) -> web.Application:
     if settings.webhook_token is None or not settings.webhook_token.get_secret_value():
         raise ValueError("GPUHEAL_WEBHOOK_TOKEN is not set: the webhook refuses to run unauthenticated")
@@ -109,10 +107,8 @@ def make_app(
 
     async def check_and_start(report: HealthReport) -> Outcome:
         try:
-            # the same alert, or the same failure while its node is out: starts nothing
-            by = await handled(report) if handled is not None else None
-            if by is not None:
-                return by
+            # the same alert, or the same failure while its node is out: the starter starts
+            # nothing and names the incident that handled it (start_unless_handled)
             started = await start(report)
             return started if isinstance(started, AlreadyHandled) else (started, report.describe())
         except Exception as err:
