@@ -215,6 +215,17 @@ async def until(check: Any, what: str, timeout: float = 60) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def stage_ended(handle: Any, stage: Stage, timeout: float = 60) -> None:
+    """Until the incident's `stage` has ended: a stage beside others (the early steps) is not
+    always the last one started, so the incident's Stage does not say it."""
+
+    async def ended() -> bool:
+        status = await handle.query(GpuRemediationWorkflow.status)
+        return any(r.stage == stage and r.ended_at is not None for r in status.stages)
+
+    await until(ended, f"the incident's {stage.value} ended", timeout)
+
+
 def slurmctld_log(sb: Sandbox) -> str:
     return (sb.slurm_dir / "log" / "slurmctld.log").read_text()
 

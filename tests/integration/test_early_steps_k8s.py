@@ -19,7 +19,7 @@ from gpuheal.workers.main import make_worker
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import report, until
+from tests.integration.conftest import report, stage_ended, until
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +46,6 @@ async def stage_records(handle: Any) -> dict[Stage, Any]:
     return {r.stage: r for r in status.stages}
 
 
-async def ended(handle: Any, stage: Stage) -> bool:
-    stages = await stage_records(handle)
-    return stage in stages and stages[stage].ended_at is not None
-
-
 async def test_a_severe_report_after_the_cordon_beside_the_checkpoint_escalates_the_run(
     slurm: Sandbox, kube: KubeSandbox, k8s_settings: Settings, client: Client
 ) -> None:
@@ -62,7 +57,7 @@ async def test_a_severe_report_after_the_cordon_beside_the_checkpoint_escalates_
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))
-        await until(lambda: ended(handle, Stage.CORDON), "the cordon done beside the checkpoint wait")
+        await stage_ended(handle, Stage.CORDON)  # beside the checkpoint wait
         assert (await stage_records(handle))[Stage.PROTECT].ended_at is None
         await start_or_join(client, settings, report(settings, target, 79, gpu=None))
 
@@ -89,7 +84,7 @@ async def test_a_no_execute_cordon_waits_for_the_checkpoint(
     await asyncio.to_thread(kube.add_pod, f"slurmd-{target}", target, labels={"app": "slurmd"})
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))
-        await until(lambda: ended(handle, Stage.DRAIN), "the Slurm drain beside the checkpoint wait")
+        await stage_ended(handle, Stage.DRAIN)  # beside the checkpoint wait
         await asyncio.sleep(3)  # time enough for a cordon beside it to have come
         assert Stage.CORDON not in await stage_records(handle)
         core: Any = kube.core()

@@ -32,7 +32,7 @@ from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from infra.sandbox import K8S, SLURM_SCRIPT
 from infra.sandbox.kube import KubeSandbox
 from infra.sandbox.stack import Sandbox
-from tests.integration.conftest import activity_attempts, nodes_in_service, report
+from tests.integration.conftest import activity_attempts, nodes_in_service, report, stage_ended
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +166,7 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     target = await asyncio.to_thread(slurm.wait_for_step, job, 3)
     async with make_worker(client, settings):
         handle = await start_or_join(client, settings, report(settings, target, 48, gpu=None))  # reset_gpu
-        await wait_done(handle, Stage.CORDON)  # beside the checkpoint wait, which the gate holds open
+        await stage_ended(handle, Stage.CORDON)  # beside the checkpoint wait, which the gate holds open
         await asyncio.to_thread(kube.stop_apiserver)
         try:
             status = await handle.query(GpuRemediationWorkflow.status)
@@ -187,17 +187,6 @@ async def test_apiserver_outage_mid_remediation_is_ridden_out(
     assert await activity_attempts(handle, "evict_pods") >= 2  # it failed while the apiserver was down
     n = node(kube, target)
     assert not n.spec.unschedulable and not any(t.key == TAINT_KEY for t in (n.spec.taints or []))
-
-
-async def wait_done(handle: Any, stage: Stage, timeout: float = 60) -> None:
-    """Until the incident's `stage` has ended (a stage beside others: its Stage is not the last)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = await handle.query(GpuRemediationWorkflow.status)
-        if any(r.stage == stage and r.ended_at is not None for r in status.stages):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{stage} never ended")
 
 
 async def test_node_cordoned_by_someone_else_stays_cordoned(
