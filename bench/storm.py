@@ -22,7 +22,8 @@ chart deploys it) beside the incidents' workers, unless --no-own-coordinator; --
 one storm first with another checkout's workers (the before, one process serving all).
 With --temporal cluster, the Temporal cluster (temporal-server on PostgreSQL, mTLS) instead of the
 dev server; its figures ("Temporal" = the server and PostgreSQL together) size docs/production.md
-(sizing per 1,000 nodes). Writes bench/results/storm.md (storm-cluster.md). Figures, not assertions, but
+(sizing per 1,000 nodes). Writes bench/results/storm.md (storm-cluster.md; storm[-cluster]-N.md for
+--reports N other than 1,000). Figures, not assertions, but
 self-checked: every report started its own incident run in the run's fresh server, and every
 incident has its own grant latency.
 """
@@ -40,7 +41,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.common import check, cpu_s, distinct, peak_rss_mb
 from bench.storm_report import Run, Watched, report
@@ -71,6 +72,8 @@ VIEW_TIMEOUT = timedelta(seconds=5)
 GPUHEAL = str(Path(sys.executable).parent / "gpuheal")
 AFTER_S = 60  # samples (1 s apart) the drained count must hold still before the watch ends
 AFTER_MAX_S = 900  # ... at most this long after every incident is decided
+DECIDE_MAX_S = 900  # every incident granted or held within this long per 1,000 reports (or the run fails)
+ANSWERS_MAX_S = 1800  # ... and every incident's own first answer found in its history within this long
 
 
 def node_names(n: int) -> list[str]:
@@ -271,6 +274,7 @@ async def one_run(
             async with gate:
                 await send(client, settings, node, run)
 
+        limit_s = DECIDE_MAX_S * max(1.0, len(nodes) / 1000)
         t0 = time.monotonic()
         if one_by_one:
             for i, node in enumerate(nodes, 1):
@@ -288,8 +292,8 @@ async def one_run(
             if waited - last >= 5:
                 print(f"  {done}/{len(nodes)} granted or held after {waited:.0f} s", flush=True)
                 last = waited
-            if waited > 900:
-                raise TimeoutError(f"only {done} of {len(nodes)} incidents decided in 900 s")
+            if waited > limit_s:
+                raise TimeoutError(f"only {done} of {len(nodes)} incidents decided in {limit_s:.0f} s")
             await asyncio.sleep(0.2)
         run.all_decided_s = time.monotonic() - t0
         assert s is not None
@@ -318,6 +322,11 @@ async def one_run(
         runs = queries.where(queries.eq(queries.WORKFLOW_ID, coordinator.id))  # each continue-as-new is a run
         run.coordinator_runs = (await client.count_workflows(runs)).count
         async for wf in client.list_workflows(runs):
+            # one chain: every run but the open one continued as new (none terminated, failed or timed out)
+            check(
+                wf.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW),
+                f"{name}: coordinator run {wf.run_id} ended {wf.status}",
+            )
             scheduled: datetime | None = None
             async for e in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
                 run.coordinator_tasks += e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
@@ -349,7 +358,7 @@ async def one_run(
         # incident's own first answer is waited for, and the time it took is the figure.
         while True:
             await asyncio.gather(*(latency(n) for n in nodes if n not in latencies))
-            if len(latencies) == len(nodes) or time.monotonic() - t0 > 1800:
+            if len(latencies) == len(nodes) or time.monotonic() - t0 > ANSWERS_MAX_S * limit_s / DECIDE_MAX_S:
                 break
             print(f"  {len(nodes) - len(latencies)} incident(s) not answered yet (slow to admit): waiting", flush=True)
             await asyncio.sleep(5)
@@ -424,7 +433,11 @@ async def main() -> int:
         help="the before's coordinator in a process of its own too (a before that has GPUHEAL_WORKER_SERVES)",
     )
     args = ap.parse_args()
-    results = RESULTS if args.temporal == "dev" else RESULTS.with_name("storm-cluster.md")
+    # one file per size and server: a 10,000-report run does not overwrite the 1,000-report table
+    stem = ("storm" if args.temporal == "dev" else "storm-cluster") + (
+        "" if args.reports == 1000 else f"-{args.reports}"
+    )
+    results = RESULTS.with_name(f"{stem}.md")
     counts = [int(w) for w in args.workers.split(",")]
     if args.reports < 4:
         ap.error("--reports: at least 4")

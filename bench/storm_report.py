@@ -119,7 +119,7 @@ def table(runs: list[Run]) -> list[str]:
         line("worker peak RSS", (f"{r.worker_mb:.0f} MB" for r in runs), "< 300 MB"),
         line("Temporal server peak RSS", (f"{r.temporal_mb:.0f} MB" for r in runs)),
         line("coordinator history (this run)", (f"{r.history_events} events, {r.history_kb:.0f} KiB" for r in runs)),
-        line("coordinator runs (continue-as-new)", (str(r.coordinator_runs) for r in runs)),
+        line("coordinator runs (continue-as-new; none ended otherwise)", (str(r.coordinator_runs) for r in runs)),
         line(
             "worker processes (coordinator updates each)",
             (
