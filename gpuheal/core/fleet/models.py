@@ -20,20 +20,11 @@ from gpuheal.core.models.incident import RemediationSettings
 RETURN_COMMAND = "gpuheal return {node} --operator NAME --reason TEXT"
 
 
-class Placement(Frozen):
-    """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
-
-    node: NodeName
-    cluster_size: int = Field(ge=1)
-    pool: str = "default"
-    pool_size: int = Field(default=1, ge=1)
-    domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
-
-
 class SentWhereSet(Frozen):
-    """A message whose newer fields (`WHERE_SET`) are sent only where they differ from their
-    defaults: a worker of the release before forbids fields it does not know, and reads what it
-    knows alike."""
+    """A message whose fields in `WHERE_SET` are sent only where they differ from their defaults:
+    newer fields (a worker of the release before forbids fields it does not know, and reads what
+    it knows alike), and fields mostly at their defaults in a storm's thousand admissions (each
+    is history; a reader of any release fills in the same default)."""
 
     WHERE_SET: ClassVar[tuple[str, ...]] = ()
 
@@ -48,7 +39,18 @@ class SentWhereSet(Frozen):
         return data
 
 
-class Admitting(Frozen):
+class Placement(SentWhereSet):
+    """Where a node sits: its pool, its topology domains, and the sizes the shares are of."""
+
+    node: NodeName
+    cluster_size: int = Field(ge=1)
+    pool: str = "default"
+    pool_size: int = Field(default=1, ge=1)
+    domains: dict[str, int] = {}  # domain name ("rack=r1") -> how many nodes it has
+    WHERE_SET = ("pool", "pool_size", "domains")
+
+
+class Admitting(SentWhereSet):
     """What the coordinator reads of an incident introducing itself (coordination.admit)."""
 
     incident_id: str
@@ -60,6 +62,7 @@ class Admitting(Frozen):
     gpu_uuids: tuple[str, ...] = ()
     gpu_serials: tuple[str, ...] = ()
     application_fault: bool = False  # policy.is_application_fault: counted towards no hardware verdict
+    WHERE_SET = ("gpu_uuids", "gpu_serials", "application_fault")
 
 
 class AdmitRequest(Admitting):
@@ -199,7 +202,8 @@ class CapacityDecision(SentWhereSet):
     # decided here; the incident asks the contain update, as before CONTAIN_WITH_REQUEST).
     contained: bool | None = None
     containment: str = ""
-    WHERE_SET = ("contained", "containment")  # read only by an incident that asked
+    # contained: read only by an incident that asked; the rest: mostly at their defaults
+    WHERE_SET = ("contained", "containment", "position", "already")
 
 
 class CapacityRequests(Frozen):
