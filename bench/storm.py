@@ -3,8 +3,9 @@
     python -m bench.storm [--reports 1000] [--budget 5%] [--in-flight 50] [--quiet 20] [--temporal cluster]
                           [--workers 1,2,4] [--no-own-coordinator] [--baseline-src DIR]
 
-A Slurm sandbox with --reports nodes (fleet0001.. are defined in slurm.conf without a slurmd: a
-fleet's size, not its daemons), a fresh Temporal dev server and the worker as its own process.
+A Slurm sandbox with --reports nodes (fleet0001.. are defined in slurm.conf, in one ranged line
+as a real fleet's config is written, without a slurmd: a fleet's size, not its daemons), a
+fresh Temporal dev server and the worker as its own process.
 Each report goes the way `gpuheal report` sends it (already handled? then start or join), at
 most --in-flight at once. Measured: report -> workflow started (the trigger's round trip), the
 coordinator's grant latency (each incident's `request_capacity` activity, scheduled -> completed,

@@ -54,6 +54,7 @@ from gpuheal.core.fleet.models import (
 )
 from gpuheal.core.fleet.policy import BreakerPolicy, BudgetPolicy, FleetPolicy, VersionedPolicy, limit_of
 from gpuheal.core.models.base import ActionClass, Stage
+from tests.test_fleet_index import assert_index_true
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NODES = [f"gpu{i:02d}" for i in range(12)]
@@ -683,6 +684,12 @@ class Coordinator(RuleBasedStateMachine):
         dead = {incident for incident, _ in self.dead}
         assert set(self.s.contained) - dead <= {h.incident_id for h in self.s.queue}
         assert not set(self.s.contained) & set(self.s.grants)
+
+    @invariant()
+    def the_indexes_read_the_books_as_they_are(self) -> None:
+        """The arrivals' and the line's indexes, kept in step across every step (never rebuilt
+        here unless a step changed a list otherwise), answer as the lists themselves do."""
+        assert_index_true(self.s)
 
 
 Coordinator.TestCase.settings = settings(max_examples=500, stateful_step_count=40, deadline=None)

@@ -4,9 +4,11 @@ the fleet, a domain or a node. Pure, no I/O (tests/test_fleet.py).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from gpuheal.core.fleet import index
 from gpuheal.core.fleet.models import Arrival, DomainIncident, FleetState, Placement
 from gpuheal.core.fleet.policy import RepeatPolicy
 from gpuheal.core.fleet.windows import within
@@ -25,11 +27,12 @@ def escalated_domain(state: FleetState, placement: Placement) -> DomainIncident 
 def breaker_trip(state: FleetState, placement: Placement, now: datetime) -> str | None:
     """Why the breaker trips now (after this arrival), or None."""
     p = state.policy.policy.breaker
-    recent = within(state.arrivals, now, p.window_s)
-    if len(recent) > p.max_incidents:
-        return f"{len(recent)} new incidents within {p.window_s:g} s (more than {p.max_incidents})"
+    recent = len(state.arrivals) - index.first_within(state.arrivals, now, p.window_s)
+    if recent > p.max_incidents:
+        return f"{recent} new incidents within {p.window_s:g} s (more than {p.max_incidents})"
+    by_domain = index.arrivals(state).by_domain if placement.domains else {}
     for domain, size in placement.domains.items():
-        nodes = {a.node for a in recent if domain in a.domains}
+        nodes = {a.node for a in index.within_from_the_end(by_domain.get(domain, deque()), now, p.window_s)}
         if size > 1 and len(nodes) / size > p.domain_share:
             return f"{len(nodes)} of {size} nodes of {domain} within {p.window_s:g} s (more than {p.domain_share:.0%})"
     return None
@@ -38,13 +41,14 @@ def breaker_trip(state: FleetState, placement: Placement, now: datetime) -> str 
 def escalation(state: FleetState, placement: Placement, now: datetime) -> tuple[str, list[str]] | None:
     """The domain (and its reporting nodes) that fails as a whole, or None."""
     p = state.policy.policy.escalation
-    recent = within(state.arrivals, now, p.window_s)
+    by_domain = index.arrivals(state).by_domain if placement.domains else {}
     for domain, size in placement.domains.items():
         earlier = state.domain_incidents.get(domain)
         if earlier is not None and not earlier.decided:
             continue  # open: it holds them already
         since = earlier.decided_at if earlier is not None else None  # decided: only what came after
-        nodes = sorted({a.node for a in recent if domain in a.domains and (since is None or a.at > since)})
+        recent = index.within_from_the_end(by_domain.get(domain, deque()), now, p.window_s)
+        nodes = sorted({a.node for a in recent if since is None or a.at > since})
         if len(nodes) >= p.min_nodes and len(nodes) >= p.domain_share * size:
             return domain, nodes
     return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from gpuheal.core.fleet import windows
 from gpuheal.core.fleet.breaker import escalated_domain
 from gpuheal.core.fleet.models import BudgetUse, CapacityRequest, FleetState, Placement
 from gpuheal.core.fleet.policy import Mode, limit_of
@@ -109,7 +110,7 @@ def capacity_decision(state: FleetState, req: CapacityRequest, now: datetime) ->
     if last is not None and (now - last).total_seconds() < cooldown:
         ready = last + timedelta(seconds=cooldown)
         return False, f"{req.placement.node} is cooling down after its last remediation (until {ready:%H:%M:%S})"
-    recent = [t for t in state.remediations if (now - t).total_seconds() < policy.budget.rate_window_s]
+    recent = windows.in_rate_window(state.remediations, now, policy.budget.rate_window_s)
     if len(recent) >= policy.budget.rate:
         return (
             False,

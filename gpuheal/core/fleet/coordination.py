@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpuheal.core import ids
-from gpuheal.core.fleet import breaker, budget, reaping, repeats, windows
+from gpuheal.core.fleet import breaker, budget, index, reaping, repeats, windows
 from gpuheal.core.fleet.models import (
     Admission,
     Admitting,
@@ -84,7 +84,7 @@ def admit(
     if compact:
         new = not repeats.seen(s, req.incident_id, req.run_id, req.placement.node, now)
     else:
-        new = all((a.incident_id, a.run_id) != (req.incident_id, req.run_id) for a in s.arrivals)
+        new = (req.incident_id, req.run_id) not in index.arrivals(s).runs
     if new:
         s.arrivals.append(
             Arrival(
@@ -211,9 +211,11 @@ def _decide(
     out = _forget_earlier_run(s, req, now, counts_left)
     if req.incident_id in s.grants:
         return CapacityDecision(granted=True, reason="granted already", already=True), out, False
-    for i, held in enumerate(s.queue):
-        if held.incident_id == req.incident_id:
-            return CapacityDecision(granted=False, reason=held.reason, position=i + 1, already=True), out, False
+    first = next(index.line(s).places(req.incident_id), None)  # its first run in line
+    if first is not None:
+        place = first[0]
+        answer = CapacityDecision(granted=False, reason=s.queue[place - 1].reason, position=place, already=True)
+        return answer, out, False
     freed = windows.forget_before(s, now)
     budget.note_sizes(s, req.placement)
     granted, why = budget.capacity_decision(s, req, now)
@@ -235,7 +237,8 @@ def _in_line(
     def mine(incident_id: str, run_id: str) -> bool:  # this run's ("" is the same run, as reaping says)
         return incident_id == req.incident_id and not reaping.earlier_run(run_id, req.run_id)
 
-    position = next((i + 1 for i, h in enumerate(s.queue) if mine(h.incident_id, h.run_id)), None)
+    places = index.line(s).places(req.incident_id)  # (its runs in line, not the whole line)
+    position = next((p for p, run_id in places if mine(req.incident_id, run_id)), None)
     if position is None:
         granted = s.grants.get(req.incident_id)
         if granted is None or not mine(granted.incident_id, granted.run_id):  # a later run asked in the batch
@@ -424,7 +427,7 @@ def contain(
         return CapacityDecision(granted=True, reason="contained already", already=True), out
     if req.incident_id in s.grants or req.incident_id in s.contained:
         return CapacityDecision(granted=True, reason="its node is out of service already", already=True), out
-    if all((h.incident_id, h.run_id) != (req.incident_id, req.run_id) for h in s.queue):
+    if (req.incident_id, req.run_id) not in index.line(s).runs:
         return CapacityDecision(granted=False, reason="not contained: it is not in line (dismissed, or done)"), out
     if req.placement.node in s.left:  # drained still by an earlier run: counted once, as that left node
         why = "its node is drained already (left by an earlier run, counted until back)"

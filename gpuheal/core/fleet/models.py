@@ -376,6 +376,19 @@ class FleetState(BaseModel):
     # A rule of the run deciding, not state: never carried, set by each coordinator run from its
     # patch (workflows/fleet.py; runs before it grant by the budget alone, to replay).
     _grants_within_all_out: bool = PrivateAttr(default=True)
+    # Indexes over arrivals and queue (gpuheal.core.fleet.index): derived, never carried, and no
+    # part of what a state is (two states with the same books are equal, indexed or not).
+    _arrival_index: Any = PrivateAttr(default=None)
+    _line_index: Any = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FleetState):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__ and self._rules() == other._rules()
+
+    def _rules(self) -> dict[str, Any]:
+        private = self.__pydantic_private__ or {}
+        return {k: v for k, v in private.items() if k not in ("_arrival_index", "_line_index")}
 
     @property
     def grants_within_all_out(self) -> bool:

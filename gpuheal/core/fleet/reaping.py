@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from gpuheal.core.fleet import budget
+from gpuheal.core.fleet import budget, index
 from gpuheal.core.fleet.models import RETURN_COMMAND, Breaker, FleetState, Grant, Held, Note, OpenIncidents, RunRef
 from gpuheal.core.models.base import Stage
 
@@ -50,7 +50,7 @@ def runs_of(s: FleetState, incident_id: str) -> set[tuple[str, str]]:
     """The runs of one incident that hold something (holders' keys, without building them all:
     a storm's request asks this once)."""
     found = {(g.incident_id, g.run_id) for book in s.books() for g in book.values() if g.incident_id == incident_id}
-    return found | {(h.incident_id, h.run_id) for h in s.queue if h.incident_id == incident_id}
+    return found | {(incident_id, run_id) for _, run_id in index.line(s).places(incident_id)}
 
 
 def drop(s: FleetState, runs: set[tuple[str, str]]) -> list[str]:

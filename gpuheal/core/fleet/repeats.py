@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from gpuheal.core.fleet import index
 from gpuheal.core.fleet.models import Arrival, FleetState
 from gpuheal.core.fleet.policy import FleetPolicy
 
@@ -57,7 +58,7 @@ def keys(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> tup
 def seen(s: FleetState, incident_id: str, run_id: str, node: str, now: datetime) -> bool:
     """Whether this run has arrived within the repeat window already (an admission asked again
     counts once; one older than the window counts anew, as it did when arrivals were kept whole)."""
-    if any((a.incident_id, a.run_id) == (incident_id, run_id) for a in s.arrivals):
+    if (incident_id, run_id) in index.arrivals(s).runs:
         return True
     mine, oldest = run_key(run_id, incident_id), now.timestamp() - s.policy.policy.repeat.window_s
     return any(r == mine and t >= oldest for t, r in s.past.get(f"node:{node}", ()))
@@ -117,9 +118,8 @@ def count(s: FleetState, key: str, now: datetime, window_s: float) -> int:
     """How many incident runs counted for `key` within the window (recent ones and the books)."""
     oldest = now.timestamp() - window_s
     earlier = sum(1 for t, _ in s.past.get(key, ()) if t >= oldest)  # an entry per run (_keep)
-    recent = {
-        (a.incident_id, a.run_id) for a in s.arrivals if counts_for(a, key) and (now - a.at).total_seconds() <= window_s
-    }
+    whole = index.arrivals(s).by_key.get(key, ())  # the arrivals kept whole that count for it
+    recent = {(a.incident_id, a.run_id) for a in whole if (now - a.at).total_seconds() <= window_s}
     return earlier + len(recent)  # (an arrival is whole or in the books, never both)
 
 

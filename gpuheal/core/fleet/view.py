@@ -114,13 +114,14 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
         containing=len(st.containing),
         left=len(st.left),
         held=len(st.held),
-        out_nodes=first(tuple(_line(g, g.override or "") for g in st.out_of_service)),
-        containing_nodes=first(tuple(_line(g) for g in st.containing)),
-        left_nodes=first(tuple(_line(g) for g in st.left)),
-        held_nodes=first(
-            tuple(NodeLine(node=h.node, incident_id=h.incident_id, note=h.reason[:NOTE_CHARS]) for h in st.held)
+        # (each list cut before its lines are drawn: thousands held in a storm, ten shown)
+        out_nodes=tuple(_line(g, g.override or "") for g in first(st.out_of_service)),
+        containing_nodes=tuple(_line(g) for g in first(st.containing)),
+        left_nodes=tuple(_line(g) for g in first(st.left)),
+        held_nodes=tuple(
+            NodeLine(node=h.node, incident_id=h.incident_id, note=h.reason[:NOTE_CHARS]) for h in first(st.held)
         ),
-        domain_incidents=first(tuple(_domain_line(d) for d in st.domain_incidents)),
+        domain_incidents=tuple(_domain_line(d) for d in first(st.domain_incidents)),
         whole=cut is None,
     )
 

@@ -5,15 +5,17 @@ alike, so they cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Sequence
 from datetime import datetime
 
-from gpuheal.core.fleet import repeats
+from gpuheal.core.fleet import index, repeats
 from gpuheal.core.fleet.models import Arrival, FleetState
 
 
-def within(arrivals: Iterable[Arrival], now: datetime, window_s: float) -> list[Arrival]:
-    return [a for a in arrivals if (now - a.at).total_seconds() <= window_s]
+def within(arrivals: Sequence[Arrival], now: datetime, window_s: float) -> list[Arrival]:
+    """The arrivals within the window, of arrivals in the order they came (FleetState.arrivals)."""
+    return list(arrivals[index.first_within(arrivals, now, window_s) :])
 
 
 def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bool:
@@ -26,7 +28,7 @@ def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bo
         repeats.age(state, now)
     else:
         keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
-        state.arrivals = within(state.arrivals, now, keep_s)
+        del state.arrivals[: index.first_within(state.arrivals, now, keep_s)]  # (in place: its index follows)
     freed = time_freed(state, now)
     state.remediations, state.last_release = still_counted(state, now)
     return freed
@@ -35,9 +37,16 @@ def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bo
 def still_counted(state: FleetState, now: datetime) -> tuple[list[datetime], dict[str, datetime]]:
     """The remediations still in the rate's window, and the nodes still cooling down, at `now`."""
     b = state.policy.policy.budget
-    recent = [t for t in state.remediations if (now - t).total_seconds() < b.rate_window_s]
+    recent = in_rate_window(state.remediations, now, b.rate_window_s)
     cooling = {n: t for n, t in state.last_release.items() if (now - t).total_seconds() < b.node_cooldown_s}
     return recent, cooling
+
+
+def in_rate_window(remediations: list[datetime], now: datetime, window_s: float) -> list[datetime]:
+    """The remediations within the rate's window: they are kept in the order they were granted, so
+    the test each answers is false, then true (a storm's hundreds are not each looked at)."""
+    first = bisect.bisect_left(remediations, True, key=lambda t: (now - t).total_seconds() < window_s)
+    return remediations[first:]
 
 
 def time_freed(state: FleetState, now: datetime) -> bool:

@@ -5,7 +5,9 @@ something (gpuheal.core.fleet.reaping decides; here are the activities that look
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from temporalio import workflow
@@ -24,10 +26,12 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.fleet.models import Breaker, DomainIncident, OpenIncidents, RunRef, RunRefs
 
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
-LOOK: dict[str, Any] = {"timeout": timedelta(minutes=3), "attempts": 3}
+LOOK: Mapping[str, Any] = MappingProxyType({"timeout": timedelta(minutes=3), "attempts": 3})
 # The rebuild lists every open incident and asks each its status (thousands in a storm, on a
 # loaded server): a long bound, kept alive by its heartbeat, tried again until it succeeds.
-REBUILD: dict[str, Any] = {"timeout": timedelta(minutes=10), "heartbeat": timedelta(seconds=60), "attempts": 3}
+REBUILD: Mapping[str, Any] = MappingProxyType(
+    {"timeout": timedelta(minutes=10), "heartbeat": timedelta(seconds=60), "attempts": 3}
+)
 REBUILD_AGAIN_S = 30.0  # between rounds of attempts while the rebuild fails
 # How long an update waits for a rebuild that is under way before it is decided behind a tripped
 # breaker (held): waiting updates hold Temporal's ten in-flight slots. Long: in a storm the

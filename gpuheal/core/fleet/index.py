@@ -1,0 +1,147 @@
+"""Indexes over the coordinator's two long lists, the arrivals kept whole and the line, so that a
+decision's cost does not grow with them. A 10,000-node storm keeps every arrival whole for the
+hour (the breaker's and the escalation's windows) and holds thousands in line; each admission
+and request used to read both whole, about 50 ms each at 6,600, and a batch of them passed the
+SDK's 2 s deadlock bound and the workflow task's timeout (bench/results/storm-cluster-10000.md).
+
+Derived, never carried: built from the lists when first asked, then kept in step with what
+changed since. Both lists only grow at the end and lose their oldest from the front; anything
+else (a held incident taken from the middle of the line, a list built anew) is found and the
+index is built again. What an index keeps of an entry never changes while the entry is in its
+list: an arrival is frozen, and a held incident is only ever replaced by a copy with another
+reason (its run and place stay). Each answer is the one the whole list gives
+(tests/test_fleet_index.py). Pure, no I/O."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from gpuheal.core.fleet import repeats
+from gpuheal.core.fleet.models import Arrival, FleetState, Held
+
+T = TypeVar("T")
+
+
+class _Synced(Generic[T]):
+    """A list as it was last seen, entry by entry, with a sequence number each; `sync` brings it
+    in step (the oldest gone from the front, the newest added at the end) or says it must be
+    built again."""
+
+    def __init__(self) -> None:
+        self.seen: deque[T] = deque()
+        self.first_seq = 0  # the sequence number of seen[0]
+
+    def sync(self, items: Sequence[T]) -> bool:
+        """False: the list changed otherwise, build again."""
+        seen = self.seen
+        while seen and (not items or seen[0] is not items[0]):
+            self._drop(seen.popleft())
+            self.first_seq += 1
+        n = len(seen)
+        if n > len(items) or (n and seen[-1] is not items[n - 1]):
+            return False
+        for item in items[n:]:
+            self._add(item, self.first_seq + len(seen))
+            seen.append(item)
+        return True
+
+    def _add(self, item: T, seq: int) -> None:
+        raise NotImplementedError
+
+    def _drop(self, item: T) -> None:
+        raise NotImplementedError
+
+
+class ArrivalIndex(_Synced[Arrival]):
+    """The arrivals kept whole, by incident run, by repeat key (its node, each GPU's serial and
+    UUID: repeats.keys) and by domain, each in the order they came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.by_key: dict[str, deque[Arrival]] = {}
+        self.by_domain: dict[str, deque[Arrival]] = {}
+
+    def _add(self, a: Arrival, seq: int) -> None:
+        self.runs[(a.incident_id, a.run_id)] += 1
+        for key in repeats.keys(a.node, a.gpu_uuids, a.gpu_serials):
+            self.by_key.setdefault(key, deque()).append(a)
+        for domain in dict.fromkeys(a.domains):
+            self.by_domain.setdefault(domain, deque()).append(a)
+
+    def _drop(self, a: Arrival) -> None:
+        run = (a.incident_id, a.run_id)
+        self.runs[run] -= 1
+        if not self.runs[run]:
+            del self.runs[run]
+        named = repeats.keys(a.node, a.gpu_uuids, a.gpu_serials)
+        for book, names in ((self.by_key, named), (self.by_domain, a.domains)):
+            for name in dict.fromkeys(names):
+                entries = book[name]
+                entries.popleft()  # the oldest of all is the oldest under each of its names
+                if not entries:
+                    del book[name]
+
+
+class LineIndex(_Synced[Held]):
+    """The line, by incident: each of its runs in line, with its place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.by_incident: dict[str, deque[tuple[int, str]]] = {}  # incident -> (sequence number, run id)
+
+    def _add(self, h: Held, seq: int) -> None:
+        self.runs[(h.incident_id, h.run_id)] += 1
+        self.by_incident.setdefault(h.incident_id, deque()).append((seq, h.run_id))
+
+    def _drop(self, h: Held) -> None:
+        run = (h.incident_id, h.run_id)
+        self.runs[run] -= 1
+        if not self.runs[run]:
+            del self.runs[run]
+        places = self.by_incident[h.incident_id]
+        places.popleft()
+        if not places:
+            del self.by_incident[h.incident_id]
+
+    def places(self, incident_id: str) -> Iterator[tuple[int, str]]:
+        """Its runs in line, first first: (1-based place, run id)."""
+        for seq, run_id in self.by_incident.get(incident_id, ()):
+            yield seq - self.first_seq + 1, run_id
+
+
+def arrivals(s: FleetState) -> ArrivalIndex:
+    index = s._arrival_index
+    if not isinstance(index, ArrivalIndex) or not index.sync(s.arrivals):
+        index = ArrivalIndex()
+        index.sync(s.arrivals)
+        s._arrival_index = index
+    return index
+
+
+def line(s: FleetState) -> LineIndex:
+    index = s._line_index
+    if not isinstance(index, LineIndex) or not index.sync(s.queue):
+        index = LineIndex()
+        index.sync(s.queue)
+        s._line_index = index
+    return index
+
+
+def first_within(items: Sequence[Arrival], now: datetime, window_s: float) -> int:
+    """Where the arrivals within the window start: they come in time order, so the test each
+    answers (the one windows.within asks) is false, then true."""
+    return bisect.bisect_left(items, True, key=lambda a: (now - a.at).total_seconds() <= window_s)
+
+
+def within_from_the_end(entries: deque[Arrival], now: datetime, window_s: float) -> Iterator[Arrival]:
+    """An index's entries within the window, newest first."""
+    for a in reversed(entries):
+        if (now - a.at).total_seconds() > window_s:
+            return
+        yield a

@@ -1,0 +1,136 @@
+"""The coordinator's indexes (gpuheal.core.fleet.index) answer exactly as the lists they index:
+after any sequence of the changes the coordinator makes to them (an arrival or a held incident
+added, the oldest dropped, one taken from the middle of the line, a held incident's reason
+rewritten, a list built anew), kept in step or built again. And the windows read by bisection
+are the windows the whole list gives."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuheal.core.fleet import index, repeats, windows
+from gpuheal.core.fleet.models import Arrival, FleetState, Held, Placement
+from gpuheal.core.fleet.policy import FleetPolicy, VersionedPolicy
+
+T0 = datetime(2026, 12, 5, tzinfo=UTC)
+NODES = ("n1", "n2", "n3", "n4")
+DOMAINS = ("rack=a", "rack=b")
+
+
+def assert_index_true(s: FleetState) -> None:
+    """Both indexes, as the coordinator reads them now, against the lists read whole."""
+    a = index.arrivals(s)
+    assert a.runs == Counter((x.incident_id, x.run_id) for x in s.arrivals)
+    names = {k for x in s.arrivals for k in repeats.keys(x.node, x.gpu_uuids, x.gpu_serials)}
+    assert set(a.by_key) == names
+    for key in names:
+        assert list(a.by_key[key]) == [x for x in s.arrivals if repeats.counts_for(x, key)], key
+    assert set(a.by_domain) == {d for x in s.arrivals for d in x.domains}
+    for domain, entries in a.by_domain.items():
+        assert list(entries) == [x for x in s.arrivals if domain in x.domains], domain
+    line = index.line(s)
+    assert line.runs == Counter((h.incident_id, h.run_id) for h in s.queue)
+    for incident in {h.incident_id for h in s.queue} | {"nobody"}:
+        whole = [(i + 1, h.run_id) for i, h in enumerate(s.queue) if h.incident_id == incident]
+        assert list(line.places(incident)) == whole, incident
+
+
+def state() -> FleetState:
+    policy = VersionedPolicy(version=1, policy=FleetPolicy(), changed_by="t", reason="t", at=T0)
+    return FleetState(cluster="c", policy=policy)
+
+
+def arrival(n: int, node: str, run: int, gpu: bool, domains: tuple[str, ...]) -> Arrival:
+    return Arrival(
+        at=T0 + timedelta(seconds=n),
+        incident_id=f"i-{node}",
+        run_id=f"r{run}",
+        node=node,
+        domains=domains,
+        gpu_uuids=(f"GPU-{node}-0000-0000",) if gpu else (),
+        gpu_serials=(f"S{node}",) if gpu else (),
+    )
+
+
+def held(node: str, run: int, why: str = "budget") -> Held:
+    p = Placement(node=node, cluster_size=10)
+    return Held(incident_id=f"i-{node}", run_id=f"r{run}", node=node, placement=p, since=T0, reason=why)
+
+
+CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["add", "add", "add", "drop", "take", "take and add", "rewrite", "anew", "clear", "look", "look"]
+        ),
+        st.sampled_from(NODES),
+        st.integers(0, 3),
+        st.booleans(),
+        st.sampled_from([(), DOMAINS[:1], DOMAINS, (DOMAINS[0], DOMAINS[0])]),
+    ),
+    min_size=8,
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(CHANGES)
+def test_the_indexes_follow_every_change_the_coordinator_makes(changes: list) -> None:
+    s = state()
+    clock = 0
+    for what, node, k, gpu, domains in changes:
+        if what == "add":
+            clock += k
+            s.arrivals.append(arrival(clock, node, k, gpu, domains))
+            s.queue.append(held(node, k))
+        elif what == "drop":  # the oldest go (repeats.age, forget_before, a grant from the front)
+            del s.arrivals[: k + 1]
+            del s.queue[: k + 1]
+        elif what.startswith("take") and s.queue:  # from the middle of the line (a grant, a release, a reap)
+            s.queue = [h for i, h in enumerate(s.queue) if i != k % len(s.queue)]
+            if what == "take and add":  # ... and another in line before the next look: as long as before
+                s.queue.append(held(node, k))
+        elif what == "rewrite":  # a held incident's reason rewritten (serve_queue, a domain)
+            s.queue = [h.model_copy(update={"reason": f"why {k}"}) if h.node == node else h for h in s.queue]
+        elif what == "anew":  # a list built anew (carried across continue-as-new)
+            s.arrivals = [Arrival.model_validate(a.model_dump()) for a in s.arrivals]
+            s.queue = list(s.queue)
+        elif what == "clear":
+            s.arrivals.clear()
+            s.queue.clear()
+        elif what == "look":  # the coordinator reads (and syncs) only now and then, not after each change
+            assert_index_true(s)
+    assert_index_true(s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 10_000), max_size=40).map(sorted),
+    st.integers(0, 12_000),
+    st.floats(0, 12_000, allow_nan=False),
+)
+def test_a_window_read_by_bisection_is_the_window_of_the_whole_list(at_s: list[int], now_s: int, window: float) -> None:
+    arrivals = [arrival(n, "n1", i, False, ()) for i, n in enumerate(at_s)]
+    now = T0 + timedelta(seconds=now_s)
+    assert windows.within(arrivals, now, window) == [a for a in arrivals if (now - a.at).total_seconds() <= window]
+    granted = [a.at for a in arrivals]
+    rate = [t for t in granted if (now - t).total_seconds() < window]
+    assert windows.in_rate_window(granted, now, window) == rate
+    indexed = index.ArrivalIndex()
+    indexed.sync(arrivals)
+    entries = indexed.by_key.get("node:n1")
+    newest_first = list(index.within_from_the_end(entries, now, window)) if entries else []
+    assert newest_first == [a for a in reversed(arrivals) if (now - a.at).total_seconds() <= window]
+
+
+def test_equal_books_are_equal_states_indexed_or_not() -> None:
+    a, b = state(), state()
+    a.arrivals.append(arrival(1, "n1", 1, True, DOMAINS))
+    b.arrivals.append(arrival(1, "n1", 1, True, DOMAINS))
+    index.arrivals(a)  # (only a is indexed)
+    assert a == b
+    b.arrivals.append(arrival(2, "n2", 1, False, ()))
+    assert a != b
