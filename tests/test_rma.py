@@ -39,8 +39,7 @@ def arrival(i: int, node: str, serial: str, hours_ago: float) -> Arrival:
 def test_the_count_follows_the_board_not_the_node(
     history: list[tuple[str, str, float]], node: str, serial: str
 ) -> None:
-    # in the order they came, as the coordinator keeps them (FleetState.arrivals)
-    arrivals = sorted((arrival(i, n, s, h) for i, (n, s, h) in enumerate(history)), key=lambda a: a.at)
+    arrivals = [arrival(i, n, s, h) for i, (n, s, h) in enumerate(history)]
     said = repeat_offender(arrivals, node, (), NOW, POLICY, (serial,))
     on_board = sum(1 for _, s, h in history if s == serial and h * 3600 <= POLICY.window_s)
     assert (said is not None) == (on_board >= POLICY.incidents)  # wherever the board was

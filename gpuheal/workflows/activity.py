@@ -23,13 +23,23 @@ with workflow.unsafe.imports_passed_through():
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=30,
-    non_retryable_error_types=list(NON_RETRYABLE),
-)
+RETRY_FIRST_WAIT = timedelta(seconds=1)
+RETRY_LONGEST_WAIT = timedelta(seconds=10)
+RETRY_ATTEMPTS = 30
+
+
+def retry_policy(attempts: int | None = None) -> RetryPolicy:
+    """A policy made for each call: a RetryPolicy can be changed, and this module is shared by
+    every workflow run in a worker (gpuheal.workers.main.SHARED_WORKFLOW_PARTS)."""
+    return RetryPolicy(
+        initial_interval=RETRY_FIRST_WAIT,
+        backoff_coefficient=2.0,
+        maximum_interval=RETRY_LONGEST_WAIT,
+        maximum_attempts=RETRY_ATTEMPTS if attempts is None else attempts,
+        non_retryable_error_types=list(NON_RETRYABLE),
+    )
+
+
 SHORT = timedelta(seconds=30)
 # An incident's calls to its coordinator wait their turn in the worker's share of the updates in
 # flight (GPUHEAL_COORDINATOR_UPDATES): in a storm a grant took p99 52 s (bench/storm.py), so a
@@ -62,14 +72,7 @@ async def run(
     attempts: int | None = None,
     task_queue: str | None = None,
 ) -> O:
-    retry = RETRY
-    if attempts is not None:
-        retry = RetryPolicy(
-            initial_interval=RETRY.initial_interval,
-            maximum_interval=RETRY.maximum_interval,
-            maximum_attempts=attempts,
-            non_retryable_error_types=RETRY.non_retryable_error_types,
-        )
+    retry = retry_policy(attempts)
     result: O = await workflow.execute_activity(
         activity.name,
         arg,

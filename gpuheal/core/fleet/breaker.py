@@ -27,12 +27,12 @@ def escalated_domain(state: FleetState, placement: Placement) -> DomainIncident 
 def breaker_trip(state: FleetState, placement: Placement, now: datetime) -> str | None:
     """Why the breaker trips now (after this arrival), or None."""
     p = state.policy.policy.breaker
-    recent = len(state.arrivals) - index.first_within(state.arrivals, now, p.window_s)
+    recent = index.count_within(state, now, p.window_s)
     if recent > p.max_incidents:
         return f"{recent} new incidents within {p.window_s:g} s (more than {p.max_incidents})"
     by_domain = index.arrivals(state).by_domain if placement.domains else {}
     for domain, size in placement.domains.items():
-        nodes = {a.node for a in index.within_from_the_end(by_domain.get(domain, deque()), now, p.window_s)}
+        nodes = {a.node for a in index.within_from_the_end(state, by_domain.get(domain, deque()), now, p.window_s)}
         if size > 1 and len(nodes) / size > p.domain_share:
             return f"{len(nodes)} of {size} nodes of {domain} within {p.window_s:g} s (more than {p.domain_share:.0%})"
     return None
@@ -47,7 +47,7 @@ def escalation(state: FleetState, placement: Placement, now: datetime) -> tuple[
         if earlier is not None and not earlier.decided:
             continue  # open: it holds them already
         since = earlier.decided_at if earlier is not None else None  # decided: only what came after
-        recent = index.within_from_the_end(by_domain.get(domain, deque()), now, p.window_s)
+        recent = index.within_from_the_end(state, by_domain.get(domain, deque()), now, p.window_s)
         nodes = sorted({a.node for a in recent if since is None or a.at > since})
         if len(nodes) >= p.min_nodes and len(nodes) >= p.domain_share * size:
             return domain, nodes

@@ -143,7 +143,10 @@ def _check_domains(s: FleetState, placement: Placement, now: datetime) -> Effect
     s.domain_incidents[domain] = d
     # Those already in line for this domain are held by the domain incident now.
     why = f"held by domain incident {incident_id}"
-    s.queue = [h.model_copy(update={"reason": why}) if domain in h.placement.domains else h for h in s.queue]
+    s.queue = [
+        h.model_copy(update={"reason": why}) if domain in h.placement.domains and h.reason != why else h
+        for h in s.queue
+    ]
     return Effects(domains=[d])
 
 
@@ -397,7 +400,7 @@ def serve_queue(s: FleetState, now: datetime) -> Effects:
             grant(s, held.incident_id, held.run_id, held.placement, now)
             out.signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
         else:
-            still.append(held.model_copy(update={"reason": why}))
+            still.append(held if held.reason == why else held.model_copy(update={"reason": why}))
     s.queue = still
     return out
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from gpuheal.core.fleet import repeats
+from gpuheal.core.fleet.keys import keys
 from gpuheal.core.fleet.models import Arrival, FleetState, Held
 
 T = TypeVar("T")
@@ -34,20 +34,32 @@ class _Synced(Generic[T]):
     def __init__(self) -> None:
         self.seen: deque[T] = deque()
         self.first_seq = 0  # the sequence number of seen[0]
+        self.items: Sequence[T] = ()  # the list as last synced
+        self.out_of_order = 0  # neighbours in the wrong order (_before): 0, the list is in order
 
     def sync(self, items: Sequence[T]) -> bool:
         """False: the list changed otherwise, build again."""
         seen = self.seen
         while seen and (not items or seen[0] is not items[0]):
-            self._drop(seen.popleft())
+            gone = seen.popleft()
+            self._drop(gone)
+            if seen and self._before(seen[0], gone):
+                self.out_of_order -= 1
             self.first_seq += 1
         n = len(seen)
         if n > len(items) or (n and seen[-1] is not items[n - 1]):
             return False
         for item in items[n:]:
+            if seen and self._before(item, seen[-1]):
+                self.out_of_order += 1
             self._add(item, self.first_seq + len(seen))
             seen.append(item)
+        self.items = items
         return True
+
+    def _before(self, a: T, b: T) -> bool:
+        """Whether a must come before b (never, for a list with no order)."""
+        return False
 
     def _add(self, item: T, seq: int) -> None:
         raise NotImplementedError
@@ -58,7 +70,7 @@ class _Synced(Generic[T]):
 
 class ArrivalIndex(_Synced[Arrival]):
     """The arrivals kept whole, by incident run, by repeat key (its node, each GPU's serial and
-    UUID: repeats.keys) and by domain, each in the order they came."""
+    UUID: gpuheal.core.fleet.keys) and by domain, each in the order they came."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,9 +78,12 @@ class ArrivalIndex(_Synced[Arrival]):
         self.by_key: dict[str, deque[Arrival]] = {}
         self.by_domain: dict[str, deque[Arrival]] = {}
 
+    def _before(self, a: Arrival, b: Arrival) -> bool:
+        return a.at < b.at
+
     def _add(self, a: Arrival, seq: int) -> None:
         self.runs[(a.incident_id, a.run_id)] += 1
-        for key in repeats.keys(a.node, a.gpu_uuids, a.gpu_serials):
+        for key in keys(a.node, a.gpu_uuids, a.gpu_serials):
             self.by_key.setdefault(key, deque()).append(a)
         for domain in dict.fromkeys(a.domains):
             self.by_domain.setdefault(domain, deque()).append(a)
@@ -78,7 +93,7 @@ class ArrivalIndex(_Synced[Arrival]):
         self.runs[run] -= 1
         if not self.runs[run]:
             del self.runs[run]
-        named = repeats.keys(a.node, a.gpu_uuids, a.gpu_serials)
+        named = keys(a.node, a.gpu_uuids, a.gpu_serials)
         for book, names in ((self.by_key, named), (self.by_domain, a.domains)):
             for name in dict.fromkeys(names):
                 entries = book[name]
@@ -110,9 +125,14 @@ class LineIndex(_Synced[Held]):
             del self.by_incident[h.incident_id]
 
     def places(self, incident_id: str) -> Iterator[tuple[int, str]]:
-        """Its runs in line, first first: (1-based place, run id)."""
-        for seq, run_id in self.by_incident.get(incident_id, ()):
-            yield seq - self.first_seq + 1, run_id
+        """Its runs in line, first first: (1-based place, run id). Each place is checked against
+        the line itself; were one wrong (the line changed in a way sync cannot see), the line is
+        read whole instead."""
+        found = [(seq - self.first_seq + 1, run_id) for seq, run_id in self.by_incident.get(incident_id, ())]
+        line = self.items
+        if all((line[p - 1].incident_id, line[p - 1].run_id) == (incident_id, r) for p, r in found):
+            return iter(found)
+        return iter([(i + 1, h.run_id) for i, h in enumerate(line) if h.incident_id == incident_id])
 
 
 def arrivals(s: FleetState) -> ArrivalIndex:
@@ -133,15 +153,33 @@ def line(s: FleetState) -> LineIndex:
     return index
 
 
-def first_within(items: Sequence[Arrival], now: datetime, window_s: float) -> int:
-    """Where the arrivals within the window start: they come in time order, so the test each
-    answers (the one windows.within asks) is false, then true."""
-    return bisect.bisect_left(items, True, key=lambda a: (now - a.at).total_seconds() <= window_s)
+def _within(a: Arrival, now: datetime, window_s: float) -> bool:
+    return (now - a.at).total_seconds() <= window_s
 
 
-def within_from_the_end(entries: deque[Arrival], now: datetime, window_s: float) -> Iterator[Arrival]:
-    """An index's entries within the window, newest first."""
+def count_within(s: FleetState, now: datetime, window_s: float) -> int:
+    """How many arrivals are within the window. In time order (as the coordinator's clock adds
+    them), the test is false, then true: found by bisection. Out of order (a server clock that
+    stepped back), each is asked, as before."""
+    items = s.arrivals
+    if arrivals(s).out_of_order:
+        return sum(1 for a in items if _within(a, now, window_s))
+    return len(items) - bisect.bisect_left(items, True, key=lambda a: _within(a, now, window_s))
+
+
+def drop_outside(s: FleetState, now: datetime, window_s: float) -> None:
+    """Keep only the arrivals within the window (in place while in order: the index follows)."""
+    if arrivals(s).out_of_order:
+        s.arrivals = [a for a in s.arrivals if _within(a, now, window_s)]
+    else:
+        del s.arrivals[: len(s.arrivals) - count_within(s, now, window_s)]
+
+
+def within_from_the_end(s: FleetState, entries: deque[Arrival], now: datetime, window_s: float) -> Iterator[Arrival]:
+    """An index's entries within the window, newest first (all of them asked when out of order)."""
+    ordered = not arrivals(s).out_of_order
     for a in reversed(entries):
-        if (now - a.at).total_seconds() > window_s:
+        if _within(a, now, window_s):
+            yield a
+        elif ordered:
             return
-        yield a

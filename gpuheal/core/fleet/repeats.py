@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from gpuheal.core.fleet import index
+from gpuheal.core.fleet.keys import keys, named, uuid_key
 from gpuheal.core.fleet.models import Arrival, FleetState
 from gpuheal.core.fleet.policy import FleetPolicy
 
 RUN_KEY_CHARS = 12  # of a run id's tail: random in UUIDv4 and v7 alike (v7's head is its time)
-UUID_KEY_CHARS = 12  # hex digits of a GPU UUID: 48 bits, unique across any fleet
 SHED_S = 86400  # what a state too big to carry forgets at a time: the oldest day
 # Arrivals stay whole at least this long, whatever the windows: a breaker or escalation window
 # widened by a policy change still sees the last hour's domains.
@@ -35,24 +35,6 @@ def run_key(run_id: str, incident_id: str = "") -> str:
     """One incident run, compact: its run id's random tail (an earlier release's run without an
     id is its incident's, as the arrivals kept whole counted it)."""
     return run_id.replace("-", "")[-RUN_KEY_CHARS:] if run_id else incident_id
-
-
-def uuid_key(uuid: str) -> str:
-    return uuid.removeprefix("GPU-").replace("-", "")[:UUID_KEY_CHARS]
-
-
-def named(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> list[tuple[str, str]]:
-    """What an arrival counts for, each key once with what a notice calls it: its node, each GPU's
-    serial (a board keeps its record when it moves) and each GPU's UUID (reports of one GPU may
-    name either: the agent both, dcgm-exporter the UUID only)."""
-    found = {f"node:{node}": node}
-    found.update({f"serial:{s}": f"GPU serial {s}" for s in gpu_serials})
-    found.update({f"uuid:{uuid_key(u)}": f"GPU {u}" for u in gpu_uuids})
-    return list(found.items())
-
-
-def keys(node: str, gpu_uuids: Iterable[str], gpu_serials: Iterable[str]) -> tuple[str, ...]:
-    return tuple(key for key, _ in named(node, gpu_uuids, gpu_serials))
 
 
 def seen(s: FleetState, incident_id: str, run_id: str, node: str, now: datetime) -> bool:

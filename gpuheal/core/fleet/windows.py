@@ -6,16 +6,17 @@ alike, so they cannot disagree.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable
 from datetime import datetime
 
 from gpuheal.core.fleet import index, repeats
 from gpuheal.core.fleet.models import Arrival, FleetState
 
 
-def within(arrivals: Sequence[Arrival], now: datetime, window_s: float) -> list[Arrival]:
-    """The arrivals within the window, of arrivals in the order they came (FleetState.arrivals)."""
-    return list(arrivals[index.first_within(arrivals, now, window_s) :])
+def within(arrivals: Iterable[Arrival], now: datetime, window_s: float) -> list[Arrival]:
+    """The arrivals within the window (a list read whole: for a count, index.count_within)."""
+    return [a for a in arrivals if (now - a.at).total_seconds() <= window_s]
 
 
 def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bool:
@@ -28,7 +29,7 @@ def forget_before(state: FleetState, now: datetime, compact: bool = False) -> bo
         repeats.age(state, now)
     else:
         keep_s = max(p.repeat.window_s, p.breaker.window_s, p.escalation.window_s)
-        del state.arrivals[: index.first_within(state.arrivals, now, keep_s)]  # (in place: its index follows)
+        index.drop_outside(state, now, keep_s)
     freed = time_freed(state, now)
     state.remediations, state.last_release = still_counted(state, now)
     return freed
@@ -43,8 +44,11 @@ def still_counted(state: FleetState, now: datetime) -> tuple[list[datetime], dic
 
 
 def in_rate_window(remediations: list[datetime], now: datetime, window_s: float) -> list[datetime]:
-    """The remediations within the rate's window: they are kept in the order they were granted, so
-    the test each answers is false, then true (a storm's hundreds are not each looked at)."""
+    """The remediations within the rate's window. Kept in the order they were granted, the test is
+    false, then true: found by bisection (a storm's hundreds are not each asked). Out of order (a
+    server clock that stepped back), each is asked, as before."""
+    if any(b < a for a, b in itertools.pairwise(remediations)):
+        return [t for t in remediations if (now - t).total_seconds() < window_s]
     first = bisect.bisect_left(remediations, True, key=lambda t: (now - t).total_seconds() < window_s)
     return remediations[first:]
 
