@@ -18,7 +18,7 @@ import bisect
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpuheal.core.fleet.keys import keys
 from gpuheal.core.fleet.models import Arrival, FleetState, Held
@@ -135,21 +135,25 @@ class LineIndex(_Synced[Held]):
         return iter([(i + 1, h.run_id) for i, h in enumerate(line) if h.incident_id == incident_id])
 
 
+I = TypeVar("I", bound=_Synced[Any])  # noqa: E741
+
+
+def _in_step(kept: object, kind: type[I], items: Sequence[Any]) -> I:
+    """The index kept, brought in step with the list, or a new one built from it."""
+    if isinstance(kept, kind) and kept.sync(items):
+        return kept
+    built = kind()
+    built.sync(items)
+    return built
+
+
 def arrivals(s: FleetState) -> ArrivalIndex:
-    index = s._arrival_index
-    if not isinstance(index, ArrivalIndex) or not index.sync(s.arrivals):
-        index = ArrivalIndex()
-        index.sync(s.arrivals)
-        s._arrival_index = index
+    index = s._arrival_index = _in_step(s._arrival_index, ArrivalIndex, s.arrivals)
     return index
 
 
 def line(s: FleetState) -> LineIndex:
-    index = s._line_index
-    if not isinstance(index, LineIndex) or not index.sync(s.queue):
-        index = LineIndex()
-        index.sync(s.queue)
-        s._line_index = index
+    index = s._line_index = _in_step(s._line_index, LineIndex, s.queue)
     return index
 
 
