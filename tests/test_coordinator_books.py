@@ -16,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 from gpuheal.core import ids
 from gpuheal.core import messages as m
 from gpuheal.core.fleet.models import (
+    AdmitRequest,
     CoordinatorInput,
     FleetStatus,
     NodeReturn,
@@ -25,7 +26,7 @@ from gpuheal.core.fleet.models import (
     ReleaseRequest,
 )
 from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy
-from gpuheal.core.models.base import Stage
+from gpuheal.core.models.base import ActionClass, Stage
 from gpuheal.workflows.coordinator.reconcile import VISIBILITY_LAG_S
 from tests.test_coordinator_faults import Receiver, ask, coordinator, env, holder, placement, worker
 
@@ -125,6 +126,61 @@ async def test_a_recreation_tripped_already_does_not_trip_again_over_a_resume(en
         assert not status.breaker.tripped, "a resume undone by a second look"
         assert receiver.delivered.count("coordinator_rebuilt") == 1
         await fresh.terminate("test over")
+
+
+async def test_a_first_coordinator_does_not_take_its_own_closed_run_for_a_recreation(env: WorkflowEnvironment) -> None:
+    """A cluster's first coordinator: its first look finds nothing, so it looks again after
+    VISIBILITY_LAG_S. Meanwhile it admits gpu01's incident, grants it, and the incident ends and
+    gives it back. The second look's listing was taken before that and still shows the run open
+    and granted. That run asked this coordinator, so its books are true for it: nothing trips
+    (before REBUILD_KNOWS_ITS_OWN, the breaker tripped as "coordinator recreated", issue 36's
+    10,000-report storm 85 s in). A run it never saw still trips it."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle = await coordinator(env, queue, POLICY)
+        first, run1 = await holder(env, queue, "gpu01")
+        await m.FLEET_ADMIT.execute(handle, admitting(first.id, run1, "gpu01"))
+        assert (await m.FLEET_REQUEST_CAPACITY.execute(handle, ask(first.id, "gpu01", run1))).granted
+        await m.FLEET_RELEASE_RUN.execute(handle, ReleaseRequest(cluster="c", incident_id=first.id, run_id=run1))
+        stale = OpenIncident(incident_id=first.id, run_id=run1, placement=placement("gpu01"), stage=Stage.REPAIR)
+        receiver.open = OpenIncidents(incidents=(stale,), earlier_run="")  # (there is none)
+        await env.sleep(VISIBILITY_LAG_S + 5)
+        status = await m.FLEET_STATUS.ask(handle)
+        assert not status.breaker.tripped, status.breaker.why
+        assert status.out_of_service == ()
+        assert "coordinator_rebuilt" not in receiver.delivered
+        await handle.terminate("test over")
+
+
+async def test_a_second_look_that_finds_a_run_it_never_saw_still_trips(env: WorkflowEnvironment) -> None:
+    """The same second look, showing gpu03's run granted, which never asked this coordinator: a
+    coordinator lost before this one may have granted it. It is counted, and the breaker trips."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle = await coordinator(env, queue, POLICY)
+        first, run1 = await holder(env, queue, "gpu01")
+        await m.FLEET_ADMIT.execute(handle, admitting(first.id, run1, "gpu01"))
+        unknown = OpenIncident(
+            incident_id="gpuheal-c-gpu03", run_id="r9", placement=placement("gpu03"), stage=Stage.REPAIR
+        )
+        receiver.open = OpenIncidents(incidents=(unknown,), earlier_run="")
+        await env.sleep(VISIBILITY_LAG_S + 5)
+        status = await until(handle, lambda s: s.breaker.tripped)
+        assert "coordinator recreated (its earlier run: not visible yet) with 1 open incidents" in status.breaker.why
+        assert "gpu03" in status.breaker.nodes
+        await handle.terminate("test over")
+
+
+def admitting(incident_id: str, run_id: str, node: str) -> AdmitRequest:
+    return AdmitRequest(
+        incident_id=incident_id,
+        run_id=run_id,
+        cluster="c",
+        placement=placement(node),
+        action=ActionClass.REPLACE_NODE,
+        what="XID 79",
+        seed=POLICY,
+    )
 
 
 async def test_a_rebuild_that_fails_grants_nothing_and_wedges_nothing_until_it_succeeds(

@@ -135,7 +135,7 @@ def _names(items: list[str]) -> str:
     return ", ".join(items[:NOTE_NODES]) + (f" and {more} more" if more > 0 else "")
 
 
-def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
+def rebuild(s: FleetState, found: OpenIncidents, now: datetime, knows_its_own: bool = False) -> list[Note]:
     """A coordinator started afresh: it may be a recreation (its earlier run terminated by hand,
     its namespace restored), and visibility may not show that earlier run closed yet (a new
     admission recreates it within a second). It does not know what the open incidents hold,
@@ -145,8 +145,16 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime) -> list[Note]:
     incident in its order of arrival), counts every other node drained by gpuheal as left, and
     trips its breaker, saying why, until a person has looked and resumes. An incident it knows
     already (one that asked since it started) is left as it is. A coordinator that finds
-    nothing open and no earlier run (the cluster's first) changes nothing."""
+    nothing open and no earlier run (the cluster's first) changes nothing. With `knows_its_own`
+    (coordinators from REBUILD_KNOWS_ITS_OWN on), a run this coordinator admitted is known too,
+    holding or not: a look's snapshot may show one open that it has since granted and released
+    (its books are true for it: the run asked it)."""
     known = {r.incident_id for r in holders(s)}
+    if knows_its_own:
+        own = set(index.arrivals(s).runs)
+        found = found.model_copy(
+            update={"incidents": tuple(o for o in found.incidents if (o.incident_id, o.run_id) not in own)}
+        )
     gave_back = {(g.incident_id, g.run_id) for g in s.left.values()}  # released since: left, not held
     new = [
         o

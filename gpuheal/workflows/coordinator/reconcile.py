@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError
 from gpuheal.workflows.activity import run
 from gpuheal.workflows.coordinator import sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
-from gpuheal.workflows.coordinator.versions import BOOKS, BORROWED_GO_BACK, LOOK_UNTIL_SEEN
+from gpuheal.workflows.coordinator.versions import BOOKS, BORROWED_GO_BACK, LOOK_UNTIL_SEEN, REBUILD_KNOWS_ITS_OWN
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
@@ -77,7 +77,7 @@ async def rebuild(c: CoordinatorState) -> None:
                 told = True
             await workflow.sleep(timedelta(seconds=REBUILD_AGAIN_S), summary="rebuild again")
             continue
-        said = reaping.rebuild(c.fleet, found, workflow.now())
+        said = reaping.rebuild(c.fleet, found, workflow.now(), knows_its_own=workflow.patched(REBUILD_KNOWS_ITS_OWN))
         c.apply(Effects(notes=said))
         if _looks_again(found, tripped=bool(said)):
             c.look_again = asyncio.ensure_future(_look_again(c))
@@ -123,7 +123,8 @@ async def _look_again(c: CoordinatorState) -> None:
         c.undelivered.append(f"second look for an earlier run failed: {err.cause or err}")
         c.view_changed()
         return
-    c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now())))
+    knows = workflow.patched(REBUILD_KNOWS_ITS_OWN)
+    c.apply(Effects(notes=reaping.rebuild(c.fleet, found, workflow.now(), knows_its_own=knows)))
 
 
 async def _rebuild_once(c: CoordinatorState) -> None:

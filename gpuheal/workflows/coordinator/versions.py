@@ -87,6 +87,12 @@ CONTAIN_WITH_REQUEST = "coordinator-decides-containment-with-the-request"
 # queue). From this marker it is written at most every MEMO_EVERY_S, a storm's changes drawn together.
 MEMO_PACED = "coordinator-writes-its-memo-at-most-every-second"
 MEMO_EVERY_S = 1.0
+# Nor did their second look after a rebuild (VISIBILITY_LAG_S) know the incident runs they had
+# admitted themselves since they started: a run granted and closed while the look listed the
+# open incidents (a minute, in a storm) still showed open in its snapshot, holding a node no
+# book knew, and a cluster's first coordinator tripped its breaker as "recreated" (issue 36's
+# 10,000-report run, 85 s in). From this marker a run it admitted is its own, whatever the snapshot says.
+REBUILD_KNOWS_ITS_OWN = "coordinator-rebuild-knows-the-runs-it-admitted"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
