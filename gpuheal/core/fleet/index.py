@@ -2,7 +2,7 @@
 decision's cost does not grow with them. A 10,000-node storm keeps every arrival whole for the
 hour (the breaker's and the escalation's windows) and holds thousands in line; each admission
 and request used to read both whole, about 50 ms each at 6,600, and a batch of them passed the
-SDK's 2 s deadlock bound and the workflow task's timeout (bench/results/storm-cluster-10000.md).
+SDK's 2 s deadlock bound and the workflow task's timeout (bench/results/README.md, Storm).
 
 Derived, never carried: built from the lists when first asked, then kept in step with what
 changed since. Both lists only grow at the end and lose their oldest from the front; anything
@@ -23,25 +23,30 @@ from typing import Any, Generic, TypeVar
 from gpuheal.core.fleet.keys import keys
 from gpuheal.core.fleet.models import Arrival, FleetState, Held
 
-T = TypeVar("T")
+T = TypeVar("T", Arrival, Held)
 
 
 class _Synced(Generic[T]):
-    """A list as it was last seen, entry by entry, with a sequence number each; `sync` brings it
-    in step (the oldest gone from the front, the newest added at the end) or says it must be
-    built again."""
+    """A list as it was last seen, entry by entry, with a sequence number each and a count per
+    incident run (`runs`); `sync` brings it in step (the oldest gone from the front, the newest
+    added at the end) or says it must be built again."""
 
     def __init__(self) -> None:
         self.seen: deque[T] = deque()
         self.first_seq = 0  # the sequence number of seen[0]
         self.items: Sequence[T] = ()  # the list as last synced
         self.out_of_order = 0  # neighbours in the wrong order (_before): 0, the list is in order
+        self.runs: Counter[tuple[str, str]] = Counter()  # (incident, run) -> its entries
 
     def sync(self, items: Sequence[T]) -> bool:
         """False: the list changed otherwise, build again."""
         seen = self.seen
         while seen and (not items or seen[0] is not items[0]):
             gone = seen.popleft()
+            run = (gone.incident_id, gone.run_id)
+            self.runs[run] -= 1
+            if not self.runs[run]:
+                del self.runs[run]
             self._drop(gone)
             if seen and self._before(seen[0], gone):
                 self.out_of_order -= 1
@@ -52,6 +57,7 @@ class _Synced(Generic[T]):
         for item in items[n:]:
             if seen and self._before(item, seen[-1]):
                 self.out_of_order += 1
+            self.runs[(item.incident_id, item.run_id)] += 1
             self._add(item, self.first_seq + len(seen))
             seen.append(item)
         self.items = items
@@ -74,7 +80,6 @@ class ArrivalIndex(_Synced[Arrival]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: Counter[tuple[str, str]] = Counter()
         self.by_key: dict[str, deque[Arrival]] = {}
         self.by_domain: dict[str, deque[Arrival]] = {}
 
@@ -82,17 +87,12 @@ class ArrivalIndex(_Synced[Arrival]):
         return a.at < b.at
 
     def _add(self, a: Arrival, seq: int) -> None:
-        self.runs[(a.incident_id, a.run_id)] += 1
         for key in keys(a.node, a.gpu_uuids, a.gpu_serials):
             self.by_key.setdefault(key, deque()).append(a)
         for domain in dict.fromkeys(a.domains):
             self.by_domain.setdefault(domain, deque()).append(a)
 
     def _drop(self, a: Arrival) -> None:
-        run = (a.incident_id, a.run_id)
-        self.runs[run] -= 1
-        if not self.runs[run]:
-            del self.runs[run]
         named = keys(a.node, a.gpu_uuids, a.gpu_serials)
         for book, names in ((self.by_key, named), (self.by_domain, a.domains)):
             for name in dict.fromkeys(names):
@@ -107,18 +107,12 @@ class LineIndex(_Synced[Held]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: Counter[tuple[str, str]] = Counter()
         self.by_incident: dict[str, deque[tuple[int, str]]] = {}  # incident -> (sequence number, run id)
 
     def _add(self, h: Held, seq: int) -> None:
-        self.runs[(h.incident_id, h.run_id)] += 1
         self.by_incident.setdefault(h.incident_id, deque()).append((seq, h.run_id))
 
     def _drop(self, h: Held) -> None:
-        run = (h.incident_id, h.run_id)
-        self.runs[run] -= 1
-        if not self.runs[run]:
-            del self.runs[run]
         places = self.by_incident[h.incident_id]
         places.popleft()
         if not places:
