@@ -213,6 +213,25 @@ def test_the_view_in_the_memo_cuts_its_lists_but_never_its_counts() -> None:
     assert whole.whole and len(whole.held_nodes) == 35 and whole.budget == st.budget
 
 
+def test_the_status_query_answers_within_grpcs_limit_however_long_the_line() -> None:
+    """A query's answer goes back in a workflow task's completion, which gRPC caps at 4 MB (the
+    server then terminates the workflow): each list is cut to STATUS_MOST, its length kept, and
+    the view drawn from it counts the whole line and says it is not whole."""
+    s = state(budget=BudgetPolicy(cluster="1"))
+    for i in range(25):
+        req = CapacityRequest(
+            cluster="c", incident_id=f"i-{i}", placement=place(f"gpu{i:02d}"), action=ActionClass.REPLACE_NODE
+        )
+        coordination.request(s, req, T0)
+    st = fleet_view.status(s, T0, most=10)
+    assert (len(st.out_of_service), len(st.held), st.totals) == (1, 10, {"held": 24})
+    assert [h.incident_id for h in st.held] == [h.incident_id for h in s.queue[:10]]
+    live = fleet_view.view(st, T0, cut=None)
+    assert (live.held, len(live.held_nodes), live.whole) == (24, 10, False)
+    assert fleet_view.status(s, T0, most=24).totals == {}  # whole: nothing said
+    assert fleet_view.view(fleet_view.status(s, T0, most=24), T0, cut=None).whole
+
+
 @pytest.mark.parametrize("decision", ["release", "dismiss"])
 def test_a_decided_domain_incident_holds_nothing_more_and_the_domain_may_escalate_again(decision: str) -> None:
     s = state(escalation=EscalationPolicy(domain_share=0.5, window_s=300, min_nodes=2))

@@ -24,7 +24,7 @@ from gpuheal.core import search_attributes as sa
 from gpuheal.core.fleet import view as fleet_view
 from gpuheal.core.fleet.models import DomainDecision, OpenDomain, OpenDomains, OperatorAction, Override
 from gpuheal.core.fleet.policy import ModeChange
-from gpuheal.core.fleet.view import FleetView
+from gpuheal.core.fleet.view import STATUS_MOST, FleetView
 from gpuheal.core.messages import (
     DOMAIN_DECIDE,
     FLEET_DOMAINS,
@@ -105,10 +105,11 @@ def render_view(v: FleetView, now: datetime) -> list[str]:
         for r in rows:
             lines.append(f"{label:<11} {r.node:<12} {r.incident_id}" + (f" (override {r.note})" if r.note else tail))
         if count > len(rows):
-            lines.append(f"{label:<11} ... {count - len(rows)} more (--live lists them)")
+            lines.append(f"{label:<11} ... {count - len(rows)} more (--live lists up to {STATUS_MOST:,})")
     lines += [f"held {i:>3}    {h.node:<12} {h.incident_id}: {h.note}" for i, h in enumerate(v.held_nodes, 1)]
     if v.held > len(v.held_nodes):
-        lines.append(f"held        ... {v.held - len(v.held_nodes)} more, {v.held} in all (--live lists them)")
+        more = v.held - len(v.held_nodes)
+        lines.append(f"held        ... {more} more, {v.held} in all (--live lists up to {STATUS_MOST:,})")
     lines += [f"domain      {d.node}: {d.note} -> {d.incident_id}" for d in v.domain_incidents]
     return lines
 

@@ -59,6 +59,7 @@ from gpuheal.core.settings import Settings
 from gpuheal.providers import build_provider
 from gpuheal.providers.base import ProviderContext
 from gpuheal.workers import metrics
+from gpuheal.workers.payloads import PayloadSizes
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
@@ -203,6 +204,7 @@ def make_worker(
             graceful_shutdown_timeout=grace,
             max_concurrent_activities=COORDINATOR_ACTIVITY_SLOTS,
             workflow_runner=SANDBOX,
+            interceptors=[PayloadSizes()],
         )
 
     if settings.worker_serves == "coordinator":
@@ -218,6 +220,7 @@ def make_worker(
         # and a storm of a thousand no longer keeps a thousand workflow sandboxes in memory.
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         workflow_runner=SANDBOX,
+        interceptors=[PayloadSizes()],  # (a coordinator started here by the release before)
     )
     return Workers(main) if settings.worker_serves == "incidents" else Workers(main, coordinators())
 

@@ -438,6 +438,10 @@ class FleetStatus(Frozen):
     containment: BudgetUse | None = None  # held nodes drained as containment, and their bound
     containing: tuple[Grant, ...] = ()
     left: tuple[Grant, ...] = ()  # drained by incident runs that closed without giving back: counted
+    # Each list's whole length where the answer cut it (view.STATUS_MOST); empty: every list whole
+    # (and from a release before the cut). A query's answer rides in a workflow task's completion,
+    # which gRPC caps at 4 MB: 10,000 held were 3.5 MB.
+    totals: dict[str, int] = {}
 
 
 Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, message

@@ -7,7 +7,8 @@ query buffer is full"): the operator went blind exactly when it mattered. So the
 also writes a `FleetView` into its memo as it decides, and a memo is read from the server
 (`describe`), with no worker involved. The view is the same figures with each list cut to its
 first `VIEW_NODES` (it goes into the coordinator's history with every change, so it is kept
-to about a kilobyte); `gpuheal fleet --live` asks the query for the whole lists.
+to about a kilobyte); `gpuheal fleet --live` asks the query for the lists, each up to
+`STATUS_MOST`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from gpuheal.core.fleet.policy import Mode
 from gpuheal.core.models.base import Frozen
 
 VIEW_NODES = 10  # per list in the memo; the counts are always whole
+# Per list in the `status` query's answer (`gpuheal fleet --live`): about 0.35 MB of held
+# incidents, so an answer stays far below gRPC's 4 MB whatever the task carries beside it.
+STATUS_MOST = 1_000
 NOTE_CHARS = 120  # a held incident's reason, cut
 T = TypeVar("T")
 
@@ -59,22 +63,31 @@ class FleetView(Frozen):
     whole: bool = False  # every list is complete (from the query)
 
 
-def status(s: FleetState, now: datetime) -> FleetStatus:
-    """Everything the coordinator holds, as the `status` query answers it."""
+def status(s: FleetState, now: datetime, most: int = STATUS_MOST) -> FleetStatus:
+    """Everything the coordinator holds, as the `status` query answers it: each list of
+    incidents cut to its first `most`, with its whole length in `totals`."""
     window = s.policy.policy.budget.rate_window_s
+    lists = {
+        "out_of_service": (*s.grants.values(), *s.contained.values()),
+        "held": tuple(s.queue),
+        "containing": tuple(s.containing.values()),
+        "left": tuple(s.left.values()),
+    }
+    totals = {name: len(items) for name, items in lists.items() if len(items) > most}
     return FleetStatus(
         cluster=s.cluster,
         mode=s.policy.policy.mode,
         policy_version=s.policy.version,
         breaker=s.breaker,
-        out_of_service=(*s.grants.values(), *s.contained.values()),
-        held=tuple(s.queue),
+        out_of_service=lists["out_of_service"][:most],
+        held=lists["held"][:most],
         budget=tuple(budget_uses(s, None)),
         domain_incidents=tuple(s.domain_incidents.values()),
         remediations_in_window=sum(1 for t in s.remediations if (now - t).total_seconds() < window),
         containment=containment_use(s),
-        containing=tuple(s.containing.values()),
-        left=tuple(s.left.values()),
+        containing=lists["containing"][:most],
+        left=lists["left"][:most],
+        totals=totals,
     )
 
 
@@ -110,10 +123,10 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
         budgets_not_shown=len(st.budget) - len(budget),
         containment=st.containment,
         remediations_in_window=st.remediations_in_window,
-        out=len(st.out_of_service),
-        containing=len(st.containing),
-        left=len(st.left),
-        held=len(st.held),
+        out=st.totals.get("out_of_service", len(st.out_of_service)),
+        containing=st.totals.get("containing", len(st.containing)),
+        left=st.totals.get("left", len(st.left)),
+        held=st.totals.get("held", len(st.held)),
         # (each list cut before its lines are drawn: thousands held in a storm, ten shown)
         out_nodes=tuple(_line(g, g.override or "") for g in first(st.out_of_service)),
         containing_nodes=tuple(_line(g) for g in first(st.containing)),
@@ -122,7 +135,7 @@ def view(st: FleetStatus, at: datetime, cut: int | None = VIEW_NODES) -> FleetVi
             NodeLine(node=h.node, incident_id=h.incident_id, note=h.reason[:NOTE_CHARS]) for h in first(st.held)
         ),
         domain_incidents=tuple(_domain_line(d) for d in first(st.domain_incidents)),
-        whole=cut is None,
+        whole=cut is None and not st.totals,
     )
 
 

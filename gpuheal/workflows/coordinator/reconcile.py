@@ -16,7 +16,13 @@ from temporalio.exceptions import ActivityError
 from gpuheal.workflows.activity import run
 from gpuheal.workflows.coordinator import sending
 from gpuheal.workflows.coordinator.state import CoordinatorState
-from gpuheal.workflows.coordinator.versions import BOOKS, BORROWED_GO_BACK, LOOK_UNTIL_SEEN, REBUILD_KNOWS_ITS_OWN
+from gpuheal.workflows.coordinator.versions import (
+    BOOKS,
+    BORROWED_GO_BACK,
+    LOOK_IN_PAGES,
+    LOOK_UNTIL_SEEN,
+    REBUILD_KNOWS_ITS_OWN,
+)
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
@@ -27,6 +33,9 @@ with workflow.unsafe.imports_passed_through():
 
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
 LOOK: Mapping[str, Any] = MappingProxyType({"timeout": timedelta(minutes=3), "attempts": 3})
+# Runs asked in one activity (from LOOK_IN_PAGES): about 110 KB of input, and a page's describes
+# well inside LOOK's timeout on a loaded server.
+LOOK_PAGE = 1_000
 # The rebuild lists every open incident and asks each its status (thousands in a storm, on a
 # loaded server): a long bound, kept alive by its heartbeat, tried again until it succeeds.
 REBUILD: Mapping[str, Any] = MappingProxyType(
@@ -194,10 +203,7 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
         try:
             closed = RunRefs()
             if closed_runs:
-                asked = RunRefs(runs=(*runs, *domains))
-                closed = await run(
-                    act.FIND_CLOSED_RUNS, asked, summary="look for closed runs", **LOOK, task_queue=c.own_queue
-                )
+                closed = await _in_pages(c, act.FIND_CLOSED_RUNS, [*runs, *domains], "look for closed runs")
             ended = [r for r in closed.runs if r in domains]
             closed = RunRefs(runs=tuple(r for r in closed.runs if r not in domains))
             # The left nodes as they are now, after the first look: those left since are asked too.
@@ -205,9 +211,7 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             try:
                 drained = check
                 if check.runs:
-                    drained = await run(
-                        act.FIND_NODES_LEFT_DRAINED, check, summary="still drained?", **LOOK, task_queue=c.own_queue
-                    )
+                    drained = await _in_pages(c, act.FIND_NODES_LEFT_DRAINED, list(check.runs), "still drained?")
             except ActivityError:  # Slurm not answering: every node counts as still drained
                 drained = check
             if books:
@@ -226,3 +230,20 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             c.reaping = False
 
     c.look = asyncio.ensure_future(look())
+
+
+async def _in_pages(
+    c: CoordinatorState, look: act.Activity[RunRefs, RunRefs], refs: list[RunRef], what: str
+) -> RunRefs:
+    """What a look at these runs finds, asked LOOK_PAGE runs at a time (one activity after another,
+    so no workflow task carries more than one page) from LOOK_IN_PAGES on; in one activity before,
+    and whenever they fit one page. A page that fails fails the look, as a whole look did."""
+    if len(refs) <= LOOK_PAGE or not workflow.patched(LOOK_IN_PAGES):
+        return await run(look, RunRefs(runs=tuple(refs)), summary=what, **LOOK, task_queue=c.own_queue)
+    found: list[RunRef] = []
+    pages = range(0, len(refs), LOOK_PAGE)
+    for n, at in enumerate(pages, 1):
+        page = RunRefs(runs=tuple(refs[at : at + LOOK_PAGE]))
+        summary = f"{what} ({n} of {len(pages)})"
+        found += (await run(look, page, summary=summary, **LOOK, task_queue=c.own_queue)).runs
+    return RunRefs(runs=tuple(found))

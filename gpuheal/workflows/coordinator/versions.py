@@ -93,6 +93,11 @@ MEMO_EVERY_S = 1.0
 # book knew, and a cluster's first coordinator tripped its breaker as "recreated" (issue 36's
 # 10,000-report run, 85 s in). From this marker a run it admitted is its own, whatever the snapshot says.
 REBUILD_KNOWS_ITS_OWN = "coordinator-rebuild-knows-the-runs-it-admitted"
+# Nor did they ask about holders in pages: the look for closed runs sent every holder in one
+# activity's input (1.0 MB at 9,400 held), beside a task's other commands, toward gRPC's 4 MB
+# (a 10,000-report storm's coordinator was terminated by a 4.33 MB task). From this marker a look
+# at more than LOOK_PAGE runs asks them LOOK_PAGE at a time, one activity after another.
+LOOK_IN_PAGES = "coordinator-looks-in-pages"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
