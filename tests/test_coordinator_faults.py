@@ -30,7 +30,7 @@ from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
 from gpuheal.core import ids
 from gpuheal.core import messages as m
-from gpuheal.core.fleet import reaping
+from gpuheal.core.fleet import packing, reaping
 from gpuheal.core.fleet.models import (
     BATCH_MOST,
     AdmitRequest,
@@ -96,11 +96,15 @@ class Receiver:
                 await asyncio.sleep(1)  # a slow visibility: requests arrive before the answer
             return self.open
 
+        @implements(act.FIND_OPEN_INCIDENTS_PACKED)
+        async def find_open_packed(cluster: str) -> bytes:  # (the product's, packed as it packs)
+            return packing.pack_listing(await find_open(cluster))
+
         @implements(act.GIVE_BACK_BORROWED_OF_ENDED_RUNS)
         async def give_back(cluster: str) -> BorrowedGiveBack:
             return BorrowedGiveBack()  # nothing borrowed: no Kubernetes here
 
-        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open, give_back]
+        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open, find_open_packed, give_back]
 
 
 def placement(node: str) -> Placement:

@@ -4,6 +4,7 @@ still counts what it counted. The decisions' cost on that state is bench/fleet_s
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,9 +13,9 @@ from hypothesis import strategies as st
 
 from bench.fleet_state import GOAL_BYTES, HELD, OUT, Week, worst_week
 from gpuheal.core.fleet import coordination, packing, repeats
-from gpuheal.core.fleet.models import AdmitRequest, Arrival, FleetState, Placement
+from gpuheal.core.fleet.models import AdmitRequest, Arrival, FleetState, OpenIncident, OpenIncidents, Placement
 from gpuheal.core.fleet.policy import FleetPolicy, RepeatPolicy, VersionedPolicy
-from gpuheal.core.models.base import ActionClass
+from gpuheal.core.models.base import ActionClass, Stage
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -90,6 +91,42 @@ def test_a_state_too_big_to_carry_forgets_the_oldest_days_first_never_the_books(
     back = packing.unpack(packed)
     assert back.grants == week.state.grants and back.queue == week.state.queue
     assert back.past and min(t for v in back.past.values() for t, _ in v) > int(T0.timestamp()) + 86400
+
+
+def test_a_fleets_worth_of_open_incidents_is_listed_within_temporals_limit_and_whole() -> None:
+    """A recreated coordinator's rebuild reads every open incident as one activity's result, which
+    Temporal refuses over 2 MiB: 10,000 of them (a whole fleet failing) packed stay far below it,
+    though their JSON does not."""
+    where = {"rack=r1": 40, "block=b1": 400}
+    found = OpenIncidents(
+        incidents=tuple(
+            OpenIncident(
+                incident_id=f"gpuheal-west-fleet{i:05d}",
+                run_id=str(uuid.UUID(int=i)),
+                placement=Placement(
+                    node=f"fleet{i:05d}", cluster_size=10_000, pool="h100", pool_size=10_000, domains=where
+                ),
+                stage=Stage.HELD,
+                contained=i % 10 == 0,
+                since=T0 + timedelta(seconds=i),
+            )
+            for i in range(10_000)
+        )
+    )
+    assert len(found.model_dump_json()) > 2 * 1024 * 1024  # (why it is packed)
+    packed = packing.pack_listing(found)
+    assert len(packed) < 1024 * 1024, f"{len(packed)} bytes"
+    assert packing.unpack_listing(packed) == found
+    with pytest.raises(packing.UnreadableState, match="gpuheal-fleet-state/1"):
+        packing.unpack_listing(
+            packing.pack(
+                FleetState(
+                    cluster="west",
+                    policy=VersionedPolicy(version=1, policy=FleetPolicy(), changed_by="t", reason="t", at=T0),
+                ),
+                T0,
+            ).data
+        )
 
 
 def test_a_state_this_build_cannot_read_is_refused_by_name() -> None:

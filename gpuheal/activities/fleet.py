@@ -44,7 +44,7 @@ from gpuheal.clients.proc import beating
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import ids, policy, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.fleet import policy_file
+from gpuheal.core.fleet import packing, policy_file
 from gpuheal.core.fleet.models import (
     AdmitAnswer,
     AdmitAsk,
@@ -347,6 +347,13 @@ class FleetActivities:
         as visibility shows it, contained if held: a rebuilt coordinator must over-count, never
         under. It heartbeats: thousands of status queries on a loaded server take a while."""
         return await beating(self._find_open_incidents(self._own(cluster)), "listing the open incidents")
+
+    @implements(act.FIND_OPEN_INCIDENTS_PACKED)
+    async def find_open_incidents_packed(self, cluster: str) -> bytes:
+        """find_open_incidents, packed: a fleet's worth of open incidents within Temporal's
+        limit on an activity's result (gpuheal.core.fleet.packing.pack_listing)."""
+        found = await beating(self._find_open_incidents(self._own(cluster)), "listing the open incidents")
+        return packing.pack_listing(found)
 
     async def _find_open_incidents(self, cluster: str) -> OpenIncidents:
         client = activity.client()

@@ -154,6 +154,8 @@ FIND_CLOSED_RUNS = Activity("find_closed_runs", RunRefs, RunRefs)
 GIVE_BACK_BORROWED_OF_ENDED_RUNS = Activity("give_back_borrowed_of_ended_runs", str, BorrowedGiveBack)
 FIND_NODES_LEFT_DRAINED = Activity("find_nodes_left_drained", RunRefs, RunRefs)  # Slurm: still drained by them
 FIND_OPEN_INCIDENTS = Activity("find_open_incidents", str, OpenIncidents)  # the cluster's
+# The same, packed (gpuheal.core.fleet.packing.pack_listing): within Temporal's 2 MiB at 10,000
+FIND_OPEN_INCIDENTS_PACKED = Activity("find_open_incidents_packed", str, bytes)
 OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
 DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
 
@@ -214,6 +216,7 @@ FLEET = (
     FIND_CLOSED_RUNS,
     FIND_NODES_LEFT_DRAINED,
     FIND_OPEN_INCIDENTS,
+    FIND_OPEN_INCIDENTS_PACKED,
 )
 BORROWED = (GIVE_BACK_BORROWED_OF_ENDED_RUNS,)  # the coordinator's, served by every worker (activities/borrowed.py)
 KUBERNETES = (

@@ -150,6 +150,9 @@ async def test_a_rebuild_killed_with_its_worker_in_a_storm_is_taken_over_and_the
     assert after.out_of_service == () and after.held == ()
 
 
+REBUILDS = {act.FIND_OPEN_INCIDENTS.name, act.FIND_OPEN_INCIDENTS_PACKED.name}  # (the packed one from REBUILD_PACKED)
+
+
 async def _rebuild(client: Client, fleet_id: str) -> str:
     """The worker identity running the fresh coordinator's rebuild now; "done" once it has
     rebuilt; "" meanwhile (scheduled, or between attempts, or not begun)."""
@@ -158,7 +161,7 @@ async def _rebuild(client: Client, fleet_id: str) -> str:
     except RPCError:
         return ""
     for pending in described.raw_description.pending_activities:
-        if pending.activity_type.name == act.FIND_OPEN_INCIDENTS.name:
+        if pending.activity_type.name in REBUILDS:
             return pending.last_worker_identity if pending.state == STARTED else ""
     if described.status is not None and described.status.name == "RUNNING" and await _rebuild_done_by(client, fleet_id):
         return "done"
@@ -171,7 +174,7 @@ async def _rebuild_done_by(client: Client, fleet_id: str) -> tuple[int, str] | N
     rebuilds: set[int] = set()
     async for event in client.get_workflow_handle(fleet_id).fetch_history_events():
         if event.HasField("activity_task_scheduled_event_attributes"):
-            if event.activity_task_scheduled_event_attributes.activity_type.name == act.FIND_OPEN_INCIDENTS.name:
+            if event.activity_task_scheduled_event_attributes.activity_type.name in REBUILDS:
                 rebuilds.add(event.event_id)
         elif event.HasField("activity_task_started_event_attributes"):
             started = event.activity_task_started_event_attributes

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpuheal.core.fleet import repeats
-from gpuheal.core.fleet.models import FleetState
+from gpuheal.core.fleet.models import FleetState, OpenIncidents
 
 # The formats of the coordinator's carried state: 1, whole JSON in CoordinatorInput.state (every
 # build before PACKED); 2, packed here; 3, packed, its input saying the coordinator runs on its own
@@ -80,3 +80,21 @@ def unpack(data: bytes) -> FleetState:
     if codec not in CODECS:
         raise UnreadableState(f"the carried state's codec {codec!r} is not one this build reads")
     return FleetState.model_validate_json(CODECS[codec][1](rest[len(codec) :]))
+
+
+# The rebuild's listing of the open incidents, as its activity returns it (from the coordinator's
+# REBUILD_PACKED marker): Temporal refuses an activity's result over 2 MiB, and 10,000 open
+# incidents are 3.1 MB of JSON (0.3 MB compressed: tests/test_state_bounds.py). Unpacked, a
+# recreated coordinator of a fleet that size could never rebuild, and nothing would be granted.
+LISTING = b"gpuheal-open-incidents/1\n"
+
+
+def pack_listing(found: OpenIncidents) -> bytes:
+    return LISTING + zlib.compress(found.model_dump_json().encode())
+
+
+def unpack_listing(data: bytes) -> OpenIncidents:
+    if not data.startswith(LISTING):
+        head = data[: len(LISTING)].split(b"\n", 1)[0][:40]
+        raise UnreadableState(f"the listing is {head!r}, not {LISTING.strip().decode()}")
+    return OpenIncidents.model_validate_json(zlib.decompress(data[len(LISTING) :]))

@@ -22,12 +22,13 @@ from gpuheal.workflows.coordinator.versions import (
     LOOK_IN_PAGES,
     LOOK_UNTIL_SEEN,
     REBUILD_KNOWS_ITS_OWN,
+    REBUILD_PACKED,
 )
 
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import render
-    from gpuheal.core.fleet import coordination, domain_reaping, reaping
+    from gpuheal.core.fleet import coordination, domain_reaping, packing, reaping
     from gpuheal.core.fleet.coordination import Effects
     from gpuheal.core.fleet.models import Breaker, DomainIncident, OpenIncidents, RunRef, RunRefs
 
@@ -66,13 +67,7 @@ async def rebuild(c: CoordinatorState) -> None:
     told = False
     while True:
         try:
-            found = await run(
-                act.FIND_OPEN_INCIDENTS,
-                c.fleet.cluster,
-                summary="rebuild from the open incidents",
-                **REBUILD,
-                task_queue=c.own_queue,
-            )
+            found = await _open_incidents(c, "rebuild from the open incidents")
         except ActivityError as err:
             if not told:
                 why = (
@@ -91,6 +86,17 @@ async def rebuild(c: CoordinatorState) -> None:
         if _looks_again(found, tripped=bool(said)):
             c.look_again = asyncio.ensure_future(_look_again(c))
         return
+
+
+async def _open_incidents(c: CoordinatorState, summary: str) -> OpenIncidents:
+    """The cluster's open incidents, packed from REBUILD_PACKED on (a fleet's worth within
+    Temporal's limit on an activity's result), as JSON before."""
+    if workflow.patched(REBUILD_PACKED):
+        data = await run(
+            act.FIND_OPEN_INCIDENTS_PACKED, c.fleet.cluster, summary=summary, **REBUILD, task_queue=c.own_queue
+        )
+        return packing.unpack_listing(data)
+    return await run(act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary=summary, **REBUILD, task_queue=c.own_queue)
 
 
 def _looks_again(found: OpenIncidents, tripped: bool) -> bool:
@@ -125,9 +131,7 @@ async def _look_again(c: CoordinatorState) -> None:
     it is)."""
     await workflow.sleep(timedelta(seconds=VISIBILITY_LAG_S), summary="look again for an earlier run")
     try:
-        found = await run(
-            act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary="rebuild: look again", **REBUILD, task_queue=c.own_queue
-        )
+        found = await _open_incidents(c, "rebuild: look again")
     except ActivityError as err:
         c.undelivered.append(f"second look for an earlier run failed: {err.cause or err}")
         c.view_changed()

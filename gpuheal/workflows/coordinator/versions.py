@@ -98,6 +98,11 @@ REBUILD_KNOWS_ITS_OWN = "coordinator-rebuild-knows-the-runs-it-admitted"
 # (a 10,000-report storm's coordinator was terminated by a 4.33 MB task). From this marker a look
 # at more than LOOK_PAGE runs asks them LOOK_PAGE at a time, one activity after another.
 LOOK_IN_PAGES = "coordinator-looks-in-pages"
+# Nor did their rebuild read a packed listing: the open incidents came back as JSON, 3.1 MB at
+# 10,000, past Temporal's 2 MiB for an activity's result, so a coordinator recreated in a fleet
+# that size could never rebuild (and granted nothing). From this marker it asks
+# find_open_incidents_packed (gpuheal.core.fleet.packing.pack_listing).
+REBUILD_PACKED = "coordinator-rebuild-reads-a-packed-listing"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
