@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -26,7 +27,7 @@ from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.core import ids
 from gpuheal.core import messages as m
-from gpuheal.core.fleet import packing
+from gpuheal.core.fleet import packing, reaping
 from gpuheal.core.fleet.models import Breaker, CoordinatorInput, FleetState, Held, RunRef, RunRefs
 from gpuheal.core.fleet.policy import FleetPolicy, VersionedPolicy
 from gpuheal.core.fleet.view import STATUS_MOST
@@ -38,31 +39,42 @@ from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
 from tests.histories.recording import Recorder, destination
-from tests.test_coordinator_faults import Receiver, placement
+from tests.test_coordinator_faults import Receiver, coordinator, placement
 
 HOLDING = 2_500  # three pages
 T0 = datetime(2026, 12, 5, tzinfo=UTC)
 
 
-class Looker(Receiver):
-    """Every third run has closed; what each look was asked, page by page."""
+def closed(ref: RunRef) -> bool:
+    return int(ref.incident_id.rsplit("-", 1)[1]) % 2 == 0  # every other run has closed
 
-    def __init__(self) -> None:
+
+class Looker(Receiver):
+    """What each look was asked, page by page; `failing` pages of the look for closed runs
+    fail (counted from the first page asked)."""
+
+    def __init__(self, failing: frozenset[int] = frozenset()) -> None:
         super().__init__(up=True)
         self.pages: list[int] = []
+        self.failing = failing
 
     def activities(self) -> list[object]:
         @implements(act.FIND_CLOSED_RUNS)
         async def find_closed(refs: RunRefs) -> RunRefs:
             self.pages.append(len(refs.runs))
-            return RunRefs(runs=tuple(r for r in refs.runs if int(r.incident_id.rsplit("-", 1)[1]) % 3 == 0))
+            if len(self.pages) in self.failing:
+                raise ApplicationError("frontend: deadline exceeded", non_retryable=True)
+            return RunRefs(runs=tuple(r for r in refs.runs if closed(r)))
 
-        kept = [
-            a
-            for a in super().activities()
-            if getattr(a, "__temporal_activity_definition").name != act.FIND_CLOSED_RUNS.name
-        ]
-        return [*kept, find_closed]
+        @implements(act.FIND_NODES_LEFT_DRAINED)
+        async def left_drained(refs: RunRefs) -> RunRefs:
+            self.checked.append(len(refs.runs))
+            return RunRefs()  # none still drained: every closed run's place is given back
+
+        self.checked: list[int] = []
+        names = {act.FIND_CLOSED_RUNS.name, act.FIND_NODES_LEFT_DRAINED.name}
+        kept = [a for a in super().activities() if getattr(a, "__temporal_activity_definition").name not in names]
+        return [*kept, find_closed, left_drained]
 
 
 @pytest.fixture
@@ -133,11 +145,13 @@ async def test_a_look_at_thousands_of_runs_asks_in_pages_and_reaps_what_every_pa
         await workers.__aexit__(None, None, None)
     page = reconcile.LOOK_PAGE
     assert looker.pages == [page, page, HOLDING - 2 * page]  # one after another, none past a page
-    closed = len(range(0, HOLDING, 3))
-    assert status.totals == {"held": HOLDING - closed} and len(status.held) == STATUS_MOST  # every page's reaped
-    assert all(int(h.incident_id.rsplit("-", 1)[1]) % 3 for h in status.held)
+    gone = HOLDING // 2
+    assert looker.checked == [page, gone - page]  # the still-drained check in pages too
+    assert status.totals == {"held": HOLDING - gone} and len(status.held) == STATUS_MOST  # every page's reaped
+    assert not any(closed(RunRef(incident_id=h.incident_id)) for h in status.held)
     said = [r.getMessage() for r in caplog.records if "MB of payloads" in r.getMessage()]
     assert any("activity find_closed_runs x1: " in s for s in said), said
+    assert any("activity find_nodes_left_drained x1: " in s for s in said), said
     # No task wrote two pages: each said task wrote one look's page, and no more than a page.
     assert all(s.count(" x1: ") == 1 and " x2: " not in s for s in said), said
     assert all(float(s.split(" writes ")[1].split(" MB")[0]) < 0.2 for s in said), said
@@ -148,3 +162,63 @@ def test_a_run_ref_page_stays_far_below_grpcs_limit() -> None:
     long = RunRef(incident_id="i" * 255, run_id=str(uuid.uuid4()), node="n" * 64)
     page = RunRefs(runs=(long,) * reconcile.LOOK_PAGE)
     assert len(page.model_dump_json()) < 1_000_000
+
+
+async def test_a_page_that_fails_fails_the_look_and_the_next_look_reaps_them_all(env: WorkflowEnvironment) -> None:
+    """The second page's look fails after its retries: nothing that look found is given back
+    (its first page's closed runs stay in line, counted), and the next look, REAP_EVERY_S later,
+    asks every page again and gives them all back."""
+    looker = Looker(failing=frozenset({2}))
+    workers, handle = await started(env, looker)
+    try:
+        await env.sleep(timedelta(seconds=30))
+        first, checked = await m.FLEET_STATUS.ask(handle), list(looker.checked)
+        await env.sleep(timedelta(seconds=reaping.REAP_EVERY_S + 30))
+        then = await m.FLEET_STATUS.ask(handle)
+    finally:
+        await workers.__aexit__(None, None, None)
+    page = reconcile.LOOK_PAGE
+    assert looker.pages[:2] == [page, page] and checked == []  # (what its first page found: not checked, not applied)
+    assert first.totals == {"held": HOLDING}  # the failed look gave nothing back
+    assert looker.pages[2:] == [page, page, HOLDING - 2 * page]  # the next look, whole
+    assert then.totals == {"held": HOLDING - HOLDING // 2}
+
+
+async def test_a_listing_that_cannot_be_read_trips_the_breaker_and_never_fails_the_coordinator(
+    env: WorkflowEnvironment,
+) -> None:
+    """A recreated coordinator's packed listing comes back unreadable: it is a failed rebuild
+    (tripped, said, tried again), not a workflow task failing over and over."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    garbled = [b"gpuheal-open-incidents/1\nnot zlib at all"]
+
+    @implements(act.FIND_OPEN_INCIDENTS_PACKED)
+    async def find_open_packed(cluster: str) -> bytes:
+        return garbled[0] if garbled else packing.pack_listing(receiver.open)
+
+    served = [
+        a
+        for a in receiver.activities()
+        if getattr(a, "__temporal_activity_definition").name != act.FIND_OPEN_INCIDENTS_PACKED.name
+    ]
+    async with Workers(
+        Worker(
+            env.client, task_queue=queue, workflows=[DomainIncidentWorkflow], activities=[*served, find_open_packed]
+        ),
+        Worker(
+            env.client,
+            task_queue=ids.coordinator_queue(queue),
+            workflows=[FleetCoordinator],
+            activities=[*served, find_open_packed],
+        ),
+    ):
+        handle = await coordinator(env, queue, FleetPolicy())
+        await env.sleep(timedelta(seconds=5))
+        status = await m.FLEET_STATUS.ask(handle)
+        assert status.breaker.tripped and "the listing is not readable" in status.breaker.why
+        assert "coordinator_rebuilt" in receiver.delivered
+        garbled.clear()  # readable again: the next round rebuilds
+        await env.sleep(timedelta(seconds=reconcile.REBUILD_AGAIN_S + 5))
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        pending = (await handle.describe()).raw_description.pending_activities
+        assert not [p for p in pending if p.activity_type.name == act.FIND_OPEN_INCIDENTS_PACKED.name]

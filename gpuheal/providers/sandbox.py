@@ -22,10 +22,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuheal.clients import kube, proc
-from gpuheal.clients.slurm import SlurmBackend, SlurmError
+from gpuheal.clients.slurm import NodeOutOfService, SlurmBackend, SlurmError, UnknownNode
 from gpuheal.core.errors import SettingsError
 from gpuheal.core.models.base import ActionClass, check_node_name
 from gpuheal.core.models.replacement import HealthCheckResult, RepairResult, ReplacementResult
+from gpuheal.core.models.slurm import NodeInfo
 from gpuheal.providers.base import Hold, NoSpareCapacity, ProviderContext
 
 NOT_RESPONDING_GRACE_S = 10.0
@@ -67,10 +68,19 @@ class SandboxProvider:
             what=f"sandbox.sh {verb} {node}",
         )
 
+    async def _in_service(self, node: str) -> NodeInfo | None:
+        """The node as Slurm shows it, None while it is not in service (FUTURE, or no such node).
+        Asked of the one node: the whole fleet's listing (`sinfo --json`, 12 MB at 10,000 nodes,
+        a third of a second of CPU) every quarter second of every replacement starved a storm."""
+        try:
+            return await self._slurm.node(node)
+        except (UnknownNode, NodeOutOfService):
+            return None
+
     async def _wait_serving(self, node: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            info = (await self._slurm.nodes()).get(node)
+            info = await self._in_service(node)
             if info and info.state in {"idle", "mixed", "allocated"} and "NOT_RESPONDING" not in info.flags:
                 return
             proc.heartbeat(f"waiting for {node} to register with slurmctld")
@@ -162,7 +172,7 @@ class SandboxProvider:
 
     async def _leave_slurm(self, node: str, reason: str) -> str:
         await self._sandbox("stop-node", node)
-        if node not in await self._slurm.nodes():
+        if await self._in_service(node) is None:
             return f"{node} already out of the cluster"
         # A node with jobs cannot go straight to FUTURE; DOWN ends what still runs there
         # (only jobs that could not be requeued, and those are in the incident's result).
@@ -171,13 +181,13 @@ class SandboxProvider:
         return f"{node} left the cluster (State=FUTURE)"
 
     async def check_health(self, node: str) -> HealthCheckResult:
-        info = (await self._slurm.nodes()).get(node)
+        info = await self._in_service(node)
         # slurmctld marks a node it has just been asked about (a resume, a drain right after one)
         # not responding until its ping comes back, a fraction of a second: wait that out.
         deadline = time.monotonic() + NOT_RESPONDING_GRACE_S
         while info is not None and "NOT_RESPONDING" in info.flags and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
-            info = (await self._slurm.nodes()).get(node)
+            info = await self._in_service(node)
         if info is None:
             return HealthCheckResult(node=node, healthy=False, detail="not in service")
         if "NOT_RESPONDING" in info.flags or info.state == "down":

@@ -61,8 +61,15 @@ class _Tally:
         self.said = 0
 
     def add(self, kind: str, values: Sequence[Any]) -> None:
+        """Counted, never raising: a count that fails must not fail the workflow task."""
         if workflow.unsafe.is_replaying():
             return
+        try:
+            self._add(kind, values)
+        except Exception as err:  # (a value the converter refuses fails where it is sent, not here)
+            workflow.logger.debug("payload not counted: %s", err)
+
+    def _add(self, kind: str, values: Sequence[Any]) -> None:
         task = workflow.info().get_current_history_length()  # the same throughout one task
         if task != self.task:
             self.task, self.said = task, 0
@@ -99,9 +106,11 @@ class _Inbound(WorkflowInboundInterceptor):
         return answer
 
     async def handle_query(self, input: HandleQueryInput) -> Any:
+        """A query's answer is counted on its own: one asked while the workflow is idle goes back
+        alone (gRPC's limit is the same), and whether it rode with a task cannot be told here."""
         answer = await super().handle_query(input)
         if self.tally is not None and not input.query.startswith("__"):  # (the SDK's own: the UI's details)
-            self.tally.add(f"query {input.query}", [answer])
+            _Tally().add(f"query {input.query}", [answer])
         return answer
 
 

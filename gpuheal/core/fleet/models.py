@@ -425,7 +425,9 @@ class OpenDomains(Frozen):
     incidents: tuple[OpenDomain, ...] = ()
 
 
-class FleetStatus(Frozen):
+class FleetStatus(SentWhereSet):
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer coordinator's answer still reads
+
     cluster: str
     mode: Mode
     policy_version: int
@@ -442,6 +444,7 @@ class FleetStatus(Frozen):
     # (and from a release before the cut). A query's answer rides in a workflow task's completion,
     # which gRPC caps at 4 MB: 10,000 held were 3.5 MB.
     totals: dict[str, int] = {}
+    WHERE_SET = ("totals",)  # (sent only when cut: a reader of the release before forbids it)
 
 
 Note = tuple[str, Severity, str]  # a notice to the operators: event, severity, message

@@ -97,4 +97,7 @@ def unpack_listing(data: bytes) -> OpenIncidents:
     if not data.startswith(LISTING):
         head = data[: len(LISTING)].split(b"\n", 1)[0][:40]
         raise UnreadableState(f"the listing is {head!r}, not {LISTING.strip().decode()}")
-    return OpenIncidents.model_validate_json(zlib.decompress(data[len(LISTING) :]))
+    try:
+        return OpenIncidents.model_validate_json(zlib.decompress(data[len(LISTING) :]))
+    except (zlib.error, ValueError) as err:  # (pydantic's ValidationError is a ValueError)
+        raise UnreadableState(f"the listing is not readable: {str(err)[:200]}") from err

@@ -24,9 +24,10 @@ from gpuheal.core.fleet.policy import Mode
 from gpuheal.core.models.base import Frozen
 
 VIEW_NODES = 10  # per list in the memo; the counts are always whole
-# Per list in the `status` query's answer (`gpuheal fleet --live`): about 0.35 MB of held
-# incidents, so an answer stays far below gRPC's 4 MB whatever the task carries beside it.
-STATUS_MOST = 1_000
+# Per list in the `status` query's answer (`gpuheal fleet --live`): its four lists of incidents
+# together at most about 0.6 MB (a held one is about 440 bytes), so an answer stays far below
+# gRPC's 4 MiB beside what a workflow task carries (Design 014).
+STATUS_MOST = 500
 NOTE_CHARS = 120  # a held incident's reason, cut
 T = TypeVar("T")
 

@@ -35,7 +35,9 @@ with workflow.unsafe.imports_passed_through():
 # A look for closed runs: describes, 16 at a time, of every holder (thousands in a storm).
 LOOK: Mapping[str, Any] = MappingProxyType({"timeout": timedelta(minutes=3), "attempts": 3})
 # Runs asked in one activity (from LOOK_IN_PAGES): about 110 KB of input, and a page's describes
-# well inside LOOK's timeout on a loaded server.
+# well inside LOOK's timeout on a loaded server. Part of the replay contract: a look in flight
+# when a build with another page size takes over replays only with the same pages (change it
+# behind a marker of its own).
 LOOK_PAGE = 1_000
 # The rebuild lists every open incident and asks each its status (thousands in a storm, on a
 # loaded server): a long bound, kept alive by its heartbeat, tried again until it succeeds.
@@ -68,10 +70,10 @@ async def rebuild(c: CoordinatorState) -> None:
     while True:
         try:
             found = await _open_incidents(c, "rebuild from the open incidents")
-        except ActivityError as err:
+        except (ActivityError, packing.UnreadableState) as err:  # (unreadable: as failed, never a failed task)
             if not told:
                 why = (
-                    f"rebuilding from the open incidents failed ({err.cause or err}); nothing is granted until it "
+                    f"rebuilding from the open incidents failed ({_why(err)}); nothing is granted until it "
                     f"succeeds (tried again every {REBUILD_AGAIN_S:g} s)"
                 )
                 c.fleet.breaker = Breaker(tripped=True, at=workflow.now(), why=why, by="gpuheal")
@@ -97,6 +99,10 @@ async def _open_incidents(c: CoordinatorState, summary: str) -> OpenIncidents:
         )
         return packing.unpack_listing(data)
     return await run(act.FIND_OPEN_INCIDENTS, c.fleet.cluster, summary=summary, **REBUILD, task_queue=c.own_queue)
+
+
+def _why(err: Exception) -> BaseException:
+    return (err.cause if isinstance(err, ActivityError) else None) or err
 
 
 def _looks_again(found: OpenIncidents, tripped: bool) -> bool:
@@ -132,8 +138,8 @@ async def _look_again(c: CoordinatorState) -> None:
     await workflow.sleep(timedelta(seconds=VISIBILITY_LAG_S), summary="look again for an earlier run")
     try:
         found = await _open_incidents(c, "rebuild: look again")
-    except ActivityError as err:
-        c.undelivered.append(f"second look for an earlier run failed: {err.cause or err}")
+    except (ActivityError, packing.UnreadableState) as err:
+        c.undelivered.append(f"second look for an earlier run failed: {_why(err)}")
         c.view_changed()
         return
     knows = workflow.patched(REBUILD_KNOWS_ITS_OWN)
