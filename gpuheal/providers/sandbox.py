@@ -127,6 +127,11 @@ class SandboxProvider:
         """The spare recorded for this incident run (unless its GPUs failed validation), or the
         first free one, recorded first. Several workers share the record: the choice is made
         under a lock on it (this process's, then the file's), so no spare goes to two incidents."""
+        record = self._load()  # (a glance: the choice itself is made under the lock)
+        if key not in record and not [s for s in self.spares() if s not in set(record.values()) and s != node]:
+            # None left: said without listing the fleet (a storm's retries listed it, 12 MB at
+            # 10,000 nodes, each time they found the spares gone).
+            raise NoSpareCapacity(f"no spare node left to replace {node}")
         in_service = set(await self._slurm.nodes())  # asked first: nothing awaits under the lock
         async with self._choosing:
             return await asyncio.to_thread(self._choose_locked, node, key, earlier, in_service)
