@@ -391,13 +391,15 @@ def serve_queue(s: FleetState, now: datetime) -> Effects:
     """Grant, in order, every held incident the budget has room for now."""
     out = Effects()
     still: list[Held] = []
+    seen = budget.Pass(s, now)  # (what every decision reads alike: counted once per pass)
     for held in s.queue:
         req = CapacityRequest(
             cluster=s.cluster, incident_id=held.incident_id, placement=held.placement, action=ActionClass.REPLACE_NODE
         )
-        granted, why = budget.capacity_decision(s, req, now)
+        granted, why = budget.capacity_decision(s, req, now, seen)
         if granted:
             grant(s, held.incident_id, held.run_id, held.placement, now)
+            seen.refresh()
             out.signals.append((held.incident_id, GrantNotice(granted=True, reason=why)))
         else:
             still.append(held if held.reason == why else held.model_copy(update={"reason": why}))
