@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -37,9 +36,9 @@ from gpuheal.workers.payloads import PayloadSizes
 from gpuheal.workflows.coordinator import reconcile
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
-from tests.conftest import start_time_skipping
-from tests.histories.recording import Recorder, destination
-from tests.test_coordinator_faults import Receiver, coordinator, placement
+from tests.test_coordinator_faults import Receiver, coordinator, env, placement
+
+__all__ = ["env"]  # the fixture, shared with tests/test_coordinator_faults.py (it records histories)
 
 HOLDING = 2_500  # three pages
 T0 = datetime(2026, 12, 5, tzinfo=UTC)
@@ -75,17 +74,6 @@ class Looker(Receiver):
         names = {act.FIND_CLOSED_RUNS.name, act.FIND_NODES_LEFT_DRAINED.name}
         kept = [a for a in super().activities() if getattr(a, "__temporal_activity_definition").name not in names]
         return [*kept, find_closed, left_drained]
-
-
-@pytest.fixture
-async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
-    recorder = Recorder()
-    env = await start_time_skipping([recorder])
-    yield env
-    dest = destination()
-    if dest is not None:
-        await recorder.save(env.client, request.node.name, dest)
-    await env.shutdown()
 
 
 def holding(cluster: str, n: int) -> bytes:
