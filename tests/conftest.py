@@ -49,6 +49,23 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
+async def start_dev_server(interceptors: Sequence[Interceptor] = ()) -> WorkflowEnvironment:
+    """Temporal's dev server (the installed `temporal` CLI), in real time: for what the
+    time-skipping server does not do as a real one does (a workflow task's heartbeat while a
+    local activity runs). Its search attributes registered as the sandbox registers them."""
+    attrs = {k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL}
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(require_binary("temporal")),
+        data_converter=DATA_CONVERTER,
+        interceptors=interceptors,
+        ui=False,
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(namespace="default", search_attributes=attrs)
+    )
+    return env
+
+
 async def start_time_skipping(interceptors: Sequence[Interceptor] = ()) -> WorkflowEnvironment:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(require_binary("temporal-test-server")),

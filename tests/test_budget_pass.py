@@ -3,8 +3,9 @@
 serve_queue counts what every decision of one pass reads alike (budget.Pass: the rate window, what
 is out by pool and domain) once, and again after each grant it makes. Hypothesis builds states
 with names shared across the books (an incident granted and left, two runs on one node, a
-grant's domains repeated) and checks the counts against budget_uses, and a whole pass against the
-same pass deciding each held incident from the state read whole.
+grant's domains repeated) and checks the counts against the budget's rule read from the books
+one grant at a time (`read_whole`, the scan budget_uses made before it counted through Pass), and
+a whole pass against the same pass deciding each held incident from the state read whole.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuheal.core.fleet import budget, coordination
-from gpuheal.core.fleet.models import CapacityRequest, FleetState, Grant, Held, Placement
-from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy, VersionedPolicy
+from gpuheal.core.fleet.models import BudgetUse, CapacityRequest, FleetState, Grant, Held, Placement
+from gpuheal.core.fleet.policy import BudgetPolicy, FleetPolicy, VersionedPolicy, limit_of
 from gpuheal.core.models.base import ActionClass
 
 T0 = datetime(2026, 12, 5, tzinfo=UTC)
@@ -62,6 +63,7 @@ def fleet(
     s.contained = {g.incident_id: g for g in contained}
     s.left = {g.node: g for g in left}
     s.remediations = sorted(T0 + timedelta(seconds=a) for a in ages)
+    s.sizes = {"cluster": 40, **{f"pool {p}": 20 for p in POOLS}, **{f"domain {d}": 8 for d in DOMAINS}}
     return s
 
 
@@ -75,14 +77,41 @@ states = st.builds(
 )
 
 
+def read_whole(s: FleetState, where: Placement | None, asking: str = "", asking_node: str = "") -> list[BudgetUse]:
+    """The budget's rule, read from the books one grant at a time: every node out (granted,
+    contained, left), less the asking incident's own, against each limit that applies to
+    `where` (or, with none, to every pool and domain the coordinator has seen)."""
+    b = s.policy.policy.budget
+    out = (*s.grants.values(), *s.contained.values(), *s.left.values())
+    others = [g for g in out if g.incident_id != asking and g.node != asking_node]
+    if where is not None:
+        size, pools, domains = where.cluster_size, [(where.pool, where.pool_size)], list(where.domains.items())
+    else:
+        size = s.sizes.get("cluster", 1)
+        pools = sorted((k.removeprefix("pool "), v) for k, v in s.sizes.items() if k.startswith("pool "))
+        domains = sorted((k.removeprefix("domain "), v) for k, v in s.sizes.items() if k.startswith("domain "))
+    uses = [BudgetUse(name="cluster", used=len(others), limit=limit_of(b.cluster, size))]
+    if b.per_pool is not None:
+        for pool, n in pools:
+            used = sum(g.pool == pool for g in others)
+            uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, n)))
+    if b.per_domain is not None:
+        for domain, n in domains:
+            used = sum(domain in g.domains for g in others)
+            uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, n)))
+    return uses
+
+
 @settings(max_examples=400, deadline=None)
 @given(states, placements, st.sampled_from(["", *(f"i-{n}" for n in NODES)]))
-def test_a_pass_counts_what_every_decision_reads_as_budget_uses_does(
+def test_a_pass_counts_what_every_decision_reads_as_the_books_read_whole_say(
     s: FleetState, where: Placement, asking: str
 ) -> None:
     seen = budget.Pass(s, T0 + timedelta(seconds=1300))
     for node in ("", where.node):
-        assert seen.uses(where, asking, node) == budget.budget_uses(s, where, asking=asking, asking_node=node)
+        assert seen.uses(where, asking, node) == read_whole(s, where, asking, node)
+        assert budget.budget_uses(s, where, asking=asking, asking_node=node) == read_whole(s, where, asking, node)
+    assert budget.budget_uses(s) == read_whole(s, None)  # the whole cluster, as `gpuheal fleet` shows it
 
 
 def whole(s: FleetState, now: datetime) -> tuple[list[Held], list[str]]:

@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from gpuheal.activities import interface as act
+from gpuheal.activities.carrying import StatePacking
 from gpuheal.activities.fleet import find_closed_runs
 from gpuheal.activities.interface import implements
 from gpuheal.core import ids
@@ -104,7 +105,9 @@ class Receiver:
         async def give_back(cluster: str) -> BorrowedGiveBack:
             return BorrowedGiveBack()  # nothing borrowed: no Kubernetes here
 
-        return [notify, open_domain, decide, find_closed_runs, left_drained, find_open, find_open_packed, give_back]
+        packs = StatePacking().pack_fleet_state  # (the product's: a big state is packed beside the task)
+        listings = [find_closed_runs, left_drained, find_open, find_open_packed]
+        return [notify, open_domain, decide, *listings, give_back, packs]
 
 
 def placement(node: str) -> Placement:

@@ -13,6 +13,7 @@ import pytest
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.borrowed import BorrowedNodes
+from gpuheal.activities.carrying import StatePacking
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.kubernetes import KubernetesActivities
@@ -32,6 +33,7 @@ from tests.fakes import FakeCluster
         (ValidationActivities, act.VALIDATION),
         (RmaActivities, act.RMA),
         (BorrowedNodes, act.BORROWED),
+        (StatePacking, act.CARRYING),
     ],
 )
 def test_every_activity_matches_its_interface(cls: type, refs: tuple[act.Activity[object, object], ...]) -> None:

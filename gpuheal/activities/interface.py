@@ -156,6 +156,8 @@ FIND_NODES_LEFT_DRAINED = Activity("find_nodes_left_drained", RunRefs, RunRefs) 
 FIND_OPEN_INCIDENTS = Activity("find_open_incidents", str, OpenIncidents)  # the cluster's
 # The same, packed (gpuheal.core.fleet.packing.pack_listing): within Temporal's 2 MiB at 10,000
 FIND_OPEN_INCIDENTS_PACKED = Activity("find_open_incidents_packed", str, bytes)
+# The coordinator's state compressed beside its workflow task (a local activity: activities/carrying.py)
+PACK_FLEET_STATE = Activity("pack_fleet_state", bytes, bytes)
 OPEN_DOMAIN_INCIDENT = Activity("open_domain_incident", DomainIncident, str)
 DECIDE_DOMAIN = Activity("decide_domain", DomainDecisionFor, str)
 
@@ -219,6 +221,7 @@ FLEET = (
     FIND_OPEN_INCIDENTS_PACKED,
 )
 BORROWED = (GIVE_BACK_BORROWED_OF_ENDED_RUNS,)  # the coordinator's, served by every worker (activities/borrowed.py)
+CARRYING = (PACK_FLEET_STATE,)  # the coordinator's, a local activity (activities/carrying.py)
 KUBERNETES = (
     MAP_KUBE_NODE,
     CORDON_AND_TAINT_NODE,
@@ -230,6 +233,6 @@ KUBERNETES = (
     RETURN_UNFINISHED_BORROW,
     GIVE_BACK_NODE,
 )
-ALL = REMEDIATION + JOBS + FLEET + KUBERNETES + BORROWED
+ALL = REMEDIATION + JOBS + FLEET + KUBERNETES + BORROWED + CARRYING
 # What every worker serves; KUBERNETES only where a cluster is configured (GPUHEAL_KUBECONFIG).
-WORKER = REMEDIATION + JOBS + FLEET + VALIDATION + RMA + BORROWED
+WORKER = REMEDIATION + JOBS + FLEET + VALIDATION + RMA + BORROWED + CARRYING

@@ -35,6 +35,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from gpuheal.activities import interface as act
 from gpuheal.activities.borrowed import BorrowedNodes
+from gpuheal.activities.carrying import StatePacking
 from gpuheal.activities.fleet import FleetActivities
 from gpuheal.activities.jobs import JobActivities
 from gpuheal.activities.remediation import RemediationActivities
@@ -122,7 +123,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
     )
     k8s = settings.remediation.kubernetes
     borrowed = BorrowedNodes(slurm, kube_api, k8s.node_label if k8s is not None else None)
-    served: list[object] = [acts, jobs, fleet, validation, rma, borrowed]
+    served: list[object] = [acts, jobs, fleet, validation, rma, borrowed, StatePacking()]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities
 

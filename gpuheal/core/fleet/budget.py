@@ -22,28 +22,15 @@ def budget_uses(
     state: FleetState, placement: Placement | None = None, asking: str = "", asking_node: str = ""
 ) -> list[BudgetUse]:
     """Use against every limit that applies: to `placement` (a decision), or, with none, to the
-    whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows)."""
-    b = state.policy.policy.budget
-    # Every node out of service because of gpuheal; the asking incident's own (contained) node is
-    # not in the way of its own grant.
-    out = (*state.grants.values(), *state.contained.values(), *state.left.values())
-    grants = [g for g in out if g.incident_id != asking and g.node != asking_node]
+    whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows).
+    The asking incident's own node (contained, or held by its earlier run) is not in the way of
+    its own grant. Counted as a pass over the line counts them (Pass): one rule, one place."""
+    counts = Pass(state)
     if placement is not None:
-        size, pools, domains = placement.cluster_size, {placement.pool: placement.pool_size}, placement.domains
-    else:
-        size = state.sizes.get("cluster", 1)
-        pools = {k.removeprefix("pool "): v for k, v in state.sizes.items() if k.startswith("pool ")}
-        domains = {k.removeprefix("domain "): v for k, v in state.sizes.items() if k.startswith("domain ")}
-    uses = [BudgetUse(name="cluster", used=len(grants), limit=limit_of(b.cluster, size))]
-    if b.per_pool is not None:
-        for pool, psize in sorted(pools.items()):
-            used = sum(1 for g in grants if g.pool == pool)
-            uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
-    if b.per_domain is not None:
-        for domain, dsize in sorted(domains.items()) if placement is None else domains.items():
-            used = sum(1 for g in grants if domain in g.domains)
-            uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
-    return uses
+        return counts.uses(placement, asking, asking_node)
+    pools = {k.removeprefix("pool "): v for k, v in state.sizes.items() if k.startswith("pool ")}
+    domains = {k.removeprefix("domain "): v for k, v in state.sizes.items() if k.startswith("domain ")}
+    return counts.against(state.sizes.get("cluster", 1), sorted(pools.items()), sorted(domains.items()), [])
 
 
 class Pass:
@@ -52,15 +39,18 @@ class Pass:
     of once per held incident, and counted again after each grant the pass makes. Counted per
     held incident, a pass over 9,400 held took seconds of one workflow task, past the SDK's 2 s
     deadlock bound, and the coordinator's task failed over and over (issue 36's 10,000-report
-    run). The decisions are the same as without it (tests/test_budget_pass.py)."""
+    run). The decisions are the same as without it (tests/test_budget_pass.py). `now`: the rate
+    window's time (budget_uses reads no rate)."""
 
-    def __init__(self, state: FleetState, now: datetime) -> None:
+    def __init__(self, state: FleetState, now: datetime | None = None) -> None:
         self.state, self.now = state, now
         self.refresh()
 
     def refresh(self) -> None:
         s = self.state
-        self.recent = len(windows.in_rate_window(s.remediations, self.now, s.policy.policy.budget.rate_window_s))
+        window = s.policy.policy.budget.rate_window_s
+        self.recent = 0 if self.now is None else len(windows.in_rate_window(s.remediations, self.now, window))
+        # Every node out of service because of gpuheal.
         self.out: tuple[Grant, ...] = (*s.grants.values(), *s.contained.values(), *s.left.values())
         self.by_pool = Counter(g.pool for g in self.out)
         self.by_domain = Counter(d for g in self.out for d in set(g.domains))
@@ -71,19 +61,22 @@ class Pass:
             self.of_node.setdefault(g.node, []).append(at)
 
     def uses(self, placement: Placement, asking: str, asking_node: str) -> list[BudgetUse]:
-        """budget_uses(state, placement, asking, asking_node), from the counts."""
-        b = self.state.policy.policy.budget
+        """Use against the limits of `placement`, the asking incident's own nodes not counted."""
         mine = [self.out[at] for at in {*self.of_incident.get(asking, ()), *self.of_node.get(asking_node, ())}]
-        uses = [
-            BudgetUse(name="cluster", used=len(self.out) - len(mine), limit=limit_of(b.cluster, placement.cluster_size))
-        ]
+        pools = [(placement.pool, placement.pool_size)]
+        return self.against(placement.cluster_size, pools, list(placement.domains.items()), mine)
+
+    def against(
+        self, size: int, pools: list[tuple[str, int]], domains: list[tuple[str, int]], mine: list[Grant]
+    ) -> list[BudgetUse]:
+        b = self.state.policy.policy.budget
+        uses = [BudgetUse(name="cluster", used=len(self.out) - len(mine), limit=limit_of(b.cluster, size))]
         if b.per_pool is not None:
-            used = self.by_pool[placement.pool] - sum(1 for g in mine if g.pool == placement.pool)
-            uses.append(
-                BudgetUse(name=f"pool {placement.pool}", used=used, limit=limit_of(b.per_pool, placement.pool_size))
-            )
+            for pool, psize in pools:
+                used = self.by_pool[pool] - sum(1 for g in mine if g.pool == pool)
+                uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
         if b.per_domain is not None:
-            for domain, dsize in placement.domains.items():
+            for domain, dsize in domains:
                 used = self.by_domain[domain] - sum(1 for g in mine if domain in g.domains)
                 uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
         return uses

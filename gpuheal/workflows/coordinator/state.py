@@ -13,10 +13,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import CancelledError, FailureError
 
-from gpuheal.workflows.coordinator.versions import MEMO_EVERY_S, MEMO_PACED
+from gpuheal.workflows.coordinator.versions import MEMO_EVERY_S, MEMO_PACED, PACK_BESIDE, PACK_TIMEOUT_S
 
 with workflow.unsafe.imports_passed_through():
+    from gpuheal.activities import interface as act
     from gpuheal.core import messages as m
     from gpuheal.core.fleet import packing
     from gpuheal.core.fleet import view as fleet_view
@@ -61,6 +64,7 @@ class CoordinatorState:
     on_own_queue: bool = False  # from OWN_WORKFLOW_QUEUE on: its next run runs on its own queue
     move_to: str | None = None  # ... and, started on the cluster's queue, where its next run goes
     carry_after: int = 0  # history length before which it does not try to carry on again (too big)
+    pack_here: bool = False  # a pack beside the task saw the run move meanwhile: the next is packed in it
 
     def pending(self) -> bool:
         return bool(self.signals or self.notes or self.domains)
@@ -87,12 +91,40 @@ class CoordinatorState:
             on_own_queue=self.on_own_queue,
         )
 
-    def pack(self) -> bytes | None:
+    async def pack_carried(self) -> bytes | None:
+        """pack(); from PACK_BESIDE a state past packing.QUICK_JSON is compressed beside the task
+        by a local activity, which holds no thread of the task's. Nothing reaches the run while it
+        packs (the task stays open; only one outlasting its heartbeat lets events in), and what it
+        packed is carried only if the state is still the one it was given. Otherwise, or if it
+        failed, the state is packed here with zlib (within the task's time on a loaded worker)."""
+        text = packing.prepare(self.fleet, workflow.now())
+        if len(text) <= packing.QUICK_JSON or not workflow.patched(PACK_BESIDE):
+            return self.pack()
+        if self.pack_here:
+            return self.pack(quick=True)
+        try:
+            data: bytes = await workflow.execute_local_activity(
+                act.PACK_FLEET_STATE.name,
+                text,
+                result_type=bytes,
+                start_to_close_timeout=timedelta(seconds=PACK_TIMEOUT_S),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary=f"packing the state to carry on ({len(text) // 1024} KB of JSON)",
+            )
+        except FailureError as err:  # (a local activity's failure comes as its own, not in an ActivityError)
+            if isinstance(err, CancelledError):
+                raise
+            data = b""
+        if data and len(data) <= packing.MOST_BYTES and self.fleet.model_dump_json().encode() == text:
+            return data
+        return self.pack(quick=True)
+
+    def pack(self, quick: bool = False) -> bytes | None:
         """The state to carry on (gpuheal.core.fleet.packing), or None: not this time. Shed to fit
         (the repeat window's oldest days forgotten): the operators are told first, and it carries
         on once that notice is on its way. Too big even so: never handed to Temporal (it would
         terminate the run); this run goes on and tries again CARRY_AGAIN_EVENTS later."""
-        packed = packing.pack(self.fleet, workflow.now())
+        packed = packing.pack(self.fleet, workflow.now(), quick=quick)
         if not packed.fits():
             self.carry_after = workflow.info().get_current_history_length() + CARRY_AGAIN_EVENTS
             text = (
