@@ -15,5 +15,6 @@ class StatePacking:
     @implements(act.PACK_FLEET_STATE)
     async def pack_fleet_state(self, text: bytes) -> bytes:
         """The prepared state (packing.prepare) compressed, in a thread: bz2 and zlib let go of
-        the GIL, so the worker's workflow tasks and pollers go on meanwhile."""
-        return await asyncio.to_thread(packing.pack_text, text)
+        the GIL, so the worker's workflow tasks and pollers go on meanwhile. Nothing (b"") past
+        packing.BESIDE_MOST: the coordinator then packs in its task."""
+        return await asyncio.to_thread(packing.pack_beside, text)

@@ -147,10 +147,7 @@ class FleetCoordinator:
                     if self._c.packed or workflow.patched(PACK_CARRIED):
                         packed_ = await self._c.pack_carried()
                         if packed_ is None:
-                            continue  # not this time: the operators are told why (CoordinatorState.pack)
-                        if self._c.pending() or not workflow.all_handlers_finished() or self._c.carried() != carried:
-                            self._c.pack_here = True  # the run moved while it packed: the next packs in its task
-                            continue
+                            continue  # not this time (CoordinatorState.pack_carried, pack: why)
                         args = [carried.model_copy(update={"state": None}), packed_]
                     # A new current build (gpuheal rollout): the next run starts on it. Pinned
                     # to its build like every workflow of a versioned worker, the coordinator

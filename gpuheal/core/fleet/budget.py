@@ -6,6 +6,7 @@ a function of the coordinator's state and the time it is given (tests/test_fleet
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from gpuheal.core.fleet import windows
@@ -23,14 +24,56 @@ def budget_uses(
 ) -> list[BudgetUse]:
     """Use against every limit that applies: to `placement` (a decision), or, with none, to the
     whole cluster as the coordinator knows it (every pool and domain it has seen: what it shows).
-    The asking incident's own node (contained, or held by its earlier run) is not in the way of
-    its own grant. Counted as a pass over the line counts them (Pass): one rule, one place."""
-    counts = Pass(state)
+    Counted by one scan of what is out, against the rule a pass over the line counts for each
+    held incident (Pass, with indexes): one rule, `_against`."""
+    out = _out(state)
+    mine = [g for g in out if g.incident_id == asking or g.node == asking_node]
     if placement is not None:
-        return counts.uses(placement, asking, asking_node)
-    pools = {k.removeprefix("pool "): v for k, v in state.sizes.items() if k.startswith("pool ")}
-    domains = {k.removeprefix("domain "): v for k, v in state.sizes.items() if k.startswith("domain ")}
-    return counts.against(state.sizes.get("cluster", 1), sorted(pools.items()), sorted(domains.items()), [])
+        size, pools, domains = placement.cluster_size, [(placement.pool, placement.pool_size)], placement.domains
+    else:  # every pool and domain seen, by name
+        size, seen = state.sizes.get("cluster", 1), sorted(state.sizes.items())
+        pools = [(k.removeprefix("pool "), v) for k, v in seen if k.startswith("pool ")]
+        domains = {k.removeprefix("domain "): v for k, v in seen if k.startswith("domain ")}
+    return _against(
+        state,
+        size,
+        pools,
+        list(domains.items()),
+        len(out),
+        lambda pool: sum(1 for g in out if g.pool == pool),
+        lambda domain: sum(1 for g in out if domain in g.domains),
+        mine,
+    )
+
+
+def _out(state: FleetState) -> tuple[Grant, ...]:
+    """Every node out of service because of gpuheal: granted, contained while held, left drained."""
+    return (*state.grants.values(), *state.contained.values(), *state.left.values())
+
+
+def _against(
+    state: FleetState,
+    size: int,
+    pools: list[tuple[str, int]],
+    domains: list[tuple[str, int]],
+    out: int,
+    in_pool: Callable[[str], int],
+    in_domain: Callable[[str], int],
+    mine: list[Grant],
+) -> list[BudgetUse]:
+    """The budget's rule: what is out, less the asking incident's own nodes (contained, or
+    held by its earlier run: not in the way of its own grant), against each limit that applies."""
+    b = state.policy.policy.budget
+    uses = [BudgetUse(name="cluster", used=out - len(mine), limit=limit_of(b.cluster, size))]
+    if b.per_pool is not None:
+        for pool, psize in pools:
+            used = in_pool(pool) - sum(1 for g in mine if g.pool == pool)
+            uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
+    if b.per_domain is not None:
+        for domain, dsize in domains:
+            used = in_domain(domain) - sum(1 for g in mine if domain in g.domains)
+            uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
+    return uses
 
 
 class Pass:
@@ -39,19 +82,16 @@ class Pass:
     of once per held incident, and counted again after each grant the pass makes. Counted per
     held incident, a pass over 9,400 held took seconds of one workflow task, past the SDK's 2 s
     deadlock bound, and the coordinator's task failed over and over (issue 36's 10,000-report
-    run). The decisions are the same as without it (tests/test_budget_pass.py). `now`: the rate
-    window's time (budget_uses reads no rate)."""
+    run). The decisions are the same as without it (tests/test_budget_pass.py)."""
 
-    def __init__(self, state: FleetState, now: datetime | None = None) -> None:
+    def __init__(self, state: FleetState, now: datetime) -> None:
         self.state, self.now = state, now
         self.refresh()
 
     def refresh(self) -> None:
         s = self.state
-        window = s.policy.policy.budget.rate_window_s
-        self.recent = 0 if self.now is None else len(windows.in_rate_window(s.remediations, self.now, window))
-        # Every node out of service because of gpuheal.
-        self.out: tuple[Grant, ...] = (*s.grants.values(), *s.contained.values(), *s.left.values())
+        self.recent = len(windows.in_rate_window(s.remediations, self.now, s.policy.policy.budget.rate_window_s))
+        self.out = _out(s)
         self.by_pool = Counter(g.pool for g in self.out)
         self.by_domain = Counter(d for g in self.out for d in set(g.domains))
         self.of_incident: dict[str, list[int]] = {}
@@ -61,25 +101,18 @@ class Pass:
             self.of_node.setdefault(g.node, []).append(at)
 
     def uses(self, placement: Placement, asking: str, asking_node: str) -> list[BudgetUse]:
-        """Use against the limits of `placement`, the asking incident's own nodes not counted."""
+        """budget_uses(state, placement, asking, asking_node), from the counts."""
         mine = [self.out[at] for at in {*self.of_incident.get(asking, ()), *self.of_node.get(asking_node, ())}]
-        pools = [(placement.pool, placement.pool_size)]
-        return self.against(placement.cluster_size, pools, list(placement.domains.items()), mine)
-
-    def against(
-        self, size: int, pools: list[tuple[str, int]], domains: list[tuple[str, int]], mine: list[Grant]
-    ) -> list[BudgetUse]:
-        b = self.state.policy.policy.budget
-        uses = [BudgetUse(name="cluster", used=len(self.out) - len(mine), limit=limit_of(b.cluster, size))]
-        if b.per_pool is not None:
-            for pool, psize in pools:
-                used = self.by_pool[pool] - sum(1 for g in mine if g.pool == pool)
-                uses.append(BudgetUse(name=f"pool {pool}", used=used, limit=limit_of(b.per_pool, psize)))
-        if b.per_domain is not None:
-            for domain, dsize in domains:
-                used = self.by_domain[domain] - sum(1 for g in mine if domain in g.domains)
-                uses.append(BudgetUse(name=f"domain {domain}", used=used, limit=limit_of(b.per_domain, dsize)))
-        return uses
+        return _against(
+            self.state,
+            placement.cluster_size,
+            [(placement.pool, placement.pool_size)],
+            list(placement.domains.items()),
+            len(self.out),
+            self.by_pool.__getitem__,
+            self.by_domain.__getitem__,
+            mine,
+        )
 
 
 def containment_use(state: FleetState, size: int | None = None) -> BudgetUse:

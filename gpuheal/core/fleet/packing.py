@@ -38,10 +38,16 @@ BZ2_MOST_JSON = 4 * 1024 * 1024
 # fails a workflow task that holds its thread past 2 s, and a storm's load stretches a task many
 # times over: a 10,000-report run's continue-as-new packed 2 to 3 MB of JSON through bz2 in its
 # task (0.2 to 0.3 s quiet), passed the 2 s on every attempt, and decided nothing for 13 minutes
-# (issue 36, run D). From the coordinator's PACK_BESIDE marker a bigger state is packed by a local
-# activity (pack_text, beside the task; bz2 and zlib let go of the GIL), or in the task with zlib
-# when it must be (pack(quick=True)).
+# (issue 36, run D). From the coordinator's PACK_BESIDE marker the state is packed by a local
+# activity (pack_beside, beside the task; bz2 and zlib let go of the GIL), or in the task, past
+# QUICK_JSON with zlib, when that was not carried (pack(quick=True)).
 QUICK_JSON = 512 * 1024
+# ...and what a local activity packed is carried only up to BESIDE_MOST: its result is recorded (a
+# marker) in the same workflow task's completion as the continue-as-new that carries it again, so
+# the task writes it twice, beside the updates it accepted (up to about 1.7 MB: design 014), and a
+# completion past gRPC's 4 MiB gets the coordinator terminated. Past it, nothing comes back (a
+# small marker) and the state is packed in the task (pack(quick=True)).
+BESIDE_MOST = 1024 * 1024
 # Never carry more than this: Temporal refuses a continue-as-new input over 2 MiB (and terminates
 # the run). Past it, the repeat window's oldest days are forgotten first (repeats.shed), the
 # books of what is out never; a state still too big is not carried (Pack.fits).
@@ -76,6 +82,12 @@ def pack_text(text: bytes, quick: bool = False) -> bytes:
     time (QUICK_JSON)."""
     codec = b"bz2\n" if len(text) <= (QUICK_JSON if quick else BZ2_MOST_JSON) else b"zlib\n"
     return MAGIC + codec + CODECS[codec][0](text)
+
+
+def pack_beside(text: bytes) -> bytes:
+    """What the local activity returns: pack_text, or nothing past BESIDE_MOST."""
+    data = pack_text(text)
+    return data if len(data) <= BESIDE_MOST else b""
 
 
 def pack(state: FleetState, now: datetime, most: int = MOST_BYTES, quick: bool = False) -> Pack:

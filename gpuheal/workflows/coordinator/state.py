@@ -64,7 +64,7 @@ class CoordinatorState:
     on_own_queue: bool = False  # from OWN_WORKFLOW_QUEUE on: its next run runs on its own queue
     move_to: str | None = None  # ... and, started on the cluster's queue, where its next run goes
     carry_after: int = 0  # history length before which it does not try to carry on again (too big)
-    pack_here: bool = False  # a pack beside the task saw the run move meanwhile: the next is packed in it
+    pack_here: bool = False  # a pack beside the task was not carried: the next is packed in the task
 
     def pending(self) -> bool:
         return bool(self.signals or self.notes or self.domains)
@@ -92,32 +92,46 @@ class CoordinatorState:
         )
 
     async def pack_carried(self) -> bytes | None:
-        """pack(); from PACK_BESIDE a state past packing.QUICK_JSON is compressed beside the task
-        by a local activity, which holds no thread of the task's. Nothing reaches the run while it
-        packs (the task stays open; only one outlasting its heartbeat lets events in), and what it
-        packed is carried only if the state is still the one it was given. Otherwise, or if it
-        failed, the state is packed here with zlib (within the task's time on a loaded worker)."""
-        text = packing.prepare(self.fleet, workflow.now())
-        if len(text) <= packing.QUICK_JSON or not workflow.patched(PACK_BESIDE):
+        """pack(); from PACK_BESIDE the state is compressed beside the task, by a local activity
+        that holds no thread of the task's, whatever its size (a branch on the size would tie a
+        history's replay to how the state happens to serialize). What it packed is carried only
+        if nothing reached the run meanwhile: the task stays open while it packs, and an event
+        (an update, a signal, an activity's end) reaches a run only in a new task, which grows
+        its history; only a pack outlasting the task's heartbeat (80 % of its timeout) lets one
+        in. Else, if it failed, or past packing.BESIDE_MOST (nothing comes back then), not this
+        time: the run packs in its task, with the quick codec, at its next task."""
+        if not workflow.patched(PACK_BESIDE):
             return self.pack()
         if self.pack_here:
             return self.pack(quick=True)
+        text = packing.prepare(self.fleet, workflow.now())
+        before = workflow.info().get_current_history_length()
         try:
             data: bytes = await workflow.execute_local_activity(
                 act.PACK_FLEET_STATE.name,
                 text,
                 result_type=bytes,
                 start_to_close_timeout=timedelta(seconds=PACK_TIMEOUT_S),
-                retry_policy=RetryPolicy(maximum_attempts=2),
+                retry_policy=RetryPolicy(maximum_attempts=1),  # (failed: packed in the task instead)
                 summary=f"packing the state to carry on ({len(text) // 1024} KB of JSON)",
             )
-        except FailureError as err:  # (a local activity's failure comes as its own, not in an ActivityError)
-            if isinstance(err, CancelledError):
+        except FailureError as err:  # (an application failure comes as itself; a timeout or cancel wrapped)
+            if isinstance(err, CancelledError) or isinstance(err.cause, CancelledError):
                 raise
             data = b""
-        if data and len(data) <= packing.MOST_BYTES and self.fleet.model_dump_json().encode() == text:
+        moved = workflow.info().get_current_history_length() != before
+        if data.startswith(packing.MAGIC) and len(data) <= packing.BESIDE_MOST and not moved:
             return data
-        return self.pack(quick=True)
+        self.moved_while_packing()
+        return None
+
+    def moved_while_packing(self) -> None:
+        """What was packed beside the task is not carried: the next try packs in the task, and
+        not in this one (it tries again once its history grows). Its result is already in this
+        task's completion (a marker), and with a continue-as-new beside it the completion could
+        pass gRPC's 4 MiB (design 014)."""
+        self.pack_here = True
+        self.carry_after = workflow.info().get_current_history_length() + 1
 
     def pack(self, quick: bool = False) -> bytes | None:
         """The state to carry on (gpuheal.core.fleet.packing), or None: not this time. Shed to fit

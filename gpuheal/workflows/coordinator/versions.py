@@ -105,9 +105,8 @@ LOOK_IN_PAGES = "coordinator-looks-in-pages"
 REBUILD_PACKED = "coordinator-rebuild-reads-a-packed-listing"
 # Nor did they pack a big state beside their task: a continue-as-new compressed megabytes of JSON
 # through bz2 in its workflow task, which a storm's load stretched past the SDK's 2 s bound on every
-# attempt (a 10,000-report run decided nothing for 13 minutes). From this marker a state past
-# packing.QUICK_JSON is packed by a local activity (CoordinatorState.pack_carried); the marker is
-# asked only for a state that big, so smaller coordinators' histories are as before.
+# attempt (a 10,000-report run decided nothing for 13 minutes). From this marker the state is
+# packed by a local activity (CoordinatorState.pack_carried), whatever its size.
 PACK_BESIDE = "coordinator-packs-a-big-state-beside-its-task"
 PACK_TIMEOUT_S = 60.0  # the local activity's bound: past it, the state is packed in the task (zlib)
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
