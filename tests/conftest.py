@@ -53,17 +53,13 @@ async def start_dev_server(interceptors: Sequence[Interceptor] = ()) -> Workflow
     """Temporal's dev server (the installed `temporal` CLI), in real time: for what the
     time-skipping server does not do as a real one does (a workflow task's heartbeat while a
     local activity runs). Its search attributes registered as the sandbox registers them."""
-    attrs = {k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL}
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(require_binary("temporal")),
         data_converter=DATA_CONVERTER,
         interceptors=interceptors,
         ui=False,
     )
-    await env.client.operator_service.add_search_attributes(
-        AddSearchAttributesRequest(namespace="default", search_attributes=attrs)
-    )
-    return env
+    return await with_search_attributes(env)
 
 
 async def start_time_skipping(interceptors: Sequence[Interceptor] = ()) -> WorkflowEnvironment:
@@ -75,12 +71,13 @@ async def start_time_skipping(interceptors: Sequence[Interceptor] = ()) -> Workf
         # on 2 cores and beside whatever else runs: a slow start is not a failed test.
         test_server_startup_timeout=TEST_SERVER_STARTUP,
     )
+    return await with_search_attributes(env)
+
+
+async def with_search_attributes(env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The project's search attributes, registered as the sandbox registers them."""
+    attrs = {k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL}
     await env.client.operator_service.add_search_attributes(
-        AddSearchAttributesRequest(
-            namespace="default",
-            search_attributes={
-                k.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{k.indexed_value_type.name}") for k in sa.ALL
-            },
-        )
+        AddSearchAttributesRequest(namespace="default", search_attributes=attrs)
     )
     return env

@@ -24,7 +24,7 @@ from gpuheal.workflows import fleet
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
-from tests.histories.recording import Recorder, destination
+from tests.histories.recording import recording
 from tests.holder import Holder
 from tests.test_coordinator_faults import Receiver, admit, ask, coordinator, holder
 
@@ -50,13 +50,8 @@ POLICY = FleetPolicy(
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
     """As tests/test_coordinator_faults.py's; its recordings are named short_runs_<limit>_* (they
     replay with HISTORY_LIMIT_PACKED at that limit, tests/test_replay.py)."""
-    recorder = Recorder()
-    env = await start_time_skipping([recorder])
-    yield env
-    dest = destination()
-    if dest is not None:
-        await recorder.save(env.client, f"short_runs_{SHORT_RUNS}_{request.node.name}", dest)
-    await env.shutdown()
+    async for env in recording(f"short_runs_{SHORT_RUNS}_{request.node.name}", start_time_skipping):
+        yield env
 
 
 async def test_the_coordinator_carries_its_books_packed_into_its_next_run(

@@ -55,7 +55,7 @@ from gpuheal.workers.main import Workers
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_time_skipping
-from tests.histories.recording import Recorder, destination
+from tests.histories.recording import recording
 from tests.holder import Holder
 
 
@@ -125,13 +125,8 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironme
     """A time-skipping server of the test's own: these coordinators are left running with work
     in progress when a test ends, and the test server then no longer skips time for anyone.
     With GPUHEAL_RECORD_HISTORIES, the coordinators it ran are saved as replay material."""
-    recorder = Recorder()
-    env = await start_time_skipping([recorder])
-    yield env
-    dest = destination()
-    if dest is not None:
-        await recorder.save(env.client, request.node.name, dest)
-    await env.shutdown()
+    async for env in recording(request.node.name, start_time_skipping):
+        yield env
 
 
 async def holder(env: WorkflowEnvironment, queue: str, node: str) -> tuple[WorkflowHandle[object, None], str]:

@@ -37,7 +37,7 @@ from gpuheal.workers.main import Workers
 from gpuheal.workflows.domain import DomainIncidentWorkflow
 from gpuheal.workflows.fleet import FleetCoordinator
 from tests.conftest import start_dev_server
-from tests.histories.recording import Recorder, destination
+from tests.histories.recording import recording
 from tests.test_coordinator_faults import Receiver, admit
 from tests.test_coordinator_pages import HOLDING, T0, holding
 
@@ -76,13 +76,8 @@ class Packer(Receiver):
 async def dev(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
     """A dev server of the test's own; with GPUHEAL_RECORD_HISTORIES its coordinators are saved
     as replay material (they ran with every default: they replay as recorded)."""
-    recorder = Recorder()
-    env = await start_dev_server([recorder])
-    yield env
-    dest = destination()
-    if dest is not None:
-        await recorder.save(env.client, request.node.name, dest)
-    await env.shutdown()
+    async for env in recording(request.node.name, start_dev_server):
+        yield env
 
 
 def serving(env: WorkflowEnvironment, queue: str, packer: Packer) -> Workers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateHandle,
 )
+from temporalio.testing import WorkflowEnvironment
 
 from gpuheal.core import messages as m
 
@@ -60,6 +62,20 @@ class Recorder(Interceptor):
                 path.write_text(history.to_json())
                 saved.append(path)
         return saved
+
+
+async def recording(
+    name: str, start: Callable[[Sequence[Interceptor]], Awaitable[WorkflowEnvironment]]
+) -> AsyncIterator[WorkflowEnvironment]:
+    """A fixture's server of the test's own (`start` with the recorder); with
+    GPUHEAL_RECORD_HISTORIES, what the test started there is saved under `name` when it ends."""
+    recorder = Recorder()
+    env = await start([recorder])
+    yield env
+    dest = destination()
+    if dest is not None:
+        await recorder.save(env.client, name, dest)
+    await env.shutdown()
 
 
 class _Noting(OutboundInterceptor):
