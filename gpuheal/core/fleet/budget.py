@@ -29,16 +29,17 @@ def budget_uses(
     out = _out(state)
     mine = [g for g in out if g.incident_id == asking or g.node == asking_node]
     if placement is not None:
-        size, pools, domains = placement.cluster_size, [(placement.pool, placement.pool_size)], placement.domains
+        size, pools = placement.cluster_size, [(placement.pool, placement.pool_size)]
+        domains = list(placement.domains.items())
     else:  # every pool and domain seen, by name
         size, seen = state.sizes.get("cluster", 1), sorted(state.sizes.items())
         pools = [(k.removeprefix("pool "), v) for k, v in seen if k.startswith("pool ")]
-        domains = {k.removeprefix("domain "): v for k, v in seen if k.startswith("domain ")}
+        domains = [(k.removeprefix("domain "), v) for k, v in seen if k.startswith("domain ")]
     return _against(
         state,
         size,
         pools,
-        list(domains.items()),
+        domains,
         len(out),
         lambda pool: sum(1 for g in out if g.pool == pool),
         lambda domain: sum(1 for g in out if domain in g.domains),

@@ -108,7 +108,7 @@ REBUILD_PACKED = "coordinator-rebuild-reads-a-packed-listing"
 # attempt (a 10,000-report run decided nothing for 13 minutes). From this marker the state is
 # packed by a local activity (CoordinatorState.pack_carried), whatever its size.
 PACK_BESIDE = "coordinator-packs-a-big-state-beside-its-task"
-PACK_TIMEOUT_S = 60.0  # the local activity's bound: past it, the state is packed in the task (zlib)
+PACK_TIMEOUT_S = 60.0  # the local activity's bound: past it, the run packs in its task, at its next
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
