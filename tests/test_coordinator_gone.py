@@ -5,17 +5,22 @@ Every ending is named: a run that failed instead is taken by dedupe for one that
 and its node is remediated again. A request or a confirmation unanswered after its attempts ends
 the incident `not_granted`, its jobs accounted for; a release unanswered at the close leaves the
 result as it was and says the coordinator's look for closed runs gives back what the run held.
-A held incident asks again every REASK_S, so a coordinator that lost its place in line still
-grants it.
+A held incident asks again (every REASK_S near the front of the line, less often further back,
+each wait drawn within a spread: gpuheal.core.fleet.line), so a coordinator that lost its place in
+line still grants it.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -24,6 +29,7 @@ from temporalio.worker import Replayer, Worker
 from gpuheal.activities import interface as act
 from gpuheal.activities.interface import implements
 from gpuheal.clients.temporal import DATA_CONVERTER
+from gpuheal.core.fleet.line import REASK_JITTER, REASK_S, reask_after_s
 from gpuheal.core.fleet.models import CapacityDecision, CapacityRequest, ReleaseRequest
 from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.fleet.reaping import REAP_EVERY_S
@@ -32,7 +38,6 @@ from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import JobFate, RemediationResult
 from gpuheal.core.settings import Settings
 from gpuheal.triggers import start
-from gpuheal.workflows.incident.capacity import REASK_S
 from gpuheal.workflows.job_recovery import JobRecoveryWorkflow
 from gpuheal.workflows.remediation import GpuRemediationWorkflow
 from tests.fakes import FakeCluster
@@ -49,11 +54,14 @@ async def start_or_join(client: Any, s: Settings, report: HealthReport) -> Any:
 
 class GoneCoordinator(FakeCluster):
     """A coordinator that admitted the incident, then: the calls in `down` fail at every attempt
-    (gone, or unreachable); a request is answered `answers` in turn (the last one again after)."""
+    (gone, or unreachable); a request is answered `answers` in turn (the last one again after),
+    one held at `places` in turn (likewise)."""
 
-    def __init__(self, down: Sequence[str] = (), answers: Sequence[bool] = (True,), **kw: Any) -> None:
+    def __init__(
+        self, down: Sequence[str] = (), answers: Sequence[bool] = (True,), places: Sequence[int] = (1,), **kw: Any
+    ) -> None:
         super().__init__(**kw)
-        self.down, self.answers = set(down), list(answers)
+        self.down, self.answers, self.places = set(down), list(answers), list(places)
 
     def fleet_activities(self) -> list[Callable[..., Any]]:
         c = self
@@ -67,7 +75,10 @@ class GoneCoordinator(FakeCluster):
         async def request(req: CapacityRequest) -> CapacityDecision:
             refuse("request_capacity")
             granted = c.answers.pop(0) if len(c.answers) > 1 else c.answers[0]
-            return CapacityDecision(granted=granted, reason="granted" if granted else "test: held", position=1)
+            if granted:
+                return CapacityDecision(granted=True, reason="granted")
+            place = c.places.pop(0) if len(c.places) > 1 else c.places[0]
+            return CapacityDecision(granted=False, reason="test: held", position=place)
 
         @implements(act.CONFIRM_CAPACITY)
         async def confirm(req: CapacityRequest) -> CapacityDecision:
@@ -92,18 +103,42 @@ def report() -> HealthReport:
     return HealthReport(node="gpu01", cluster=f"c{uuid.uuid4().hex[:8]}", xid=79, gpu=0, observed_at=datetime.now(UTC))
 
 
-async def remediate(env: WorkflowEnvironment, fake: FakeCluster) -> tuple[RemediationResult, list[str], Handle]:
+async def remediate(
+    env: WorkflowEnvironment, fake: FakeCluster, record: str = ""
+) -> tuple[RemediationResult, list[str], Handle]:
     """The incident run to its end: its result (a failed run raises), its `done` list, its handle.
-    Its history then replays through the workflow (the new paths and their patch markers)."""
+    Its history then replays through the workflow (the new paths and their patch markers); with
+    GPUHEAL_RECORD_HISTORIES, one named `record` is saved there as replay material."""
     s = Settings(task_queue=f"tq-{uuid.uuid4()}", cluster="test")
     workflows = [GpuRemediationWorkflow, JobRecoveryWorkflow]
     async with Worker(env.client, task_queue=s.task_queue, workflows=workflows, activities=fake.activities()):
         handle = await start_or_join(env.client, s, report())
         result = await handle.result()
         status = await handle.query(GpuRemediationWorkflow.status)
+    history = await handle.fetch_history()
     replayer = Replayer(workflows=[GpuRemediationWorkflow], data_converter=DATA_CONVERTER)
-    await replayer.replay_workflow(await handle.fetch_history())
+    await replayer.replay_workflow(history)
+    if record and (dest := os.environ.get("GPUHEAL_RECORD_HISTORIES")):
+        (Path(dest) / f"{record}.json").write_text(history.to_json())
     return result, status.done, handle
+
+
+async def asked_at(handle: Handle) -> list[float]:
+    """When the incident asked for capacity (its requests' scheduled events), in seconds from the
+    first: the server's clock, which the time-skipping server moves as the workflow's timers fire."""
+    times = [
+        e.event_time.ToDatetime()
+        async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == act.REQUEST_CAPACITY.name
+    ]
+    return [(t - times[0]).total_seconds() for t in times]
+
+
+def within_spread(gap: float, place: int) -> bool:
+    """A wait between two asks, for an incident last told `place`: its period, within the draw
+    (and the few seconds a request takes on the test server)."""
+    return reask_after_s(place, 0.0) <= gap <= reask_after_s(place, 1.0 - 1e-9) + 5
 
 
 async def test_a_request_no_coordinator_answers_ends_not_granted_with_nothing_touched(
@@ -169,18 +204,42 @@ async def test_a_held_incident_whose_coordinator_lost_its_place_is_granted_when_
     """Held; the coordinator is recreated without it in its line: no grant notice ever comes. The
     second time it asks again, the coordinator grants it; the wait ends then, not at the bound."""
     fake = GoneCoordinator(answers=(False, False, True), policy=FleetPolicy(max_hold_s=6 * 3600))
-    result, _, _ = await remediate(env, fake)
+    result, _, handle = await remediate(env, fake)
     assert result.outcome == "resolved" and result.replacement_node == "gpu09"
-    assert fake.calls.count("request_capacity") == 3  # asked, then again at REASK_S and 2 x REASK_S
+    assert fake.calls.count("request_capacity") == 3  # asked, then again twice
     held = next(st for st in result.stages if st.stage == Stage.HELD)
     assert held.outcome == "granted when asked again: granted"
-    assert held.duration_s is not None and 2 * REASK_S <= held.duration_s < 3 * REASK_S
+    asked = await asked_at(handle)
+    assert all(within_spread(b - a, 1) for a, b in pairwise(asked)), asked
+    assert held.duration_s is not None and held.duration_s < 2 * REASK_S * (1 + REASK_JITTER) + 10
 
 
 async def test_a_held_incident_asks_again_only_until_its_bound(env: WorkflowEnvironment) -> None:
     fake = GoneCoordinator(answers=(False,), policy=FleetPolicy(max_hold_s=1000))
-    result, _, _ = await remediate(env, fake)
+    result, _, handle = await remediate(env, fake)
     assert result.outcome == "not_granted" and "not granted within 1000 s" in result.reason
-    assert fake.calls.count("request_capacity") == 1 + 3  # again at 300, 600 and 900 s; not past 1000
+    asked = await asked_at(handle)
+    assert 1 + 2 <= len(asked) <= 1 + 4 and asked[-1] < 1000  # each REASK_S, drawn; none past the bound
+    assert all(within_spread(b - a, 1) for a, b in pairwise(asked)), asked
     held = next(st for st in result.stages if st.stage == Stage.HELD)
-    assert held.duration_s is not None and 1000 <= held.duration_s < 1000 + REASK_S
+    assert held.duration_s is not None and 1000 <= held.duration_s < 1000 + 10
+
+
+async def test_a_held_incident_far_back_in_line_asks_again_less_often_as_its_place_says(
+    env: WorkflowEnvironment,
+) -> None:
+    """Defect 5: thousands held, each asking every REASK_S, swamped the incidents' worker. Held
+    at place 1,500 it asks again after about 3,000 s (not 300); told place 400, after about 800 s;
+    told place 1 (next), after about 300 s: the period follows the place the last answer said.
+    Granted at its fourth ask."""
+    fake = GoneCoordinator(
+        answers=(False, False, False, True), places=(1500, 400, 1), policy=FleetPolicy(max_hold_s=6 * 3600)
+    )
+    result, _, handle = await remediate(env, fake, record="issue36_held_asks_again_by_its_place")
+    assert result.outcome == "resolved"
+    held = next(st for st in result.stages if st.stage == Stage.HELD)
+    assert held.outcome == "granted when asked again: granted"
+    asked = await asked_at(handle)
+    assert len(asked) == 4, asked
+    gaps = [b - a for a, b in pairwise(asked)]
+    assert [within_spread(g, p) for g, p in zip(gaps, (1500, 400, 1), strict=True)] == [True] * 3, gaps

@@ -24,6 +24,7 @@ from gpuheal.workflows.incident.timeline import in_stage, notify
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import ids, policy, render
+    from gpuheal.core.fleet.line import REASK_S, reask_after_s
     from gpuheal.core.fleet.models import AdmitAsk, CapacityDecision, CapacityRequest, GrantNotice, ReleaseRequest
     from gpuheal.core.fleet.reaping import REAP_EVERY_S
     from gpuheal.core.models.base import ActionClass, NodeState, Stage
@@ -56,10 +57,10 @@ UNANSWERED_IS_AN_ENDING = "an-unanswered-coordinator-is-a-named-ending"
 # Incidents started before it waited for their grant notice alone, one timer to the hold bound;
 # they keep doing so (workflow.patched) to replay.
 REASK_WHILE_HELD = "a-held-incident-asks-the-coordinator-again"
-# How often a held incident asks its coordinator again: one recreated and rebuilt without this
-# incident in its line, or one that lost its place in it, decides it afresh (the request is keyed
-# by the incident's run: asked again, it is the same request, counted once).
-REASK_S = 300.0
+# Incidents started before it asked again every REASK_S wherever they were in line: a line of
+# thousands asked tens of times a second and swamped the incidents' worker. From it, the period
+# grows with the place the coordinator last answered, drawn within a spread (gpuheal.core.fleet.line).
+REASK_BY_PLACE = "a-held-incident-asks-again-less-often-further-back-in-line"
 # Endings that leave the node drained by this incident: the coordinator keeps counting it.
 STILL_OUT = frozenset(
     {
@@ -230,16 +231,20 @@ def _forget_earlier_notices(s: IncidentState) -> None:
         s.grant = None
 
 
-async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | None:
-    """Held: the coordinator's notice (granted, or dismissed into a domain incident), or None at
-    the bound. Meanwhile it asks again every REASK_S: a granted answer is a grant notice."""
+async def wait_for_grant(s: IncidentState, within_s: float, place: int | None = None) -> GrantNotice | None:
+    """Held (at `place` in line, as last answered): the coordinator's notice (granted, or
+    dismissed into a domain incident), or None at the bound. Meanwhile it asks again, less often
+    the further back it is (REASK_BY_PLACE; every REASK_S before it): a granted answer is a grant
+    notice, a held one says its place now."""
     if not workflow.patched(KEEP_EARLY_GRANT):
         s.grant = None  # how incidents started before the fix waited (their histories replay so)
     bound = "held: capacity never freed within the bound"
     if not workflow.patched(REASK_WHILE_HELD):
         return await gate.wait_for(lambda: s.grant, within=timedelta(seconds=within_s), summary=bound)
-    until, every = workflow.now() + timedelta(seconds=within_s), timedelta(seconds=REASK_S)
+    by_place = workflow.patched(REASK_BY_PLACE)
+    until = workflow.now() + timedelta(seconds=within_s)
     while (left := until - workflow.now()) > timedelta(0):
+        every = timedelta(seconds=reask_after_s(place, workflow.random().random()) if by_place else REASK_S)
         last = left <= every
         summary = bound if last else "held: ask the coordinator again"
         notice = await gate.wait_for(lambda: s.grant, within=min(left, every), summary=summary)
@@ -250,6 +255,8 @@ async def wait_for_grant(s: IncidentState, within_s: float) -> GrantNotice | Non
             s.grant = GrantNotice(granted=True, reason=f"granted when asked again: {again.reason}")
         if s.grant is not None:  # that answer, or a notice that came while it was asked
             return s.grant
+        if again is not None and again.position is not None:
+            place = again.position
     return None
 
 

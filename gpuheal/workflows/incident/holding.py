@@ -34,7 +34,7 @@ async def granted(s: IncidentState, decision: CapacityDecision, drain: Callable[
         if contain:
             await drain(why)
             s.stage = Stage.HELD
-        notice = await capacity.wait_for_grant(s, limit)
+        notice = await capacity.wait_for_grant(s, limit, decision.position)
         rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"
         s.held_for = ""
     return s.grant is not None and s.grant.granted  # a grant may still land while the stage closes
