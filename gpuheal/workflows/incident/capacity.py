@@ -59,7 +59,8 @@ UNANSWERED_IS_AN_ENDING = "an-unanswered-coordinator-is-a-named-ending"
 REASK_WHILE_HELD = "a-held-incident-asks-the-coordinator-again"
 # Incidents started before it asked again every REASK_S wherever they were in line: a line of
 # thousands asked tens of times a second and swamped the incidents' worker. From it, the period
-# grows with the place the coordinator last answered, drawn within a spread (gpuheal.core.fleet.line).
+# grows with the place the coordinator last answered, up to a cap, drawn within a spread
+# (gpuheal.core.fleet.line, whose numbers it freezes for the incidents that recorded it).
 REASK_BY_PLACE = "a-held-incident-asks-again-less-often-further-back-in-line"
 # Endings that leave the node drained by this incident: the coordinator keeps counting it.
 STILL_OUT = frozenset(
@@ -234,8 +235,8 @@ def _forget_earlier_notices(s: IncidentState) -> None:
 async def wait_for_grant(s: IncidentState, within_s: float, place: int | None = None) -> GrantNotice | None:
     """Held (at `place` in line, as last answered): the coordinator's notice (granted, or
     dismissed into a domain incident), or None at the bound. Meanwhile it asks again, less often
-    the further back it is (REASK_BY_PLACE; every REASK_S before it): a granted answer is a grant
-    notice, a held one says its place now."""
+    the further back it is, at least three times within the bound (REASK_BY_PLACE; every REASK_S
+    before it): a granted answer is a grant notice, a held one says its place now."""
     if not workflow.patched(KEEP_EARLY_GRANT):
         s.grant = None  # how incidents started before the fix waited (their histories replay so)
     bound = "held: capacity never freed within the bound"
@@ -244,7 +245,7 @@ async def wait_for_grant(s: IncidentState, within_s: float, place: int | None = 
     by_place = workflow.patched(REASK_BY_PLACE)
     until = workflow.now() + timedelta(seconds=within_s)
     while (left := until - workflow.now()) > timedelta(0):
-        every = timedelta(seconds=reask_after_s(place, workflow.random().random()) if by_place else REASK_S)
+        every = timedelta(seconds=reask_after_s(place, within_s, workflow.random().random()) if by_place else REASK_S)
         last = left <= every
         summary = bound if last else "held: ask the coordinator again"
         notice = await gate.wait_for(lambda: s.grant, within=min(left, every), summary=summary)
