@@ -3,10 +3,16 @@ run it claims (a benchmark whose runs are not what it says fails, it does not pr
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
+
+from temporalio.service import RPCError, RPCStatusCode
+
+T = TypeVar("T")
 
 
 class BenchCheckFailed(RuntimeError):
@@ -58,3 +64,18 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+async def patiently(what: str, call: Callable[[], Awaitable[T]], tries: int = 24, pause_s: float = 5.0) -> T:
+    """`call`, tried again while the server says it is over its persistence limit
+    (RESOURCE_EXHAUSTED: a cluster still serving a storm's held incidents refused a 10,000-run
+    listing so, stop 50); each refusal is said. Any other error, or the last refusal, is raised."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await call()
+        except RPCError as err:
+            if err.status != RPCStatusCode.RESOURCE_EXHAUSTED or attempt == tries:
+                raise
+            print(f"  {what}: refused ({err.message}); again in {pause_s:g} s ({attempt}/{tries})", flush=True)
+            await asyncio.sleep(pause_s)
+    raise AssertionError("not reached: the last try returns or raises")

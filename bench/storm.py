@@ -42,9 +42,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
-from bench.common import check, cpu_s, distinct, peak_rss_mb
+from bench.common import check, cpu_s, distinct, patiently, peak_rss_mb
 from bench.storm_report import Run, Watched, report
 from gpuheal.activities import interface as act
 from gpuheal.clients.temporal import connect
@@ -323,8 +323,8 @@ async def one_run(
         info = (await coordinator.describe()).raw_description.workflow_execution_info
         run.history_events, run.history_kb = info.history_length, info.history_size_bytes / 1024
         runs = queries.where(queries.eq(queries.WORKFLOW_ID, coordinator.id))  # each continue-as-new is a run
-        run.coordinator_runs = (await client.count_workflows(runs)).count
-        async for wf in client.list_workflows(runs):
+        run.coordinator_runs = (await patiently("the coordinator's runs", lambda: client.count_workflows(runs))).count
+        for wf in await patiently("the coordinator's runs", lambda: _listed(client, runs)):
             # one chain: every run but the open one continued as new (none terminated, failed or timed out)
             check(
                 wf.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW),
@@ -386,11 +386,15 @@ async def self_check(client: Client, cluster: str, nodes: list[str], run: Run, s
     each on its own node, all started after this run began."""
     check(run.skipped == 0, f"{run.name}: {run.skipped} reports answered 'already handled'")
     query = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster))
-    found = [wf async for wf in client.list_workflows(query)]
+    found = await patiently("the self-check's listing", lambda: _listed(client, query))
     distinct(f"{run.name}: incident run", [wf.run_id for wf in found])
     distinct(f"{run.name}: incident", [wf.id for wf in found])
     check(len(found) == len(nodes), f"{run.name}: {len(found)} incidents for {len(nodes)} reports")
     check(all(wf.start_time >= since for wf in found), f"{run.name}: an incident started before the run")
+
+
+async def _listed(client: Client, query: str) -> list[WorkflowExecution]:
+    return [wf async for wf in client.list_workflows(query)]
 
 
 def database_cpu_s(sb: Sandbox) -> float:
