@@ -21,11 +21,12 @@ from gpuheal.core.fleet.line import (
     reask_after_s,
     reask_period_s,
 )
+from gpuheal.core.fleet.policy import FleetPolicy
 
 places = st.one_of(st.none(), st.integers(min_value=1, max_value=200_000))
 holds = st.floats(min_value=60.0, max_value=7 * 86400.0)
 draws = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
-DEFAULT_HOLD = 21600.0  # FleetPolicy.max_hold_s's default
+DEFAULT_HOLD = FleetPolicy().max_hold_s
 
 
 @given(places, places, holds, draws)

@@ -124,8 +124,10 @@ async def test_a_rebuild_killed_with_its_worker_in_a_storm_is_taken_over_and_the
             """Rebuilt, with every open incident in the books (the newest one's admission may
             have been on the killed worker too: it is asked again after its timeout)."""
             s = await _status(client, settings)
-            whole = s is not None and len(s.out_of_service) + len(s.held) == len(handles)
-            return s if s and "coordinator recreated" in s.breaker.why and whole else None
+            if s is None:
+                return None
+            whole = len(s.out_of_service) + len(s.held) == len(handles)
+            return s if "coordinator recreated" in s.breaker.why and whole else None
 
         fleet = await until(rebuilt, "the rebuild taken over by the other worker", timeout=300)
         done_by = await _rebuild_done_by(client, fleet_id)

@@ -37,8 +37,12 @@ REASK_JITTER = 0.25
 def reask_period_s(place: int | None, hold_s: float) -> float:
     """The period of an incident at `place` in line (1: next; None: not said, as when a later run
     of the incident asked since) held for at most `hold_s`."""
-    cap = min(REASK_MOST_S, hold_s / REASK_PER_HOLD)
-    return max(REASK_S, min((place or 0) * REASK_PER_PLACE_S, cap))
+    return max(REASK_S, min((place or 0) * REASK_PER_PLACE_S, _cap_s(hold_s)))
+
+
+def _cap_s(hold_s: float) -> float:
+    """The longest period within a hold bound of `hold_s`."""
+    return max(REASK_S, min(REASK_MOST_S, hold_s / REASK_PER_HOLD))
 
 
 def reask_after_s(place: int | None, hold_s: float, draw: float) -> float:
@@ -53,7 +57,7 @@ def line_asks_per_s(held: int, hold_s: float = math.inf, shortest: bool = False)
     """About how many re-asks a second a line of `held` incidents makes together, each at its
     nominal period (or, `shortest`, each at its shortest draw: the most): what the period is
     built to bound, a cluster's line on its incidents' worker."""
-    cap = max(REASK_S, min(REASK_MOST_S, hold_s / REASK_PER_HOLD))
+    cap = _cap_s(hold_s)
     front = min(held, int(REASK_S / REASK_PER_PLACE_S))  # at REASK_S
     ramp_end = min(held, int(cap / REASK_PER_PLACE_S))  # growing with the place
     ramp = math.log(ramp_end / front) / REASK_PER_PLACE_S if ramp_end > front else 0.0
