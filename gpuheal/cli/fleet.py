@@ -17,7 +17,7 @@ from typing import TypeVar
 from temporalio.client import Client, WorkflowContinuedAsNewError, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from gpuheal.cli.incident import incident_id
+from gpuheal.cli.targets import incident_id
 from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa

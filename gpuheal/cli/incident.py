@@ -16,9 +16,10 @@ from temporalio.client import WorkflowContinuedAsNewError, WorkflowExecutionStat
 from temporalio.service import RPCError
 
 from gpuheal.cli import errors
+from gpuheal.cli.targets import incident_id
 from gpuheal.clients.slurm.cli import SlurmCli
 from gpuheal.clients.temporal import connect
-from gpuheal.core import ids, queries, render
+from gpuheal.core import queries, render
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.errors import quote
 from gpuheal.core.messages import INCIDENT, INCIDENT_ABORT, INCIDENT_APPROVE, INCIDENT_GIVE_BACK, INCIDENT_STATUS
@@ -37,14 +38,6 @@ from gpuheal.triggers.start import (
 )
 
 QUERY_TIMEOUT_S = 3.0
-
-
-def incident_id(settings: Settings, target: str, cluster: str | None = None) -> str:
-    """An operator's target: an incident id as given, or a node name of this cluster (the cluster
-    is asked for only then, so an id works without GPUHEAL_CLUSTER)."""
-    if ids.is_gpuheal_id(target):
-        return target
-    return ids.incident_id(cluster or settings.require_cluster(), target)
 
 
 def _slurm_probe(settings: Settings) -> NodeProbe | None:

@@ -18,7 +18,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
 from gpuheal.activities import interface as act
-from gpuheal.cli.incident import incident_id
+from gpuheal.cli.targets import incident_id
 from gpuheal.clients.temporal import connect
 from gpuheal.core import postmortem
 from gpuheal.core.messages import INCIDENT
