@@ -9,6 +9,7 @@ gpuheal-prod-gpu01`), Slurm's drain reasons name them, and recorded histories ho
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -86,6 +87,17 @@ def domain_incident_id(cluster: str, domain: str, at: datetime) -> str:
     """A domain ("gpuheal.io/rack=r7") as a slug, and when it was opened (to the second)."""
     slug = "".join(c if c.isalnum() else "-" for c in domain).strip("-").lower()
     return _build("domain_incident", cluster, slug=slug, at=f"{at:%Y%m%d%H%M%S}")
+
+
+# What every id gpuheal gives is made of (a cluster's and a node's names, digits, dashes): an id an
+# operator types is checked against it before it reaches a query or a file name.
+_ID = re.compile(rf"^{PREFIX}[A-Za-z0-9._-]{{1,240}}$")
+
+
+def check_id(text: str) -> str:
+    if not _ID.match(text):
+        raise ValueError(f"invalid incident id {text!r}")
+    return text
 
 
 def is_gpuheal_id(text: str) -> bool:

@@ -53,6 +53,12 @@ async def test_bad_input_quotes_the_offending_value(slurm: Sandbox, settings: Se
     done = await gpuheal(slurm, settings, "history", 'gpu"01')  # never reaches the visibility query
     assert done.returncode == errors.BAD_INPUT and "invalid node name 'gpu\"01'" in done.stderr, done
     plain(done.stderr)
+    # A target reaches a workflow id, and the postmortem's file names: checked first, nothing written.
+    done = await gpuheal(slurm, settings, "postmortem", "gpuheal-x/../../tmp/x", "--out", str(slurm.root / "pm"))
+    assert done.returncode == errors.BAD_INPUT and "invalid incident id 'gpuheal-x/../../tmp/x'" in done.stderr, done
+    assert not (slurm.root / "pm").exists()
+    done = await gpuheal(slurm, settings, "override", "gpu01;x", "--operator", "a", "--reason", "r")
+    assert done.returncode == errors.BAD_INPUT and "invalid node name 'gpu01;x'" in done.stderr, done
     done = await gpuheal(slurm, settings, "incidents", "--since", "forever")
     assert done.returncode == errors.BAD_INPUT and "'forever' is not a duration" in done.stderr, done
     done = await gpuheal(slurm, settings, "incidents", "--stage", "nap")
