@@ -1,0 +1,286 @@
+"""The soak's invariants: pure functions of what the systems recorded (infra.soak.records), each
+returning the violations it found, named so that a failed soak says which incident, when, and
+what to look at. None of them reads gpuheal's own account of what it did.
+
+Each check is a function of its own (the report gives each its verdict), and `check` runs them
+all in the order the issue lists them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from infra.soak.records import (
+    Bound,
+    BreakerChange,
+    Grant,
+    JobEnd,
+    LogEvent,
+    NodeSample,
+    Run,
+    SpareGiven,
+    incident_workflow_id,
+    ours,
+)
+
+# The incident's named endings (gpuheal.core.models.base.Outcome): written here again on purpose,
+# so that an ending gpuheal invents later is a violation until the checker is told of it.
+OUTCOMES = frozenset(
+    {
+        "resolved",
+        "ignored",
+        "aborted",
+        "no_capacity",
+        "observed",
+        "escalated",
+        "not_granted",
+        "already_replaced",
+        "failed_validation",
+        "followed_up",
+        "unvalidated",
+    }
+)
+# Node states a closed incident leaves drained in Slurm (gpuheal.core.models.base.NodeState).
+LEFT_DRAINED = frozenset({"drained", "blocked", "awaiting_replacement", "failed_validation", "unvalidated"})
+# Job states in which a job is accounted for by Slurm alone: still at work, waiting, or done.
+JOB_ALIVE = frozenset({"RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "COMPLETED"})
+CHAIN = "CONTINUED_AS_NEW"  # not an ending: the next run of the chain carries on
+
+JOB_LOST, JOB_KILLED = "no job lost", "no job killed by gpuheal"
+TWICE, BOUND, BREAKER, ENDINGS, LEAKS = (
+    "no action done twice",
+    "the bound",
+    "the breaker",
+    "every incident ended",
+    "nothing leaked",
+)
+INVARIANTS = (JOB_LOST, JOB_KILLED, TWICE, BOUND, BREAKER, ENDINGS, LEAKS)
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str  # one of INVARIANTS
+    cluster: str
+    at: float
+    subject: str  # the incident run (workflow id/run id), the job or the node it is about
+    detail: str
+
+
+def tail(run_id: str) -> str:
+    """How a validation's reservation names its run: the run id's last 8 hex digits."""
+    return run_id.replace("-", "")[-8:]
+
+
+def run_at(runs: Iterable[Run], cluster: str, node: str, t: float) -> Run | None:
+    """The incident run of `node` open at `t` (one at a time per node: its workflow id is the node's)."""
+    wid = incident_workflow_id(cluster, node)
+    found = [r for r in runs if r.cluster == cluster and r.workflow_id == wid and r.open_at(t)]
+    return max(found, key=lambda r: r.started) if found else None
+
+
+def drained_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
+    """A node gpuheal had drained, drained by gpuheal again before anything resumed it or took it
+    out: a drain done without reading the node first. Slurm's log shows each drain asked for."""
+    found: list[Violation] = []
+    held: set[tuple[str, str]] = set()  # (cluster, node) drained by gpuheal, not resumed since
+    for e in events:
+        where = (e.cluster, e.node)
+        if e.kind == "drain" and ours(e.text, e.cluster):
+            if where in held:
+                run = run_at(runs, e.cluster, e.node, e.at)
+                subject = run.key if run else e.node
+                found.append(Violation(TWICE, e.cluster, e.at, subject, f"{e.node} drained again: {e.text}"))
+            held.add(where)
+        elif e.kind in ("resume", "down") or (e.kind == "drain" and not ours(e.text, e.cluster)):
+            held.discard(where)
+    return found
+
+
+def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
+    """A job requeued more than once while one incident run of its node was open."""
+    found: list[Violation] = []
+    on: dict[tuple[str, int], str] = {}  # (cluster, job) -> the node it last started on
+    seen: set[tuple[str, str, int]] = set()  # (cluster, run key, job)
+    for e in events:
+        if e.kind == "allocate":
+            on[(e.cluster, e.job)] = e.node
+        elif e.kind == "requeue" and (node := on.get((e.cluster, e.job))):
+            run = run_at(runs, e.cluster, node, e.at)
+            if run is None:
+                continue  # not during an incident of its node: not gpuheal's requeue
+            key = (e.cluster, run.key, e.job)
+            if key in seen:
+                found.append(Violation(TWICE, e.cluster, e.at, run.key, f"job {e.job} requeued again from {node}"))
+            seen.add(key)
+    return found
+
+
+def spares_twice(spares: Sequence[SpareGiven]) -> list[Violation]:
+    """A spare the provider gave to two incident runs."""
+    first: dict[tuple[str, str], str] = {}
+    found: list[Violation] = []
+    for s in spares:
+        taken = first.setdefault((s.cluster, s.spare), s.run_key)
+        if taken != s.run_key:
+            found.append(Violation(TWICE, s.cluster, 0.0, s.run_key, f"spare {s.spare} given to {taken} too"))
+    return found
+
+
+def bound_at(bounds: Sequence[Bound], cluster: str, t: float) -> int | None:
+    current = [b for b in bounds if b.cluster == cluster and b.at <= t]
+    return max(current, key=lambda b: b.at).most if current else None
+
+
+def over_the_bound(samples: Sequence[NodeSample], bounds: Sequence[Bound]) -> list[Violation]:
+    """A sample of Slurm with more nodes drained by gpuheal than the policy's budget plus
+    containment: every node gpuheal drained counts until Slurm shows it back."""
+    found: list[Violation] = []
+    for s in samples:
+        most = bound_at(bounds, s.cluster, s.at)
+        drained = sorted(node for node, reason in s.drained.items() if ours(reason, s.cluster))
+        if most is not None and len(drained) > most:
+            found.append(Violation(BOUND, s.cluster, s.at, s.cluster, f"{len(drained)} drained by gpuheal > {most}"))
+    return found
+
+
+def breaker_reset_alone(changes: Sequence[BreakerChange]) -> list[Violation]:
+    """The breaker went from tripped to not tripped with no operator's resume making the change."""
+    found: list[Violation] = []
+    tripped: dict[str, bool] = defaultdict(bool)
+    for c in sorted(changes, key=lambda c: c.at):
+        if tripped[c.cluster] and not c.tripped and not c.operator:
+            found.append(Violation(BREAKER, c.cluster, c.at, c.cluster, "the breaker reset without an operator"))
+        tripped[c.cluster] = c.tripped
+    return found
+
+
+def endings(runs: Sequence[Run], end: float) -> list[Violation]:
+    """Every run ended in a named state within its bound, none failed; one still open at `end`
+    must be waiting for a person (and say for whom)."""
+    found: list[Violation] = []
+    for r in runs:
+        if r.status == CHAIN:
+            continue
+        if r.closed is None:
+            if not r.waiting_for:
+                found.append(Violation(ENDINGS, r.cluster, end, r.key, "still open, waiting for nobody"))
+            continue
+        if r.status != "COMPLETED":
+            found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, f"ended {r.status}"))
+        elif r.outcome not in OUTCOMES:
+            found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, f"ended in no named state ({r.outcome!r})"))
+        if r.bound_s and r.closed - r.started > r.bound_s:
+            took = f"open {r.closed - r.started:.0f} s, past its {r.bound_s:.0f} s"
+            found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, took))
+    return found
+
+
+def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: Sequence[JobEnd]) -> list[Violation]:
+    """Every job that was on a node while an incident of that node was open: alive or done by
+    Slurm's account, or named with its fate in that incident's result; none cancelled unless the
+    soak itself cancelled it."""
+    found: list[Violation] = []
+    final = {(e.cluster, e.job): e for e in ends}
+    touched: dict[tuple[str, int], set[str]] = defaultdict(set)  # job -> the runs it was on the node of
+    for (cluster, job), node, since, until in _placements(events):
+        wid = incident_workflow_id(cluster, node)
+        for r in runs:
+            if r.cluster == cluster and r.workflow_id == wid and since <= (r.closed or until) and r.started <= until:
+                touched[(cluster, job)].add(r.key)
+    for (cluster, job), keys in sorted(touched.items()):
+        end = final.get((cluster, job))
+        named = any(job in r.job_fates for r in runs if r.key in keys)
+        if end is not None and end.state == "CANCELLED" and not end.by_soak:
+            found.append(Violation(JOB_KILLED, cluster, 0.0, str(job), f"job {job} cancelled: {sorted(keys)}"))
+        elif (end is None or end.state not in JOB_ALIVE) and not named:
+            state = f"job {job} {end.state if end else 'unknown to Slurm'}, named by none of {sorted(keys)}"
+            found.append(Violation(JOB_LOST, cluster, 0.0, str(job), state))
+    return found
+
+
+def _placements(events: Sequence[LogEvent]) -> list[tuple[tuple[str, int], str, float, float]]:
+    """Each job's stays: (cluster, job), the node, from its allocation to its next (or forever)."""
+    stays: list[tuple[tuple[str, int], str, float, float]] = []
+    current: dict[tuple[str, int], tuple[str, float]] = {}
+    for e in events:
+        if e.kind == "allocate":
+            key = (e.cluster, e.job)
+            if key in current:
+                node, since = current[key]
+                stays.append((key, node, since, e.at))
+            current[key] = (e.node, e.at)
+    stays += [(key, node, since, float("inf")) for key, (node, since) in current.items()]
+    return stays
+
+
+def leaks(
+    runs: Sequence[Run], grants: Sequence[Grant], last: Sequence[NodeSample], reservations: Sequence[tuple[str, str]]
+) -> list[Violation]:
+    """At the end: no grant held by a closed run; no gpuheal reservation without its open run
+    (reservations: (cluster, name), named "gpuheal-validate-<node>-<run id's tail>"); every node a
+    closed run says it left drained is drained in Slurm's last sample."""
+    found: list[Violation] = []
+    by_key = {r.key: r for r in runs}
+    for g in grants:
+        run = by_key.get(g.run_key)
+        if g.released_at is None and (run is None or run.closed is not None):
+            found.append(Violation(LEAKS, g.cluster, g.granted_at, g.run_key, "a grant held by a closed run"))
+    open_ids = {(r.cluster, r.workflow_id) for r in runs if r.closed is None}
+    # A validation's reservation is named by its incident's first run (a reset keeps it): any run
+    # of a workflow with a run still open may be the one it names.
+    open_tails = {(r.cluster, tail(r.run_id)) for r in runs if (r.cluster, r.workflow_id) in open_ids}
+    for cluster, name in reservations:
+        if (cluster, name.rsplit("-", 1)[-1]) not in open_tails:
+            found.append(Violation(LEAKS, cluster, 0.0, name, "a reservation without its open incident"))
+    final = {s.cluster: s for s in sorted(last, key=lambda s: s.at)}
+    latest: dict[tuple[str, str], Run] = {}
+    for r in sorted(runs, key=lambda r: r.started):
+        latest[(r.cluster, r.node)] = r
+    for r in latest.values():
+        sample = final.get(r.cluster)
+        if r.closed is not None and r.node_state in LEFT_DRAINED and sample and r.node not in sample.drained:
+            found.append(Violation(LEAKS, r.cluster, sample.at, r.key, f"{r.node} said {r.node_state}, not drained"))
+    return found
+
+
+@dataclass(frozen=True)
+class Records:
+    """Everything a soak recorded, gathered after it (the harness reads each system's own record)."""
+
+    end: float  # when the checker looked: runs still open then must be waiting for a person
+    events: Sequence[LogEvent]
+    samples: Sequence[NodeSample]
+    runs: Sequence[Run]
+    grants: Sequence[Grant] = ()
+    breaker: Sequence[BreakerChange] = ()
+    spares: Sequence[SpareGiven] = ()
+    bounds: Sequence[Bound] = ()
+    job_ends: Sequence[JobEnd] = ()
+    reservations: Sequence[tuple[str, str]] = ()
+
+
+def check(r: Records) -> dict[str, list[Violation]]:
+    """Every invariant's violations (an empty list: the invariant held), in INVARIANTS' order."""
+    found: dict[str, list[Violation]] = {name: [] for name in INVARIANTS}
+    last = [max(ss, key=lambda s: s.at) for ss in _by_cluster(r.samples).values()]
+    for v in [
+        *jobs_lost_or_killed(r.events, r.runs, r.job_ends),
+        *drained_twice(r.events, r.runs),
+        *requeued_twice(r.events, r.runs),
+        *spares_twice(r.spares),
+        *over_the_bound(r.samples, r.bounds),
+        *breaker_reset_alone(r.breaker),
+        *endings(r.runs, r.end),
+        *leaks(r.runs, r.grants, last, r.reservations),
+    ]:
+        found[v.invariant].append(v)
+    return found
+
+
+def _by_cluster(samples: Sequence[NodeSample]) -> dict[str, list[NodeSample]]:
+    grouped: dict[str, list[NodeSample]] = defaultdict(list)
+    for s in samples:
+        grouped[s.cluster].append(s)
+    return grouped

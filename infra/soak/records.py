@@ -1,0 +1,202 @@
+"""What the systems recorded during a soak, as plain values, and the parsers of their real formats.
+
+The checker (infra.soak.invariants) reads only these: slurmctld's log (drains, resumes, requeues,
+allocations, and each training job's progress, which the job writes into its comment), Slurm
+sampled every second, Temporal's histories of every run, the sandbox provider's spare record, and
+the soak's own schedule of what it injected. Nothing here asks gpuheal what it did.
+
+Times are seconds since the epoch (UTC): slurmctld logs its host's local time, which the soak
+runs in UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+# How gpuheal names what it does, as Slurm shows it (docs/operating.md): a workflow id is
+# "gpuheal-{cluster}-{node}" for an incident, and a drain's reason starts with the id and a colon.
+ID_PREFIX = "gpuheal-"
+
+
+def incident_workflow_id(cluster: str, node: str) -> str:
+    return f"{ID_PREFIX}{cluster}-{node}"
+
+
+def ours(reason: str, cluster: str) -> bool:
+    """A drain reason gpuheal wrote for this cluster (an incident's or a domain incident's)."""
+    head, colon, _ = reason.partition(":")
+    return bool(colon) and head.startswith(f"{ID_PREFIX}{cluster}-")
+
+
+LogKind = Literal["reason", "drain", "resume", "down", "requeue", "allocate", "progress"]
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One line of slurmctld's log that the checker reads."""
+
+    at: float
+    cluster: str
+    kind: LogKind
+    node: str = ""  # reason, drain, resume, down: the node; allocate: its first node
+    job: int = 0  # requeue, allocate, progress
+    text: str = ""  # reason: the reason; drain: the node's reason when it was drained
+    step: int = 0  # progress: the job's training step
+    restart: int = 0  # progress: how many times the job restarted
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """Slurm's nodes at one moment (the soak samples each cluster every second): the drained
+    ones, each with its reason."""
+
+    at: float
+    cluster: str
+    drained: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One incident run, as Temporal's history of it says (its start, its close, its result)."""
+
+    cluster: str
+    workflow_id: str
+    run_id: str
+    node: str
+    started: float
+    closed: float | None  # None: still open at the end of the soak
+    status: str  # Temporal's: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, CONTINUED_AS_NEW, RUNNING
+    outcome: str = ""  # the result's outcome (COMPLETED runs)
+    node_state: str = ""  # the result's node state
+    job_fates: Mapping[int, str] = field(default_factory=dict)  # job id -> fate named in the result
+    waiting_for: str = ""  # open at the end: the person it waits for ("approval"), if any
+    bound_s: float = 0.0  # the longest it may stay open (the policy's hold and capacity bounds)
+
+    @property
+    def key(self) -> str:
+        return f"{self.workflow_id}/{self.run_id}"
+
+    def open_at(self, t: float) -> bool:
+        return self.started <= t and (self.closed is None or t <= self.closed)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant of the cluster's budget to an incident run, from the coordinator's history."""
+
+    cluster: str
+    run_key: str
+    granted_at: float
+    released_at: float | None
+
+
+@dataclass(frozen=True)
+class BreakerChange:
+    """The coordinator's breaker, tripped or not, as its history records it; `operator` names who
+    resumed it when an operator's resume made the change."""
+
+    cluster: str
+    at: float
+    tripped: bool
+    operator: str = ""
+
+
+@dataclass(frozen=True)
+class SpareGiven:
+    """The sandbox provider's record: a spare node given to an incident run's replacement."""
+
+    cluster: str
+    run_key: str
+    spare: str
+
+
+@dataclass(frozen=True)
+class Bound:
+    """From `at` on, the most nodes gpuheal's decisions may hold drained in the cluster (its
+    budget plus its containment), as the policy in force then says."""
+
+    cluster: str
+    at: float
+    most: int
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A job's state at the end of the soak (Slurm's), and whether the soak itself ended it."""
+
+    cluster: str
+    job: int
+    state: str
+    by_soak: bool = False
+
+
+# slurmctld's log: "[2026-12-06T08:17:20.820] update_node: node gpu01 state set to DRAINING"
+_LINE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (?P<msg>.*)$")
+_REASON = re.compile(r"^update_node: node (?P<node>\S+) reason set to: (?P<reason>.*)$")
+_STATE = re.compile(r"^update_node: node (?P<node>\S+) state set to (?P<state>[A-Z_+]+)\s*$")
+_REQUEUE = re.compile(r"^Requeuing JobId=(?P<job>\d+)")
+_ALLOCATE = re.compile(r"^sched: Allocate JobId=(?P<job>\d+) NodeList=(?P<nodes>\S+)")
+_PROGRESS = re.compile(
+    r"^_update_job: setting comment to gpuheal step=(?P<step>\d+) .*?restart=(?P<restart>\d+).* for JobId=(?P<job>\d+)$"
+)
+_DRAIN_STATES = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+_RESUME_STATES = frozenset({"IDLE", "RESUME", "ALLOCATED", "MIXED", "UNDRAIN"})
+_DOWN_STATES = frozenset({"DOWN", "FUTURE", "POWER_DOWN", "POWERED_DOWN"})
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts).replace(tzinfo=UTC).timestamp()
+
+
+def first_node(nodelist: str) -> str:
+    """The first node of a Slurm hostlist ("gpu01", "gpu[01-03,07]", "a1,b2")."""
+    head = re.match(r"^([^,\[]+)(?:\[([^\],-]+))?", nodelist)
+    if head is None:
+        return nodelist
+    return head.group(1) + (head.group(2) or "")
+
+
+def parse_slurmctld(lines: Iterable[str], cluster: str) -> list[LogEvent]:
+    """The events of slurmctld's log the checker reads, in the log's order. A drain carries the
+    reason set for its node last (slurmctld logs the reason, then the state, for one update)."""
+    events: list[LogEvent] = []
+    reasons: dict[str, str] = {}
+    for raw in lines:
+        line = _LINE.match(raw.rstrip("\n"))
+        if line is None:
+            continue
+        at, msg = _epoch(line["ts"]), line["msg"]
+        if m := _REASON.match(msg):
+            reasons[m["node"]] = m["reason"]
+            events.append(LogEvent(at, cluster, "reason", node=m["node"], text=m["reason"]))
+        elif m := _STATE.match(msg):
+            state = m["state"].split("+")[0]
+            if state in _DRAIN_STATES:
+                events.append(LogEvent(at, cluster, "drain", node=m["node"], text=reasons.get(m["node"], "")))
+            elif state in _RESUME_STATES:
+                reasons.pop(m["node"], None)
+                events.append(LogEvent(at, cluster, "resume", node=m["node"]))
+            elif state in _DOWN_STATES:
+                events.append(LogEvent(at, cluster, "down", node=m["node"], text=reasons.get(m["node"], "")))
+        elif m := _REQUEUE.match(msg):
+            events.append(LogEvent(at, cluster, "requeue", job=int(m["job"])))
+        elif m := _ALLOCATE.match(msg):
+            events.append(LogEvent(at, cluster, "allocate", node=first_node(m["nodes"]), job=int(m["job"])))
+        elif m := _PROGRESS.match(msg):
+            events.append(
+                LogEvent(at, cluster, "progress", job=int(m["job"]), step=int(m["step"]), restart=int(m["restart"]))
+            )
+    return events
+
+
+def parse_spares(text: str, cluster: str) -> list[SpareGiven]:
+    """The sandbox provider's replacements.json: {"<workflow id>/<run id>": "<spare>"}."""
+    given = json.loads(text or "{}")
+    if not isinstance(given, dict):
+        raise ValueError("the provider's replacements record is not a JSON object")
+    return [SpareGiven(cluster, str(key), str(spare)) for key, spare in sorted(given.items())]

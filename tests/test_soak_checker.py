@@ -1,0 +1,255 @@
+"""The soak's checker (infra.soak): its parsers read slurmctld's real log, and its invariants find
+exactly the violations put into a world that otherwise behaves (Hypothesis), the three the issue
+names among them: a double drain, a grant leak, a breaker that resets itself.
+
+The logs under tests/data/slurm/<release>/slurmctld-*.log are slurmctld's own, written by the
+sandbox's daemons: an incident of the MTTR bench (22.05: drain, the job's checkpoint and requeue,
+its restart elsewhere, the node replaced), the demo's (26.05), a test's reset of a GPU (22.05:
+drained, then resumed) and a test's containment of nodes awaiting approval (22.05).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infra.soak import invariants as inv
+from infra.soak.records import (
+    Bound,
+    BreakerChange,
+    Grant,
+    JobEnd,
+    LogEvent,
+    NodeSample,
+    Run,
+    first_node,
+    incident_workflow_id,
+    parse_slurmctld,
+    parse_spares,
+)
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def log(release: str, name: str, cluster: str) -> list[LogEvent]:
+    return parse_slurmctld((DATA / release / f"slurmctld-{name}.log").read_text().splitlines(), cluster)
+
+
+def kinds(events: list[LogEvent], node: str = "", job: int = 0) -> list[str]:
+    return [e.kind for e in events if (node and e.node == node) or (job and e.job == job)]
+
+
+@pytest.mark.parametrize(("release", "job"), [("22.05", 5000), ("26.05", 1)])
+def test_an_incident_as_slurmctld_logs_it(release: str, job: int) -> None:
+    events = log(release, "incident", "sandbox")
+    drains = [e for e in events if e.kind == "drain"]
+    assert [e.node for e in drains] == ["gpu01"]
+    assert drains[0].text.startswith("gpuheal-sandbox-gpu01: ")
+    assert kinds(events, node="gpu01") == ["allocate", "reason", "drain", "reason", "down", "down"]
+    moves = [(e.kind, e.node) for e in events if e.job == job and e.kind in ("allocate", "requeue")]
+    assert moves == [("allocate", "gpu01"), ("requeue", ""), ("allocate", "gpu02")]
+    progress = [e for e in events if e.kind == "progress" and e.job == job]
+    assert progress[0].restart == 0 and progress[-1].restart == 1
+    assert [e.step for e in progress] == sorted(e.step for e in progress)  # a job's steps only go on
+
+
+def test_a_drain_then_a_resume_and_nodes_contained_as_slurmctld_logs_them() -> None:
+    reset = log("22.05", "reset", "t60899736")
+    assert kinds(reset, node="gpu03") == ["reason", "drain", "resume"]
+    contained = log("22.05", "contained", "t0972e85d")
+    drains = [e for e in contained if e.kind == "drain"]
+    assert len(drains) == 9 and all(e.text.endswith(": contained while awaiting approval") for e in drains)
+    assert len([e for e in contained if e.kind == "down"]) == 18  # each replaced: DOWN, then FUTURE
+
+
+def test_real_incidents_break_nothing_and_a_drain_asked_twice_is_caught() -> None:
+    events = log("22.05", "incident", "sandbox")
+    t = [e.at for e in events]
+    run = Run("sandbox", incident_workflow_id("sandbox", "gpu01"), "r1", "gpu01", t[0], t[-1], "COMPLETED", "resolved")
+    records = inv.Records(
+        end=t[-1], events=events, samples=[], runs=[run], job_ends=[JobEnd("sandbox", 5000, "RUNNING")]
+    )
+    assert all(not v for v in inv.check(records).values())
+    drain = next(i for i, e in enumerate(events) if e.kind == "drain")
+    again = [*events[: drain + 1], replace(events[drain], at=events[drain].at + 0.1), *events[drain + 1 :]]
+    twice = inv.check(replace(records, events=again))[inv.TWICE]
+    assert [(v.subject, v.detail.split(":")[0]) for v in twice] == [(run.key, "gpu01 drained again")]
+
+
+def test_the_spare_record_and_hostlists() -> None:
+    spares = parse_spares('{"gpuheal-c-gpu01/r1": "gpu04", "gpuheal-c-gpu02/r2": "gpu04"}', "c")
+    assert [v.detail for v in inv.spares_twice(spares)] == ["spare gpu04 given to gpuheal-c-gpu01/r1 too"]
+    with pytest.raises(ValueError, match="not a JSON object"):
+        parse_spares("[]", "c")
+    assert [first_node(n) for n in ("gpu01", "gpu[01-03,07]", "a1,b2")] == ["gpu01", "gpu01", "a1"]
+
+
+# A world that behaves, drawn by Hypothesis: incidents one after another on each node, each
+# draining its node once, requeueing its job once (the job starts again on a node of its own),
+# then resuming the node or leaving it drained; a grant from start to close; the breaker tripped
+# and resumed by an operator; Slurm sampled each second; a bound that holds.
+CLUSTER = "c"
+incident = st.tuples(
+    st.integers(0, 3),  # the node
+    st.integers(1, 30),  # seconds after the last incident began
+    st.integers(3, 40),  # how long it is open
+    st.booleans(),  # leaves its node drained (else resumes it)
+)
+
+
+def world(draws: list[tuple[int, int, int, bool]], trips: list[int]) -> inv.Records:
+    events: list[LogEvent] = []
+    runs: list[Run] = []
+    grants: list[Grant] = []
+    job_on = {n: 100 + n for n in range(4)}  # each node's job
+    busy_until: dict[int, float] = {}
+    left: set[int] = set()  # nodes an incident left drained
+    t = 1000.0
+    for n in range(4):
+        events.append(LogEvent(t, CLUSTER, "allocate", node=f"gpu{n:02d}", job=job_on[n]))
+    spare = 10
+    for i, (n, gap, length, leave) in enumerate(draws):
+        start = max(t + gap, busy_until.get(n, 0.0) + 1)
+        t = start
+        node, run_id = f"gpu{n:02d}", f"run-{i:04d}-aaaa-bbbb-{i:012d}"
+        end = start + length
+        busy_until[n] = end
+        reason = f"{incident_workflow_id(CLUSTER, node)}: XID 79"
+        if n not in left:  # one its incident left drained stays so: no run drains it again
+            events += [
+                LogEvent(start + 1, CLUSTER, "reason", node=node, text=reason),
+                LogEvent(start + 1, CLUSTER, "drain", node=node, text=reason),
+            ]
+        job = job_on.get(n)
+        fates: dict[int, str] = {}
+        if job is not None:
+            events += [
+                LogEvent(start + 2, CLUSTER, "requeue", job=job),
+                LogEvent(start + 3, CLUSTER, "allocate", node=f"gpu{spare:02d}", job=job),
+            ]
+            fates[job] = "requeued"
+            job_on[spare], spare = job, spare + 1
+            del job_on[n]
+        if leave:
+            left.add(n)
+        else:
+            left.discard(n)
+            events.append(LogEvent(end - 1, CLUSTER, "resume", node=node))
+        state = "drained" if leave else "returned"
+        wid = incident_workflow_id(CLUSTER, node)
+        runs.append(Run(CLUSTER, wid, run_id, node, start, end, "COMPLETED", "resolved", state, fates, bound_s=60))
+        grants.append(Grant(CLUSTER, f"{wid}/{run_id}", start, end))
+    events.sort(key=lambda e: e.at)
+    horizon = max([e.at for e in events] + [t]) + 2
+    samples, drained = [], {}
+    for second in range(1000, int(horizon) + 1):
+        for e in events:
+            if second - 1 < e.at <= second:
+                if e.kind == "drain":
+                    drained[e.node] = e.text
+                elif e.kind == "resume":
+                    drained.pop(e.node, None)
+        samples.append(NodeSample(float(second), CLUSTER, dict(drained)))
+    most = max(len(s.drained) for s in samples)
+    breaker: list[BreakerChange] = []
+    for k, at in enumerate(sorted(trips)):
+        breaker += [
+            BreakerChange(CLUSTER, 1000.0 + 2 * at, True),
+            BreakerChange(CLUSTER, 1001.0 + 2 * at, False, f"op{k}"),
+        ]
+    ends = [JobEnd(CLUSTER, j, "RUNNING") for j in job_on.values()]
+    return inv.Records(
+        end=horizon,
+        events=events,
+        samples=samples,
+        runs=runs,
+        grants=grants,
+        breaker=breaker,
+        bounds=[Bound(CLUSTER, 0.0, most)],
+        job_ends=ends,
+    )
+
+
+worlds = st.builds(world, st.lists(incident, min_size=1, max_size=12), st.lists(st.integers(0, 200), max_size=3))
+
+
+def caught(records: inv.Records) -> dict[str, int]:
+    return {name: len(found) for name, found in inv.check(records).items() if found}
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds)
+def test_a_world_that_behaves_breaks_no_invariant(records: inv.Records) -> None:
+    assert caught(records) == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds, st.data())
+def test_a_double_drain_is_caught(records: inv.Records, data: st.DataObject) -> None:
+    drains = [e for e in records.events if e.kind == "drain"]
+    first = data.draw(st.sampled_from(drains))
+    again = replace(first, at=first.at + 0.5)  # before anything resumes it (a second later at the soonest)
+    events = sorted([*records.events, again], key=lambda e: e.at)
+    assert caught(replace(records, events=events)) == {inv.TWICE: 1}
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds, st.data())
+def test_a_grant_leak_is_caught(records: inv.Records, data: st.DataObject) -> None:
+    leaked = data.draw(st.integers(0, len(records.grants) - 1))
+    grants = [replace(g, released_at=None) if i == leaked else g for i, g in enumerate(records.grants)]
+    found = inv.check(replace(records, grants=grants))[inv.LEAKS]
+    assert [v.subject for v in found] == [records.grants[leaked].run_key]
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds, st.integers(0, 300))
+def test_a_breaker_that_resets_itself_is_caught(records: inv.Records, at: int) -> None:
+    trip, reset = BreakerChange(CLUSTER, 5000.0 + at, True), BreakerChange(CLUSTER, 5000.5 + at, False)
+    assert caught(replace(records, breaker=[*records.breaker, trip, reset])) == {inv.BREAKER: 1}
+
+
+@settings(max_examples=100, deadline=None)
+@given(worlds)
+def test_one_node_over_the_bound_and_a_lost_job_are_caught(records: inv.Records) -> None:
+    most = records.bounds[0].most
+    tighter = replace(records, bounds=[Bound(CLUSTER, 0.0, most - 1)])
+    over = sum(1 for s in records.samples if len(s.drained) == most)
+    assert caught(tighter) == {inv.BOUND: over}
+    touched = {j for r in records.runs for j in r.job_fates}
+    if touched:
+        job = min(touched)
+        runs = [replace(r, job_fates={k: v for k, v in r.job_fates.items() if k != job}) for r in records.runs]
+        ends = [replace(e, state="FAILED") if e.job == job else e for e in records.job_ends]
+        assert caught(replace(records, runs=runs, job_ends=ends)) == {inv.JOB_LOST: 1}
+
+
+def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:
+    wid = incident_workflow_id(CLUSTER, "gpu01")
+    runs = [
+        Run(CLUSTER, wid, "r1", "gpu01", 0.0, 10.0, "FAILED"),
+        Run(CLUSTER, wid, "r2", "gpu01", 11.0, 20.0, "CONTINUED_AS_NEW"),
+        Run(CLUSTER, wid, "r3", "gpu01", 20.0, None, "RUNNING", waiting_for="approval"),
+        Run(CLUSTER, incident_workflow_id(CLUSTER, "gpu02"), "r4", "gpu02", 0.0, None, "RUNNING"),
+        Run(
+            CLUSTER,
+            incident_workflow_id(CLUSTER, "gpu03"),
+            "r5",
+            "gpu03",
+            0.0,
+            100.0,
+            "COMPLETED",
+            "resolved",
+            bound_s=50,
+        ),
+    ]
+    found = inv.endings(runs, end=200.0)
+    assert [(v.subject.split("/")[1], v.detail) for v in found] == [
+        ("r1", "ended FAILED"),
+        ("r4", "still open, waiting for nobody"),
+        ("r5", "open 100 s, past its 50 s"),
+    ]
