@@ -1,0 +1,96 @@
+"""The soak's load and faults are pure functions of their seed (a seed replays a soak), and have
+the shape the issue asks for: about 500 failures an hour in a fleet's mix, Alertmanager's
+duplicates and late re-sends, bursts that must trip the breaker, and a fault every couple of
+minutes with every kind dealt before any comes twice."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infra.soak import faults, load
+
+SHAPE = load.Shape(
+    minutes=60,
+    nodes={"east": [f"gpu{i:02d}" for i in range(1, 25)], "west": [f"gpu{i:02d}" for i in range(1, 17)]},
+    racks={"east": [[f"gpu{i:02d}" for i in range(r, r + 4)] for r in (1, 5, 9)], "west": []},
+)
+seeds = st.integers(0, 2**32 - 1)
+NEW = ("hardware", "application", "informational", "repeat")
+
+
+def test_a_shape_without_racks_or_nodes_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a rack"):
+        load.Shape(5, SHAPE.nodes, {"east": []})
+    with pytest.raises(ValueError, match="nodes that train"):
+        load.Shape(5, {"east": []}, SHAPE.racks)
+
+
+def test_a_seed_replays_its_load_and_its_faults() -> None:
+    assert load.schedule(7, SHAPE) == load.schedule(7, SHAPE) != load.schedule(8, SHAPE)
+    clusters = list(SHAPE.nodes)
+    assert faults.schedule(7, 60, clusters, "west") == faults.schedule(7, 60, clusters, "west")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seeds)
+def test_an_hours_load_has_a_fleets_mix(seed: int) -> None:
+    failures = load.schedule(seed, SHAPE)
+    kinds: Counter[str] = Counter(f.kind for f in failures)
+    new = sum(kinds[k] for k in NEW)
+    assert 350 <= new <= 650  # 500 an hour, a Poisson count (sd about 22)
+    assert kinds["hardware"] > kinds["application"] > 0 and kinds["informational"] > 0
+    assert all(0 <= f.at_s < 3600 and f.first_s <= f.at_s for f in failures)
+    assert [f.at_s for f in failures] == sorted(f.at_s for f in failures)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seeds)
+def test_duplicates_and_resends_are_an_earlier_alert_sent_again(seed: int) -> None:
+    failures = load.schedule(seed, SHAPE)
+    firsts = {(f.cluster, f.node, f.gpu, f.xid, f.first_s) for f in failures if f.kind in NEW}
+    for f in failures:
+        if f.kind in ("duplicate", "resend"):
+            assert (f.cluster, f.node, f.gpu, f.xid, f.first_s) in firsts
+            gap = f.at_s - f.first_s
+            assert gap <= load.DUPLICATE_WITHIN_S if f.kind == "duplicate" else load.RESEND_AFTER_S[0] <= gap
+
+
+@settings(max_examples=30, deadline=None)
+@given(seeds, st.sampled_from([5, 60]))
+def test_every_soak_has_a_rack_at_once_and_a_clusters_false_alarm(seed: int, minutes: int) -> None:
+    failures = load.schedule(seed, load.Shape(minutes, SHAPE.nodes, SHAPE.racks))
+    racks = [[f for f in failures if f.kind == "rack" and f.first_s == t] for t in {f.first_s for f in failures}]
+    for burst in (b for b in racks if b):
+        assert sorted(f.node for f in burst) in [sorted(r) for r in SHAPE.racks["east"]]
+        assert max(f.at_s for f in burst) - min(f.at_s for f in burst) <= load.BURST_WITHIN_S
+    alarms = [f for f in failures if f.kind == "false_alarm"]
+    assert any(racks) and alarms
+    assert {f.cluster for f in alarms} <= set(SHAPE.nodes)
+    by_cluster = Counter((f.cluster, f.first_s) for f in alarms)
+    assert all(n == len(SHAPE.nodes[c]) for (c, _), n in by_cluster.items())  # the whole cluster
+
+
+@settings(max_examples=50, deadline=None)
+@given(seeds, st.sampled_from([5, 60]))
+def test_faults_come_every_couple_of_minutes_each_kind_before_any_twice(seed: int, minutes: int) -> None:
+    dealt = faults.schedule(seed, minutes, ["east", "west"], "west")
+    assert dealt and dealt[0].at_s == faults.FIRST_S and all(f.at_s < minutes * 60 for f in dealt)
+    gaps = [b.at_s - a.at_s for a, b in itertools.pairwise(dealt)]
+    lo, hi = faults.EVERY_S * (1 - faults.JITTER), faults.EVERY_S * (1 + faults.JITTER)
+    assert all(lo - 0.1 <= g <= hi + 0.1 for g in gaps)
+    kinds = [f.kind for f in dealt]
+    for start in range(0, len(kinds), len(faults.FAULTS)):
+        deck = kinds[start : start + len(faults.FAULTS)]
+        assert len(set(deck)) == len(deck)
+    for f in dealt:
+        assert (
+            (f.cluster == "west") if f.kind == "apiserver_away" else (bool(f.cluster) == (f.kind in faults.PER_CLUSTER))
+        )
+        assert (faults.LASTS_S[0] <= f.lasts_s <= faults.LASTS_S[1]) == (
+            f.kind in ("stop_slurmctld", "apiserver_away", "notices_refused", "pause_resume")
+        )
