@@ -1,0 +1,64 @@
+"""The soak reads incident runs from Temporal's histories as the server gives them (recorded
+histories of real runs, tests/histories), not through gpuheal's models."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.soak import histories
+from infra.soak import invariants as inv
+from infra.soak.records import Run
+
+HERE = Path(__file__).parent / "histories"
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return dict(json.loads((HERE / name).read_text()))
+
+
+def run(history: dict[str, Any], bound_s: float = 0.0) -> Run:
+    return histories.incident_run(
+        history, cluster="c", workflow_id="gpuheal-c-gpu01", run_id="r1", node="gpu01", bound_s=bound_s
+    )
+
+
+def test_a_closed_run_its_outcome_and_its_jobs_fates() -> None:
+    r = run(recorded("paths/held_incident_ends_not_granted_at_its_bound.json"))
+    assert (r.status, r.outcome, r.job_fates, r.waiting_for) == ("COMPLETED", "not_granted", {7: "untouched"}, "")
+    assert r.closed is not None and r.closed > r.started
+    assert r.node_state == ""  # recorded before the node states were named: words, not held to account
+    assert inv.endings([r], end=r.closed) == []
+
+
+def test_a_run_still_waiting_for_approval_names_whom_it_waits_for() -> None:
+    whole = recorded("xid48_abort_during_approval.json")
+    events = whole["events"]
+    waiting = next(i for i, e in enumerate(events) if histories.last_stage(events[: i + 1]) == "approval")
+    r = run({"events": events[: waiting + 1]})
+    assert (r.status, r.closed, r.waiting_for) == ("RUNNING", None, "an operator's approval")
+    assert inv.endings([r], end=r.started + 60) == []
+    gone = run({"events": events[:waiting]})  # before it asked anyone: it waits for nobody
+    assert [v.detail for v in inv.endings([gone], end=gone.started + 60)] == ["still open, waiting for nobody"]
+
+
+def test_a_run_past_its_bound_and_a_failed_run_are_endings_broken() -> None:
+    events = recorded("paths/held_incident_ends_not_granted_at_its_bound.json")["events"]
+    r = run({"events": events}, bound_s=60.0)  # it was held an hour (the time-skipping server's)
+    assert [v.detail.split(",")[1] for v in inv.endings([r], end=0.0)] == [" past its 60 s"]
+    failed = {**events[-1], "eventType": "EVENT_TYPE_WORKFLOW_EXECUTION_FAILED"}
+    assert run({"events": [*events[:-1], failed]}).status == "FAILED"
+
+
+def test_a_history_that_does_not_begin_with_its_start_or_a_payload_not_json_is_refused() -> None:
+    events = recorded("paths/approve_by_signal.json")["events"]
+    with pytest.raises(ValueError, match="must begin with the run's start"):
+        run({"events": events[1:]})
+    binary = {"metadata": {"encoding": base64.b64encode(b"binary/plain").decode()}, "data": ""}
+    with pytest.raises(ValueError, match="json/plain only"):
+        histories.payload(binary)
+    assert histories.event_time("2026-11-30T17:24:38.663785619Z") == pytest.approx(1796059478.663785)
