@@ -62,3 +62,20 @@ def test_a_history_that_does_not_begin_with_its_start_or_a_payload_not_json_is_r
     with pytest.raises(ValueError, match="json/plain only"):
         histories.payload(binary)
     assert histories.event_time("2026-11-30T17:24:38.663785619Z") == pytest.approx(1796059478.663785)
+
+
+def test_the_breaker_read_from_a_coordinators_history_and_a_reset_with_no_resume_caught() -> None:
+    name = "coordinator/issue-33-look-until-seen/a_recreation_tripped_already_does_not_trip_again_over_a_resume.0a.fleet.json"
+    events = recorded(name)["events"]
+    changes = histories.breaker_changes([{"events": events}], "c")
+    assert [(c.tripped, c.operator) for c in changes] == [(True, ""), (False, "alice")]
+    assert inv.breaker_reset_alone(changes) == []
+    # The same history with the operator's resume taken out: the breaker reset by itself.
+    alone = [e for e in events if not _is_resume(e)]
+    found = inv.breaker_reset_alone(histories.breaker_changes([{"events": alone}], "c"))
+    assert [v.detail for v in found] == ["the breaker reset without an operator"]
+
+
+def _is_resume(event: dict[str, Any]) -> bool:
+    accepted = event.get("workflowExecutionUpdateAcceptedEventAttributes", {})
+    return bool(accepted.get("acceptedRequest", {}).get("input", {}).get("name") == "resume")

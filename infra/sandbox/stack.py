@@ -49,6 +49,9 @@ PORTS = {
     "detect": Ports(temporal=23233, slurm=23817, webhook=24088, metrics=24464, kube=24943),
     # The production tests' Temporal cluster: PORT..+40 and membership PORT-300..-297.
     "production": Ports(temporal=19233, slurm=19817, webhook=20088, metrics=20464, kube=20443),
+    # The chaos soak (infra/soak): its Temporal cluster as production's; its clusters' webhooks
+    # on webhook + 0, 1, its notice receiver on webhook + 50; its workers' metrics on metrics + 0..31.
+    "soak": Ports(temporal=12233, slurm=14817, webhook=15088, metrics=15464, kube=15943),
 }
 
 

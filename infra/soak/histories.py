@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from infra.soak.records import Run
+from infra.soak.records import BreakerChange, Grant, Run
 
 # A run's last event, when it closed it, and the status Temporal gives it.
 CLOSES = {
@@ -107,3 +107,36 @@ def incident_run(
         waiting_for=waiting,
         bound_s=bound_s,
     )
+
+
+def breaker_changes(histories: Sequence[Mapping[str, Any]], cluster: str) -> list[BreakerChange]:
+    """The coordinator's breaker through its whole chain of runs (histories in the chain's order),
+    as its `fleet` memo showed it at each change, each reset with the operator whose `resume`
+    update the history accepted since the change before (none: it reset by itself)."""
+    changes: list[BreakerChange] = []
+    tripped, resumed_by = False, ""
+    for history in histories:
+        for e in history["events"]:
+            kind, a = e["eventType"], _attributes(e)
+            if kind == "EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED":
+                request = a.get("acceptedRequest", {}).get("input", {})
+                if request.get("name") == "resume":
+                    args = request.get("args", {}).get("payloads", [])
+                    resumed_by = str(payload(args[0]).get("operator", "")) if args else "?"
+            elif kind == "EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED":
+                view = a.get("upsertedMemo", {}).get("fields", {}).get("fleet")
+                if view is None:
+                    continue
+                now = bool(payload(view).get("breaker", {}).get("tripped"))
+                if now != tripped:
+                    by = resumed_by if tripped and not now else ""
+                    changes.append(BreakerChange(cluster, event_time(e["eventTime"]), now, by))
+                    tripped, resumed_by = now, ""
+    return changes
+
+
+def grants_held(view: Mapping[str, Any], cluster: str, at: float) -> list[Grant]:
+    """The grants the coordinator's last `fleet` memo shows still held: each node out (or drained
+    as containment) for an incident, keyed by the incident's workflow id."""
+    lines = [*view.get("out_nodes", []), *view.get("containing_nodes", [])]
+    return [Grant(cluster, str(line["incident_id"]), at, None) for line in lines]

@@ -223,11 +223,14 @@ def leaks(
     closed run says it left drained is drained in Slurm's last sample."""
     found: list[Violation] = []
     by_key = {r.key: r for r in runs}
-    for g in grants:
-        run = by_key.get(g.run_key)
-        if g.released_at is None and (run is None or run.closed is not None):
-            found.append(Violation(LEAKS, g.cluster, g.granted_at, g.run_key, "a grant held by a closed run"))
     open_ids = {(r.cluster, r.workflow_id) for r in runs if r.closed is None}
+    for g in grants:
+        # Keyed by run, or by the incident's workflow id (the coordinator's view names incidents).
+        still_open = (g.cluster, g.run_key) in open_ids or (
+            (run := by_key.get(g.run_key)) is not None and run.closed is None
+        )
+        if g.released_at is None and not still_open:
+            found.append(Violation(LEAKS, g.cluster, g.granted_at, g.run_key, "a grant held by a closed run"))
     # A validation's reservation is named by its incident's first run (a reset keeps it): any run
     # of a workflow with a run still open may be the one it names.
     open_tails = {(r.cluster, tail(r.run_id)) for r in runs if (r.cluster, r.workflow_id) in open_ids}

@@ -1,0 +1,205 @@
+"""The soak's world: the production topology on this machine, started and stopped as one.
+
+One Temporal (the cluster on PostgreSQL with mTLS, or the dev server while developing) and two
+gpuheal clusters on it, each its own Slurm release with its own two workers and its own webhook:
+`east` on the host's Slurm 22.05, `west` on 26.05 with the Kubernetes sandbox. Training jobs on
+most nodes, spares for replacements, a notice receiver that keeps what it was sent, and each
+cluster's policy from a file (a realistic budget and breaker, not the tests' roomy one).
+
+Every process runs under one root (ROOT/...), on the soak's own ports (infra.sandbox.stack.PORTS),
+so a soak runs beside the tests, the benchmarks and the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from infra.sandbox import HOST_SLURM, NEWEST_SLURM, processes
+from infra.sandbox.kube import KubeSandbox, binaries_built
+from infra.sandbox.stack import PORTS, Sandbox
+from infra.sandbox.temporal import TemporalKind
+
+ACTIVE, SPARES = 12, 6  # nodes per cluster in service, and spares (Slurm's FUTURE) for replacements
+IDLE = 2  # nodes left without a training job: room for a requeued job to start again
+RACK = 4  # nodes per rack (the load's rack bursts)
+STEP_S = 5.0  # a training job's step (its progress line in Slurm each step: 10 jobs a cluster)
+WORKERS = 2  # worker processes per cluster
+# Each cluster's policy, as its file says it (the chart's ConfigMap): a budget and a breaker that
+# a rack or a false alarm trips, and the hold short enough that the soak sees every incident end.
+POLICY = {
+    "budget": {"cluster": "3", "rate": 200, "node_cooldown_s": 0},
+    "containment_limit": "2",
+    "breaker": {"max_incidents": 8, "window_s": 60},
+    "max_hold_s": 900,
+    "duplicate_window_s": 600,
+}
+CLUSTERS = {"east": HOST_SLURM, "west": NEWEST_SLURM}
+KUBE_CLUSTER = "west"
+
+
+def bound(policy: dict[str, object] = POLICY) -> int:
+    """The most nodes gpuheal may hold drained in a soak cluster: its budget plus containment
+    (both counts in POLICY, not shares)."""
+    budget = policy["budget"]
+    assert isinstance(budget, dict)
+    return int(str(budget["cluster"])) + int(str(policy["containment_limit"]))
+
+
+class Notices:
+    """The notice receiver: keeps every notice it is sent (a JSON line each, with its
+    Idempotency-Key) and, while told to, refuses them all with 503."""
+
+    def __init__(self, path: Path, port: int) -> None:
+        self.path, self.port, self.refusing_until = path, port, 0.0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                refused = time.time() < owner.refusing_until
+                line = {"at": time.time(), "key": self.headers.get("Idempotency-Key", ""), "refused": refused}
+                with owner.path.open("a") as f:
+                    f.write(json.dumps({**line, "body": body.decode(errors="replace")}) + "\n")
+                self.send_response(503 if refused else 200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/notices"
+
+    def refuse_for(self, seconds: float) -> None:
+        self.refusing_until = time.time() + seconds
+
+    def stop(self) -> None:
+        self._server.shutdown()
+
+
+@dataclass
+class Cluster:
+    name: str
+    sb: Sandbox  # its Slurm, and the environment its workers and webhook run with
+    index: int  # its place in the world: its workers' and webhook's names and ports
+    kube: KubeSandbox | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    webhook: subprocess.Popen[bytes] | None = None
+    jobs: dict[str, int] = field(default_factory=dict)  # node -> its training job
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"gpu{i:02d}" for i in range(1, ACTIVE + 1)]
+
+    @property
+    def racks(self) -> list[list[str]]:
+        return [self.nodes[i : i + RACK] for i in range(0, ACTIVE, RACK)]
+
+    @property
+    def webhook_port(self) -> int:
+        return self.sb.webhook_port + self.index
+
+    @property
+    def webhook_url(self) -> str:
+        return f"http://127.0.0.1:{self.webhook_port}/alertmanager"
+
+    def worker_name(self, i: int) -> str:
+        n = self.index * WORKERS + i
+        return "worker" if n == 0 else f"worker-{n}"
+
+    def start_worker(self, i: int, build: str = "") -> None:
+        env = {**self.sb.env(), **({"GPUHEAL_BUILD_ID": build} if build else {})}
+        port = self.sb.metrics_port + 10 * (self.index * WORKERS + i)
+        argv = ["worker", "--metrics-port", str(port), "--sdk-metrics-port", str(port + 1)]
+        proc = processes.spawn(self.sb.root, self.worker_name(i), argv, env)
+        if i < len(self.workers):
+            self.workers[i] = proc
+        else:
+            self.workers.append(proc)
+
+    def start_webhook(self) -> None:
+        name = "webhook" if self.index == 0 else f"webhook-{self.index}"
+        proc = processes.spawn(self.sb.root, name, ["webhook", "--port", str(self.webhook_port)], self.sb.env())
+        url = f"http://127.0.0.1:{self.webhook_port}/healthz"
+        processes.wait_healthy(proc, name, url, self.sb.root / f"{name}.log")
+        self.webhook = proc
+
+
+class World:
+    """Start everything (`start`), hand each part to the load, the faults and the operator, then
+    stop everything (`stop`), whatever happened between."""
+
+    def __init__(self, root: Path, temporal: TemporalKind = "cluster") -> None:
+        self.root = root
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        root.chmod(0o711)  # PostgreSQL runs as its own user and must pass through to its data
+        self.notices = Notices(root / "notices.jsonl", PORTS["soak"].webhook + 50)
+        self.clusters = {
+            name: Cluster(name, self._sandbox(name, version, temporal), i)
+            for i, (name, version) in enumerate(CLUSTERS.items())
+        }
+
+    def _sandbox(self, name: str, version: str, temporal: TemporalKind) -> Sandbox:
+        policy = self.root / f"policy-{name}.yaml"
+        policy.write_text(yaml.safe_dump(POLICY, sort_keys=True))
+        env = {
+            "GPUHEAL_SLURM_ACTIVE": str(ACTIVE),
+            "GPUHEAL_SLURM_SPARES": str(SPARES),
+            "GPUHEAL_POLICY_FILE": str(policy),
+            "GPUHEAL_NOTIFY_URL": self.notices.url,
+            "GPUHEAL_OWNER_ROUTES": json.dumps({"*": self.notices.url}),
+            "GPUHEAL_CHECKPOINT_GRACE_S": "10",
+        }
+        sb = Sandbox.named("soak", self.root, temporal_kind=temporal, cluster=name, task_queue=f"gpuheal-{name}")
+        sb.use_slurm(version)
+        sb.extra_env.update(env)
+        return sb
+
+    @property
+    def temporal(self) -> Sandbox:
+        """The sandbox whose Temporal the clusters share (the first's: they share its root)."""
+        return next(iter(self.clusters.values())).sb
+
+    def start(self) -> None:
+        self.stop()
+        self.temporal.start_temporal(fresh=True)
+        for c in self.clusters.values():
+            c.sb.start_slurm(clean=True)
+            if c.name == KUBE_CLUSTER and binaries_built():
+                c.kube = KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube)
+                c.kube.start()
+                c.kube.reset_nodes(c.nodes)
+                c.sb.extra_env.update(
+                    {
+                        "GPUHEAL_KUBECONFIG": str(c.kube.worker_kubeconfig),
+                        "GPUHEAL_SANDBOX_KUBECONFIG": str(c.kube.admin_kubeconfig),
+                    }
+                )
+            for i in range(WORKERS):
+                c.start_worker(i)
+            c.start_webhook()
+            for node in c.nodes[: ACTIVE - IDLE]:
+                c.jobs[node] = c.sb.submit_training(name=f"train-{node}", step_s=STEP_S, nodelist=node)
+
+    def stop(self) -> None:
+        """Everything this root runs, stopped (also what an interrupted soak left)."""
+        for c in self.clusters.values():
+            for n in range(len(self.clusters) * WORKERS):
+                c.sb.stop_recorded("worker" if n == 0 else f"worker-{n}")
+            for n in range(len(self.clusters)):
+                c.sb.stop_recorded("webhook" if n == 0 else f"webhook-{n}")
+            c.sb.stop_slurm()
+        if (self.root / "k8s").exists():
+            KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube).stop()
+        self.temporal.stop_temporal()
