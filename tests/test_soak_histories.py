@@ -65,7 +65,10 @@ def test_a_history_that_does_not_begin_with_its_start_or_a_payload_not_json_is_r
 
 
 def test_the_breaker_read_from_a_coordinators_history_and_a_reset_with_no_resume_caught() -> None:
-    name = "coordinator/issue-33-look-until-seen/a_recreation_tripped_already_does_not_trip_again_over_a_resume.0a.fleet.json"
+    name = (
+        "coordinator/issue-33-look-until-seen/"
+        "a_recreation_tripped_already_does_not_trip_again_over_a_resume.0a.fleet.json"
+    )
     events = recorded(name)["events"]
     changes = histories.breaker_changes([{"events": events}], "c")
     assert [(c.tripped, c.operator) for c in changes] == [(True, ""), (False, "alice")]
