@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check setup lint bench bench-slurm bench-detection bench-webhook-storm bench-storm bench-fleet-state bench-kube bench-simulate histories k8s stop clean
+.PHONY: demo test check setup lint soak bench bench-slurm bench-detection bench-webhook-storm bench-storm bench-fleet-state bench-kube bench-simulate histories k8s stop clean
 
 $(STAMP): pyproject.toml infra/setup.sh
 	@bash infra/setup.sh
@@ -40,6 +40,12 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/shellcheck -x $$(git ls-files '*.sh' 2>/dev/null || find infra tests -name '*.sh')
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q --site-dir .run/site
+
+# The chaos soak: `make soak [MINUTES=60] [SEED=1]` (infra/soak; docs/tests-and-benchmarks.md)
+MINUTES ?= 60
+SEED ?= 1
+soak: $(STAMP)
+	$(PY) -m infra.soak --minutes $(MINUTES) --seed $(SEED) $(SOAK_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.mttr $(BENCH_ARGS)

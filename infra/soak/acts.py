@@ -1,0 +1,217 @@
+"""What the soak does to the world: each failure sent as Alertmanager sends it, each fault carried
+out and undone, and the operator's rounds. Each act is written to ROOT/acts.jsonl with when it
+began and ended, so a violation can name the fault before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from temporalio.client import Client
+
+from gpuheal.core import ids
+from gpuheal.core.messages import FLEET_VIEW
+from gpuheal.triggers.alertmanager import firing_payload
+from infra.sandbox.processes import BIN
+from infra.soak import faults as faulting
+from infra.soak.load import Failure
+from infra.soak.world import POLICY, World
+
+OPERATOR = "soak-operator"
+ROUND_S = 15.0  # the operator looks at each cluster this often
+TRIPPED_FOR_S = 60.0  # and resumes a breaker tripped this long (after a look at why)
+HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
+
+
+class Acts:
+    def __init__(self, world: World, client: Client, begun: float, seed: int) -> None:
+        self.world, self.client, self.begun = world, client, begun
+        self.rng = random.Random(seed ^ 0x5EED)
+        self.path = world.root / "acts.jsonl"
+
+    def record(self, kind: str, **fields: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"at": time.time(), "kind": kind, **fields}) + "\n")
+
+    async def until(self, at_s: float) -> None:
+        await asyncio.sleep(max(0.0, self.begun + at_s - time.time()))
+
+    def gpuheal(self, cluster: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        env = self.world.clusters[cluster].sb.env()
+        return subprocess.run([str(BIN / "gpuheal"), *argv], env=env, capture_output=True, text=True, timeout=60)
+
+    # --- the load ------------------------------------------------------------------------
+
+    async def send(self, failures: list[Failure]) -> None:
+        for f in failures:
+            await self.until(f.at_s)
+            await asyncio.to_thread(self._send_one, f)
+
+    def _send_one(self, f: Failure) -> None:
+        c = self.world.clusters[f.cluster]
+        if f.kind in HARDWARE_KINDS and f.at_s == f.first_s:
+            c.sb.inject_gpu_fault(f.node)  # its jobs stop stepping, as on a GPU gone
+        payload = firing_payload(
+            f.node,
+            xid=f.xid,
+            gpu=str(f.gpu),
+            cluster=f.cluster,
+            summary=f"XID {f.xid} on {f.node} GPU {f.gpu}",
+            starts_at=datetime.fromtimestamp(self.begun + f.first_s, UTC),
+        )
+        status = post(c.webhook_url, c.sb.webhook_token, payload)
+        self.record("failure", cluster=f.cluster, node=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status)
+
+    # --- the faults ----------------------------------------------------------------------
+
+    async def inflict(self, dealt: list[faulting.Fault]) -> None:
+        for fault in dealt:
+            await self.until(fault.at_s)
+            began = time.time()
+            try:
+                said = await getattr(self, f"_{fault.kind}")(fault)
+            except Exception as err:  # a fault that could not be carried out is said, not hidden
+                said = f"could not: {err}"
+            self.record("fault", fault=fault.kind, cluster=fault.cluster, began=began, said=said)
+
+    async def _kill_worker(self, f: faulting.Fault) -> str:
+        c = self.world.clusters[f.cluster]
+        i = self.rng.randrange(len(c.workers))
+        c.workers[i].send_signal(signal.SIGKILL)
+        await asyncio.to_thread(c.workers[i].wait)
+        await asyncio.sleep(2)
+        c.start_worker(i)
+        return f"SIGKILL {c.worker_name(i)} (pid {c.workers[i].pid} now)"
+
+    async def _restart_temporal(self, f: faulting.Fault) -> str:
+        sb = self.world.temporal
+        if sb.temporal_kind == "cluster":
+            await asyncio.to_thread(sb.restart_temporal_server)
+            return "the server's services restarted"
+        await asyncio.to_thread(sb.stop_temporal)
+        await asyncio.to_thread(sb.start_temporal)
+        return "the dev server restarted"
+
+    async def _restart_postgres(self, f: faulting.Fault) -> str:
+        sb = self.world.temporal
+        if sb.temporal_kind != "cluster":
+            return "skipped: the dev server has no PostgreSQL"
+        await asyncio.to_thread(sb.restart_postgres)
+        return "PostgreSQL restarted"
+
+    async def _stop_slurmctld(self, f: faulting.Fault) -> str:
+        pid = int((self.world.clusters[f.cluster].sb.slurm_dir / "run" / "slurmctld.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(f.lasts_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return f"slurmctld stopped {f.lasts_s:.0f} s (SIGSTOP, then SIGCONT)"
+
+    async def _apiserver_away(self, f: faulting.Fault) -> str:
+        kube = self.world.clusters[f.cluster].kube
+        if kube is None:
+            return "skipped: no Kubernetes sandbox built"
+        await asyncio.to_thread(kube.stop_apiserver)
+        try:
+            await asyncio.sleep(f.lasts_s)
+        finally:
+            await asyncio.to_thread(kube.start_apiserver)
+        return f"the apiserver away {f.lasts_s:.0f} s"
+
+    async def _notices_refused(self, f: faulting.Fault) -> str:
+        self.world.notices.refuse_for(f.lasts_s)
+        return f"notices refused (503) for {f.lasts_s:.0f} s"
+
+    async def _terminate_coordinator(self, f: faulting.Fault) -> str:
+        handle = self.client.get_workflow_handle(ids.coordinator_id(f.cluster))
+        await handle.terminate(reason="soak: the coordinator terminated by hand")
+        return "terminated"
+
+    async def _pause_resume(self, f: faulting.Fault) -> str:
+        paused = await asyncio.to_thread(self.gpuheal, f.cluster, "pause", "--operator", OPERATOR, "--reason", "soak")
+        await asyncio.sleep(f.lasts_s)
+        resumed = await asyncio.to_thread(self.gpuheal, f.cluster, "resume", "--operator", OPERATOR, "--reason", "soak")
+        self.record("operator", cluster=f.cluster, act="resume", rc=resumed.returncode)
+        return f"paused (rc {paused.returncode}) {f.lasts_s:.0f} s, resumed (rc {resumed.returncode})"
+
+    async def _policy_change(self, f: faulting.Fault) -> str:
+        # Not the budget or containment (the bound the checker holds each sample to): the breaker's window.
+        window = self.rng.choice((60, 90))
+        path = self.world.root / f"policy-change-{f.cluster}.yaml"
+        path.write_text(yaml.safe_dump({**POLICY, "breaker": {**POLICY["breaker"], "window_s": window}}))  # type: ignore[dict-item]
+        done = await asyncio.to_thread(
+            self.gpuheal, f.cluster, "policy", "apply", str(path), "--operator", OPERATOR, "--reason", "soak"
+        )
+        return f"breaker window {window} s (rc {done.returncode})"
+
+    async def _roll_workers(self, f: faulting.Fault) -> str:
+        c = self.world.clusters[f.cluster]
+        for i, proc in enumerate(list(c.workers)):
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait)
+            c.start_worker(i)
+            await asyncio.sleep(5)
+        return f"{len(c.workers)} workers replaced one by one (SIGTERM, then started again)"
+
+    # --- the operator --------------------------------------------------------------------
+
+    async def operate(self, until: float) -> None:
+        """Rounds until `until` (epoch): a breaker tripped for a while is resumed; a left node
+        returned. (Approvals: the soak's policy asks for none.)"""
+        while time.time() < until:
+            for name in self.world.clusters:
+                try:
+                    await self._round(name)
+                except Exception as err:  # the operator's own look failed (Temporal restarting)
+                    self.record("operator", cluster=name, act="look failed", said=str(err)[:200])
+            await asyncio.sleep(ROUND_S)
+
+    async def _round(self, cluster: str) -> None:
+        view = await FLEET_VIEW.read(self.client.get_workflow_handle(ids.coordinator_id(cluster)))
+        if view is None:
+            return
+        b = view.breaker
+        if b.tripped and b.at is not None and time.time() - b.at.timestamp() > TRIPPED_FOR_S:
+            done = await asyncio.to_thread(
+                self.gpuheal, cluster, "resume", "--operator", OPERATOR, "--reason", "soak: looked, resumed"
+            )
+            self.record("operator", cluster=cluster, act="resume", rc=done.returncode)
+        for line in view.left_nodes:
+            done = await asyncio.to_thread(
+                self.gpuheal, cluster, "return", line.node, "--operator", OPERATOR, "--reason", "soak: repaired"
+            )
+            self.record("operator", cluster=cluster, act="return", node=line.node, rc=done.returncode)
+
+
+def post(url: str, token: str, payload: dict[str, Any]) -> int:
+    """One POST as Alertmanager's webhook notifier sends it; the HTTP status (0: no answer)."""
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def acts(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

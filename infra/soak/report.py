@@ -1,0 +1,151 @@
+"""The soak's report (bench/results/soak.md for the hour): its seed and shape, what was injected,
+the counts, and each invariant's verdict with every violation named beside the fault before it."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from infra.soak.invariants import INVARIANTS, Records, Violation
+
+
+def _t(at: float, begun: float) -> str:
+    return f"{at - begun:+.0f} s" if at else "at the end"
+
+
+def fault_before(at: float, acts: Sequence[Mapping[str, Any]]) -> str:
+    before = [a for a in acts if a["kind"] == "fault" and a["began"] <= at] if at else []
+    if not before:
+        return "none"
+    last = before[-1]
+    return f"{last['fault']} {last.get('cluster') or ''} at {last['began']:.0f}".replace("  ", " ")
+
+
+HARDWARE = frozenset({"hardware", "repeat", "rack"})
+
+
+def recoveries(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Failure to training again, per hardware failure that hit a job: from the soak's injection to
+    the job's first progress line after its restart (slurmctld's log: its comment, restart=N+1)."""
+    moments: list[tuple[float, int, Any]] = [(e.at, 1, e) for e in records.events if e.kind in ("allocate", "progress")]
+    moments += [(a["at"], 0, a) for a in acts if a["kind"] == "failure" and a["load"] in HARDWARE]
+    on: dict[tuple[str, str], int] = {}
+    restarts: dict[tuple[str, int], int] = {}
+    waiting: dict[tuple[str, int], tuple[float, int]] = {}  # job -> (failed at, its restarts then)
+    took: list[float] = []
+    for at, _, m in sorted(moments, key=lambda x: (x[0], x[1])):
+        if isinstance(m, dict):
+            job = on.get((m["cluster"], m["node"]))
+            if job is not None and (m["cluster"], job) not in waiting:
+                waiting[(m["cluster"], job)] = (at, restarts.get((m["cluster"], job), 0))
+        elif m.kind == "allocate":
+            on = {k: v for k, v in on.items() if not (k[0] == m.cluster and v == m.job)}
+            on[(m.cluster, m.node)] = m.job
+        else:
+            key = (m.cluster, m.job)
+            restarts[key] = m.restart
+            if key in waiting and m.restart > waiting[key][1]:
+                took.append(at - waiting.pop(key)[0])
+    return took
+
+
+def markdown(
+    seed: int,
+    minutes: float,
+    settle: float,
+    begun: float,
+    end: float,
+    records: Records,
+    found: Mapping[str, list[Violation]],
+    acts: Sequence[Mapping[str, Any]],
+) -> str:
+    when = datetime.fromtimestamp(begun, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    sent = Counter(a["load"] for a in acts if a["kind"] == "failure")
+    refused = sum(1 for a in acts if a["kind"] == "failure" and a["status"] != 200)
+    faults = [a for a in acts if a["kind"] == "fault"]
+    outcomes = Counter(r.outcome or r.status for r in records.runs)
+    lines = [
+        "# Chaos soak",
+        "",
+        f"Written by `make soak` (infra/soak) on {when}: seed {seed}, {minutes:g} minutes of load and faults, "
+        f"then up to {settle:g} minutes for incidents to end ({end - begun:.0f} s in all). Checked from "
+        "slurmctld's logs, Slurm sampled every second, Temporal's histories and the provider's spare record.",
+        "",
+        "## What was injected",
+        "",
+        "| alerts sent, by kind | count |",
+        "|---|---|",
+        *[f"| {kind} | {n} |" for kind, n in sorted(sent.items())],
+        f"| not answered 200 by the webhook | {refused} |",
+        "",
+        "| fault | cluster | at | what happened |",
+        "|---|---|---|---|",
+        *[f"| {a['fault']} | {a.get('cluster') or 'shared'} | {_t(a['began'], begun)} | {a['said']} |" for a in faults],
+        "",
+        "## Incidents",
+        "",
+        f"{len(records.runs)} incident runs; by outcome (or status): "
+        + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())),
+        "",
+        "## Invariants",
+        "",
+        "| invariant | verdict | violations |",
+        "|---|---|---|",
+        *[f"| {name} | {'held' if not found[name] else '**BROKEN**'} | {len(found[name])} |" for name in INVARIANTS],
+    ]
+    broken = [v for name in INVARIANTS for v in found[name]]
+    if broken:
+        lines += [
+            "",
+            "| invariant | cluster | when | about | what | the fault before it |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {v.invariant} | {v.cluster} | {_t(v.at, begun)} | `{v.subject}` | {v.detail} | "
+            f"{fault_before(v.at, acts)} |"
+            for v in broken[:200]
+        ]
+    lines += [
+        "",
+        "## The books, from Slurm and Temporal",
+        "",
+        "| cluster | most drained by gpuheal at once / bound | "
+        "breaker trips / operator resumes | spares given | drains / requeues in slurmctld's log |",
+        "|---|---|---|---|---|",
+    ]
+    for cluster in sorted({s.cluster for s in records.samples}):
+        most = max(
+            (
+                sum(1 for r in s.drained.values() if r.startswith(f"gpuheal-{cluster}-"))
+                for s in records.samples
+                if s.cluster == cluster
+            ),
+            default=0,
+        )
+        bound = max((b.most for b in records.bounds if b.cluster == cluster), default=0)
+        trips = sum(1 for c in records.breaker if c.cluster == cluster and c.tripped)
+        resumes = sum(1 for c in records.breaker if c.cluster == cluster and not c.tripped and c.operator)
+        spares = sum(1 for g in records.spares if g.cluster == cluster)
+        drains = sum(1 for e in records.events if e.cluster == cluster and e.kind == "drain")
+        requeues = sum(1 for e in records.events if e.cluster == cluster and e.kind == "requeue")
+        lines.append(f"| {cluster} | {most} / {bound} | {trips} / {resumes} | {spares} | {drains} / {requeues} |")
+    resolved = [r.closed - r.started for r in records.runs if r.outcome == "resolved" and r.closed]
+    if resolved:
+        q = statistics.quantiles(resolved, n=20) if len(resolved) > 1 else [resolved[0]] * 19
+        lines += [
+            "",
+            f"Resolved incidents' time open (report to close): p50 {statistics.median(resolved):.1f} s, "
+            f"p95 {q[18]:.1f} s, max {max(resolved):.1f} s ({len(resolved)} runs).",
+        ]
+    took = recoveries(records, acts)
+    if took:
+        q = statistics.quantiles(took, n=20) if len(took) > 1 else [took[0]] * 19
+        lines += [
+            f"Failure to training again (the soak's injection to the job's first step after its restart, "
+            f"slurmctld's log): p50 {statistics.median(took):.1f} s, p95 {q[18]:.1f} s, max {max(took):.1f} s "
+            f"({len(took)} jobs)."
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,89 @@
+"""One soak from start to verdict: the world up, the load and the faults for `minutes` with the
+operator at work, a settling time for incidents to end, then the records gathered, checked and
+reported. The world is stopped whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from temporalio.client import Client
+
+from gpuheal.clients.temporal import connect
+from gpuheal.core import queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.messages import INCIDENT
+from gpuheal.core.settings import Settings
+from infra.sandbox.temporal import TemporalKind
+from infra.soak import collect, faults, load, report
+from infra.soak.acts import Acts, acts
+from infra.soak.invariants import check
+from infra.soak.world import KUBE_CLUSTER, World
+
+SETTLE_LOOK_S = 10.0
+
+
+def say(text: str) -> None:
+    print(f"soak {time.strftime('%H:%M:%S')}: {text}", flush=True)
+
+
+async def soak(minutes: float, seed: int, settle: float, root: Path, temporal: TemporalKind, out: Path | None) -> int:
+    world = World(root, temporal)
+    say(f"starting the world under {root} (Temporal: {temporal})")
+    world.start()
+    sampler = collect.Sampler(world, root / "samples.jsonl")
+    try:
+        client = await connect(Settings.from_env(world.temporal.env()).temporal)
+        shape = load.Shape(
+            minutes,
+            nodes={c.name: c.nodes for c in world.clusters.values()},
+            racks={c.name: c.racks for c in world.clusters.values()},
+        )
+        failures = load.schedule(seed, shape)
+        dealt = faults.schedule(seed, minutes, list(world.clusters), KUBE_CLUSTER)
+        say(f"seed {seed}: {len(failures)} alerts and {len(dealt)} faults over {minutes:g} min")
+        sampler.start()
+        begun = time.time()
+        doing = Acts(world, client, begun, seed)
+        load_end = begun + minutes * 60
+        await asyncio.gather(doing.send(failures), doing.inflict(dealt), doing.operate(load_end))
+        say(f"the load is over; up to {settle:g} min for the incidents to end")
+        operator = asyncio.create_task(doing.operate(time.time() + settle * 60))
+        await settled(world, client, time.time() + settle * 60)
+        operator.cancel()
+        end = time.time()
+        sampler.stop()
+        records = await collect.gather(world, client, begun, end, soak_cancelled=set())
+        found = check(records)
+        (root / "records.json").write_text(json.dumps(dataclasses.asdict(records), default=str))
+        path = out or root / "soak.md"
+        path.write_text(report.markdown(seed, minutes, settle, begun, end, records, found, acts(doing.path)))
+        broken = [name for name, vs in found.items() if vs]
+        say(f"report: {path}; " + ("every invariant held" if not broken else f"BROKEN: {', '.join(broken)}"))
+        return 1 if broken else 0
+    finally:
+        sampler.stop()
+        world.stop()
+        world.notices.stop()
+
+
+async def settled(world: World, client: Client, until: float) -> None:
+    """Until no incident is open but those waiting for a person, or `until`."""
+    while time.time() < until:
+        open_ = 0
+        for name in world.clusters:
+            listing = queries.where(
+                queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, name), queries.eq(queries.EXECUTION_STATUS, "Running")
+            )
+            async for w in client.list_workflows(listing):
+                described = await client.get_workflow_handle(w.id).describe()
+                stage = (described.search_attributes or {}).get("Stage") or [""]
+                open_ += 0 if stage[0] == "approval" else 1
+        if open_ == 0:
+            return
+        await asyncio.sleep(SETTLE_LOOK_S)
+    say("settling time over with incidents still open: the checker names them")
