@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 from temporalio.client import Client
 
-from gpuheal.core import ids
-from gpuheal.core.messages import FLEET_VIEW
+from gpuheal.core import ids, queries
+from gpuheal.core import search_attributes as sa
+from gpuheal.core.messages import FLEET_VIEW, INCIDENT
 from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox.processes import BIN
 from infra.soak import faults as faulting
@@ -32,6 +33,7 @@ from infra.soak.world import POLICY, World
 OPERATOR = "soak-operator"
 ROUND_S = 15.0  # the operator looks at each cluster this often
 TRIPPED_FOR_S = 60.0  # and resumes a breaker tripped this long (after a look at why)
+ABORT_SHARE = 0.25  # of the incidents waiting for approval, it aborts about this share
 HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
 
 
@@ -169,8 +171,8 @@ class Acts:
     # --- the operator --------------------------------------------------------------------
 
     async def operate(self, until: float) -> None:
-        """Rounds until `until` (epoch): a breaker tripped for a while is resumed; a left node
-        returned. (Approvals: the soak's policy asks for none.)"""
+        """Rounds until `until` (epoch): a breaker tripped for a while is resumed; what waits for
+        approval approved (or, about one in four, aborted); a left node returned."""
         while time.time() < until:
             for name in self.world.clusters:
                 try:
@@ -189,6 +191,19 @@ class Acts:
                 self.gpuheal, cluster, "resume", "--operator", OPERATOR, "--reason", "soak: looked, resumed"
             )
             self.record("operator", cluster=cluster, act="resume", rc=done.returncode)
+        waiting = queries.where(
+            queries.of_type(INCIDENT),
+            queries.eq(sa.CLUSTER, cluster),
+            queries.eq(queries.EXECUTION_STATUS, "Running"),
+            queries.eq(sa.STAGE, "approval"),
+        )
+        async for w in self.client.list_workflows(waiting):
+            node = w.id[len(ids.incident_prefix(cluster)) :]
+            verb = "abort" if self.rng.random() < ABORT_SHARE else "approve"
+            done = await asyncio.to_thread(
+                self.gpuheal, cluster, verb, node, "--operator", OPERATOR, "--reason", f"soak: {verb}d after a look"
+            )
+            self.record("operator", cluster=cluster, act=verb, node=node, rc=done.returncode)
         for line in view.left_nodes:
             done = await asyncio.to_thread(
                 self.gpuheal, cluster, "return", line.node, "--operator", OPERATOR, "--reason", "soak: repaired"

@@ -102,7 +102,7 @@ async def gather(world: World, client: Client, begun: float, end: float, soak_ca
                 grants += histories.grants_held(view, c.name, end)
         record = c.sb.slurm_dir / "provider" / "replacements.json"
         spares += parse_spares(record.read_text() if record.exists() else "{}", c.name)
-        for job in c.jobs.values():
+        for job in c.jobs:
             snap = c.sb.job(job)
             job_ends.append(JobEnd(c.name, job, snap.state if snap else "UNKNOWN", job in soak_cancelled))
         shown = c.sb.slurm("scontrol", "-o", "show", "reservation", check=False)

@@ -35,6 +35,8 @@ WORKERS = 2  # worker processes per cluster
 # Each cluster's policy, as its file says it (the chart's ConfigMap): a budget and a breaker that
 # a rack or a false alarm trips, and the hold short enough that the soak sees every incident end.
 POLICY = {
+    # A node replaced waits for a person (the soak's operator approves most and aborts some).
+    "approval": {"required_for": ["replace_node"], "timeout_s": 600, "default_on_timeout": "abort"},
     "budget": {"cluster": "3", "rate": 200, "node_cooldown_s": 0},
     "containment_limit": "2",
     "breaker": {"max_incidents": 8, "window_s": 60},
@@ -96,7 +98,7 @@ class Cluster:
     kube: KubeSandbox | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     webhook: subprocess.Popen[bytes] | None = None
-    jobs: dict[str, int] = field(default_factory=dict)  # node -> its training job
+    jobs: list[int] = field(default_factory=list)  # its training jobs (a whole node each, anywhere)
 
     @property
     def nodes(self) -> list[str]:
@@ -173,6 +175,8 @@ class World:
 
     def start(self) -> None:
         self.stop()
+        for record in ("acts.jsonl", "samples.jsonl", "notices.jsonl", "records.json"):
+            (self.root / record).unlink(missing_ok=True)  # a soak's records are its own
         self.temporal.start_temporal(fresh=True)
         for c in self.clusters.values():
             c.sb.start_slurm(clean=True)
@@ -189,8 +193,10 @@ class World:
             for i in range(WORKERS):
                 c.start_worker(i)
             c.start_webhook()
-            for node in c.nodes[: ACTIVE - IDLE]:
-                c.jobs[node] = c.sb.submit_training(name=f"train-{node}", step_s=STEP_S, nodelist=node)
+            # A whole node each, on no node in particular: a requeued job starts again where Slurm
+            # finds room (an idle node, a spare), as a real training job would.
+            for i in range(ACTIVE - IDLE):
+                c.jobs.append(c.sb.submit_training(name=f"train-{i}", step_s=STEP_S, sbatch_args=("--exclusive",)))
 
     def stop(self) -> None:
         """Everything this root runs, stopped (also what an interrupted soak left)."""
