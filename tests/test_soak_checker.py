@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.soak import invariants as inv
+from infra.soak import report
 from infra.soak.records import (
     Bound,
     BreakerChange,
@@ -253,3 +254,15 @@ def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:
         ("r4", "still open, waiting for nobody"),
         ("r5", "open 100 s, past its 50 s"),
     ]
+
+
+def test_time_to_training_again_read_from_slurmctlds_log() -> None:
+    events = log("22.05", "incident", "sandbox")
+    drain = next(e for e in events if e.kind == "drain")
+    restarted = next(e for e in events if e.kind == "progress" and e.job == 5000 and e.restart == 1)
+    failed_at = drain.at - 0.5
+    failure = {"kind": "failure", "at": failed_at, "cluster": "sandbox", "node": "gpu01", "load": "hardware"}
+    records = inv.Records(end=0.0, events=events, samples=[], runs=[])
+    assert report.recoveries(records, [failure]) == [pytest.approx(restarted.at - failed_at)]
+    elsewhere = {**failure, "node": "gpu03"}  # no job there: nothing to wait for
+    assert report.recoveries(records, [elsewhere]) == []
