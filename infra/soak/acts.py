@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
@@ -182,7 +183,12 @@ class Acts:
             await asyncio.sleep(ROUND_S)
 
     async def _round(self, cluster: str) -> None:
-        view = await FLEET_VIEW.read(self.client.get_workflow_handle(ids.coordinator_id(cluster)))
+        try:
+            view = await FLEET_VIEW.read(self.client.get_workflow_handle(ids.coordinator_id(cluster)))
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return  # no coordinator yet: it starts with the cluster's first incident
+            raise
         if view is None:
             return
         b = view.breaker

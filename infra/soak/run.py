@@ -60,6 +60,7 @@ async def soak(minutes: float, seed: int, settle: float, root: Path, temporal: T
         records = await collect.gather(world, client, begun, end, soak_cancelled=set())
         found = check(records)
         (root / "records.json").write_text(json.dumps(dataclasses.asdict(records), default=str))
+        (root / "verdicts.json").write_text(json.dumps({name: len(vs) for name, vs in found.items()}))
         path = out or root / "soak.md"
         path.write_text(report.markdown(seed, minutes, settle, begun, end, records, found, acts(doing.path)))
         broken = [name for name, vs in found.items() if vs]
