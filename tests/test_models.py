@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from gpuheal.core import progress
 from gpuheal.core.models.base import NodeState
 from gpuheal.core.models.incident import Decision
 from gpuheal.core.models.report import HealthReport
@@ -88,3 +91,17 @@ def test_a_result_closed_before_node_states_were_named_still_reads() -> None:
     assert old.node_detail == "replaced by gpu04; gpu01 left the cluster (State=FUTURE)"
     new = RemediationResult.model_validate({**closed, "node_state": "replaced", "node_detail": "replaced by gpu04"})
     assert new.node_state == NodeState.REPLACED and new.node_detail == "replaced by gpu04"
+
+
+@pytest.mark.parametrize("scontrol", ["exit 1", "sleep 30"])  # refused; a controller that does not answer
+def test_progress_not_published_never_ends_the_training(
+    scontrol: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\n{scontrol}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(progress, "PUBLISH_TIMEOUT_S", 0.5)
+    assert progress.report_progress(5, 0) is False
+    assert "progress at step 5 not published" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -76,17 +77,27 @@ def parse_progress(comment: str | None) -> JobProgress | None:
         return None
 
 
+PUBLISH_TIMEOUT_S = 10.0  # scontrol's answer, at most; past it, this step's progress goes unsaid
+
+
 def report_progress(
     step: int, checkpoint_step: int, checkpoint_at: float | None = None, signal: str = "", notify: str = ""
-) -> None:
-    """Called from inside a Slurm job: publish progress in the job's comment. Pass `signal` only
-    if the job traps it and checkpoints when it arrives."""
+) -> bool:
+    """Called from inside a Slurm job: publish progress in the job's comment (True: published).
+    Pass `signal` only if the job traps it and checkpoints when it arrives."""
     job_id = os.environ["SLURM_JOB_ID"]
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     comment = format_progress(step, checkpoint_step, checkpoint_at or time.time(), restart, signal, notify)
-    subprocess.run(
-        ["scontrol", "update", f"jobid={job_id}", f"comment={comment}"],
-        check=True,
-        capture_output=True,
-        timeout=10,
-    )
+    # Best effort: a controller that does not answer (restarting, overloaded) must never end the
+    # training that calls this; the next step publishes again. Said on stderr, the job's own log.
+    try:
+        subprocess.run(
+            ["scontrol", "update", f"jobid={job_id}", f"comment={comment}"],
+            check=True,
+            capture_output=True,
+            timeout=PUBLISH_TIMEOUT_S,
+        )
+    except (subprocess.SubprocessError, OSError) as err:
+        print(f"gpuheal: progress at step {step} not published ({err}); training goes on", file=sys.stderr)
+        return False
+    return True

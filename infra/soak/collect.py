@@ -6,6 +6,7 @@ visibility listing of the clusters' workflows, and each run's history as the ser
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -102,9 +103,10 @@ async def gather(world: World, client: Client, begun: float, end: float, soak_ca
                 grants += histories.grants_held(view, c.name, end)
         record = c.sb.slurm_dir / "provider" / "replacements.json"
         spares += parse_spares(record.read_text() if record.exists() else "{}", c.name)
-        for job in c.jobs:
-            snap = c.sb.job(job)
-            job_ends.append(JobEnd(c.name, job, snap.state if snap else "UNKNOWN", job in soak_cancelled))
+        for job in c.jobs:  # as scontrol says (ended jobs stay MinJobAge, an hour, in the sandbox)
+            shown = c.sb.slurm("scontrol", "-o", "show", "job", str(job), check=False)
+            state = m.group(1) if (m := re.search(r"\bJobState=(\S+)", shown)) else "UNKNOWN"
+            job_ends.append(JobEnd(c.name, job, state, job in soak_cancelled))
         shown = c.sb.slurm("scontrol", "-o", "show", "reservation", check=False)
         for line in shown.splitlines():
             name = line.split()[0].removeprefix("ReservationName=") if line.startswith("ReservationName=") else ""

@@ -134,7 +134,7 @@ def markdown(
         lines.append(f"| {cluster} | {most} / {bound} | {trips} / {resumes} | {spares} | {drains} / {requeues} |")
     resolved = [r.closed - r.started for r in records.runs if r.outcome == "resolved" and r.closed]
     if resolved:
-        q = statistics.quantiles(resolved, n=20) if len(resolved) > 1 else [resolved[0]] * 19
+        q = statistics.quantiles(resolved, n=20, method="inclusive") if len(resolved) > 1 else [resolved[0]] * 19
         lines += [
             "",
             f"Resolved incidents' time open (report to close): p50 {statistics.median(resolved):.1f} s, "
@@ -142,7 +142,7 @@ def markdown(
         ]
     took = recoveries(records, acts)
     if took:
-        q = statistics.quantiles(took, n=20) if len(took) > 1 else [took[0]] * 19
+        q = statistics.quantiles(took, n=20, method="inclusive") if len(took) > 1 else [took[0]] * 19
         lines += [
             f"Failure to training again (the soak's injection to the job's first step after its restart, "
             f"slurmctld's log): p50 {statistics.median(took):.1f} s, p95 {q[18]:.1f} s, max {max(took):.1f} s "
