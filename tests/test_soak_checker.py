@@ -236,6 +236,7 @@ def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:
         Run(CLUSTER, wid, "r2", "gpu01", 11.0, 20.0, "CONTINUED_AS_NEW"),
         Run(CLUSTER, wid, "r3", "gpu01", 20.0, None, "RUNNING", waiting_for="approval"),
         Run(CLUSTER, incident_workflow_id(CLUSTER, "gpu02"), "r4", "gpu02", 0.0, None, "RUNNING"),
+        Run(CLUSTER, incident_workflow_id(CLUSTER, "gpu04"), "r6", "gpu04", 0.0, None, "RUNNING", bound_s=300),
         Run(
             CLUSTER,
             incident_workflow_id(CLUSTER, "gpu03"),
@@ -251,7 +252,7 @@ def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:
     found = inv.endings(runs, end=200.0)
     assert [(v.subject.split("/")[1], v.detail) for v in found] == [
         ("r1", "ended FAILED"),
-        ("r4", "still open, waiting for nobody"),
+        ("r4", "still open past its bound, at ?"),
         ("r5", "open 100 s, past its 50 s"),
     ]
 

@@ -42,8 +42,10 @@ def test_a_run_still_waiting_for_approval_names_whom_it_waits_for() -> None:
     r = run({"events": events[: waiting + 1]})
     assert (r.status, r.closed, r.waiting_for) == ("RUNNING", None, "an operator's approval")
     assert inv.endings([r], end=r.started + 60) == []
-    gone = run({"events": events[:waiting]})  # before it asked anyone: it waits for nobody
-    assert [v.detail for v in inv.endings([gone], end=gone.started + 60)] == ["still open, waiting for nobody"]
+    gone = run({"events": events[:waiting]}, bound_s=30.0)  # before it asked anyone: it waits for nobody
+    assert inv.endings([gone], end=gone.started + 20) == []  # within its bound: on its way
+    found = inv.endings([gone], end=gone.started + 60)
+    assert [v.detail for v in found] == [f"still open past its bound, at {gone.stage}"] and gone.stage
 
 
 def test_a_run_past_its_bound_and_a_failed_run_are_endings_broken() -> None:

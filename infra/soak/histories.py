@@ -92,7 +92,8 @@ def incident_run(
         state = str(result.get("node_state", ""))
         node_state = state if state in NODE_STATES else ""
         fates = {int(j["job_id"]): str(j["fate"]) for j in result.get("jobs", [])}
-    waiting = WAITS_FOR_A_PERSON.get(last_stage(events), "") if status == "RUNNING" else ""
+    stage = last_stage(events)
+    waiting = WAITS_FOR_A_PERSON.get(stage, "") if status == "RUNNING" else ""
     return Run(
         cluster=cluster,
         workflow_id=workflow_id,
@@ -105,6 +106,7 @@ def incident_run(
         node_state=node_state,
         job_fates=fates,
         waiting_for=waiting,
+        stage=stage,
         bound_s=bound_s,
     )
 

@@ -158,14 +158,18 @@ def breaker_reset_alone(changes: Sequence[BreakerChange]) -> list[Violation]:
 
 def endings(runs: Sequence[Run], end: float) -> list[Violation]:
     """Every run ended in a named state within its bound, none failed; one still open at `end`
-    must be waiting for a person (and say for whom)."""
+    past its bound must be waiting for a person (and say for whom)."""
     found: list[Violation] = []
     for r in runs:
         if r.status == CHAIN:
             continue
         if r.closed is None:
-            if not r.waiting_for:
-                found.append(Violation(ENDINGS, r.cluster, end, r.key, "still open, waiting for nobody"))
+            # Within its bound an open run is on its way (a spare, capacity, a job's restart);
+            # past it, only a person may be what it waits for.
+            if not r.waiting_for and (not r.bound_s or end - r.started > r.bound_s):
+                found.append(
+                    Violation(ENDINGS, r.cluster, end, r.key, f"still open past its bound, at {r.stage or '?'}")
+                )
             continue
         if r.status != "COMPLETED":
             found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, f"ended {r.status}"))

@@ -75,6 +75,7 @@ class Run:
     node_state: str = ""  # the result's node state
     job_fates: Mapping[int, str] = field(default_factory=dict)  # job id -> fate named in the result
     waiting_for: str = ""  # open at the end: the person it waits for ("approval"), if any
+    stage: str = ""  # its stage as it last said (gpuheal's `Stage` search attribute)
     bound_s: float = 0.0  # the longest it may stay open (the policy's hold and capacity bounds)
 
     @property

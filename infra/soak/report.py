@@ -90,6 +90,13 @@ def markdown(
         f"{len(records.runs)} incident runs; by outcome (or status): "
         + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())),
         "",
+        *[
+            f"- still open at the end: `{r.key}` at {r.stage or '?'}, {end - r.started:.0f} s of its "
+            f"{r.bound_s:.0f} s" + (f", waiting for {r.waiting_for}" if r.waiting_for else "")
+            for r in records.runs
+            if r.closed is None
+        ],
+        "",
         "## Invariants",
         "",
         "| invariant | verdict | violations |",
