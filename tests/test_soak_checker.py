@@ -10,6 +10,7 @@ drained, then resumed) and a test's containment of nodes awaiting approval (22.0
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infra.soak import collect, report
 from infra.soak import invariants as inv
-from infra.soak import report
 from infra.soak.records import (
     Bound,
     BreakerChange,
@@ -267,3 +268,25 @@ def test_time_to_training_again_read_from_slurmctlds_log() -> None:
     assert report.recoveries(records, [failure]) == [pytest.approx(restarted.at - failed_at)]
     elsewhere = {**failure, "node": "gpu03"}  # no job there: nothing to wait for
     assert report.recoveries(records, [elsewhere]) == []
+
+
+def test_a_job_started_by_the_backfill_is_placed_from_slurm_sampled(tmp_path: Path) -> None:
+    """slurmctld logs a backfill start below its info level: the sampled squeue places the job, so
+    its second requeue is the second node's incident's, not the first's twice."""
+    lines = [
+        {"at": 1.0, "cluster": CLUSTER, "drained": {}, "jobs": {"4": "gpu04"}},
+        {"at": 2.0, "cluster": CLUSTER, "drained": {}, "jobs": {"4": "gpu04"}},
+        {"at": 9.0, "cluster": CLUSTER, "drained": {}, "jobs": {"4": "gpu[02-03]"}},
+    ]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    starts = collect.starts_seen(path)
+    assert [(e.at, e.node, e.job) for e in starts] == [(1.0, "gpu04", 4), (9.0, "gpu02", 4)]
+    runs = [
+        Run(CLUSTER, incident_workflow_id(CLUSTER, n), f"r{n}", n, 0.0, 20.0, "COMPLETED", "resolved")
+        for n in ("gpu04", "gpu02")
+    ]
+    requeues = [LogEvent(5.0, CLUSTER, "requeue", job=4), LogEvent(12.0, CLUSTER, "requeue", job=4)]
+    events = sorted([*starts, *requeues], key=lambda e: e.at)
+    assert inv.requeued_twice(events, runs) == []
+    assert len(inv.requeued_twice([e for e in events if e.node != "gpu02"], runs)) == 1  # placed by the log alone

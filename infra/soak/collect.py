@@ -19,7 +19,7 @@ from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT
 from infra.soak import histories
 from infra.soak.invariants import Records
-from infra.soak.records import Bound, JobEnd, NodeSample, parse_slurmctld, parse_spares
+from infra.soak.records import Bound, JobEnd, LogEvent, NodeSample, first_node, parse_slurmctld, parse_spares
 from infra.soak.world import World, bound
 
 SAMPLE_S = 1.0
@@ -57,8 +57,27 @@ class Sampler:
                         node, state, reason = [*line.split("|", 2), "", ""][:3]
                         if "drain" in state:
                             drained[node] = reason
-                    out.write(json.dumps({"at": at, "cluster": c.name, "drained": drained}) + "\n")
+                    # Where each running job is: slurmctld logs a main scheduler's start, not a
+                    # backfill's, at its info level.
+                    running = c.sb.slurm("squeue", "-h", "-t", "R", "-o", "%i|%N", check=False)
+                    jobs = dict(line.split("|", 1) for line in running.splitlines() if "|" in line)
+                    out.write(json.dumps({"at": at, "cluster": c.name, "drained": drained, "jobs": jobs}) + "\n")
                 out.flush()
+
+
+def starts_seen(path: Path) -> list[LogEvent]:
+    """A job seen running on a node it was not on at the sample before: its start there, as an
+    allocation (the log's own allocations stand beside these; the checker reads the latest)."""
+    seen: dict[tuple[str, int], str] = {}
+    out = []
+    for line in path.read_text().splitlines():
+        s = json.loads(line)
+        for job, nodes in s.get("jobs", {}).items():
+            key, node = (s["cluster"], int(job)), first_node(nodes)
+            if seen.get(key) != node:
+                out.append(LogEvent(s["at"], s["cluster"], "allocate", node=node, job=int(job)))
+                seen[key] = node
+    return out
 
 
 def samples(path: Path) -> list[NodeSample]:
@@ -112,6 +131,7 @@ async def gather(world: World, client: Client, begun: float, end: float, soak_ca
             name = line.split()[0].removeprefix("ReservationName=") if line.startswith("ReservationName=") else ""
             if name.startswith("gpuheal-validate-"):
                 reservations.append((c.name, name))
+    events += starts_seen(world.root / "samples.jsonl")
     return Records(
         end=end,
         events=sorted(events, key=lambda e: e.at),
