@@ -16,12 +16,15 @@ def _t(at: float, begun: float) -> str:
     return f"{at - begun:+.0f} s" if at else "at the end"
 
 
-def fault_before(at: float, acts: Sequence[Mapping[str, Any]]) -> str:
-    before = [a for a in acts if a["kind"] == "fault" and a["began"] <= at] if at else []
+def fault_before(at: float, cluster: str, acts: Sequence[Mapping[str, Any]], begun: float) -> str:
+    """The last fault on this cluster, or on what the clusters share, before `at` (at the end: the
+    last of the soak)."""
+    mine = [a for a in acts if a["kind"] == "fault" and a.get("cluster", "") in ("", cluster)]
+    before = [a for a in mine if not at or a["began"] <= at]
     if not before:
         return "none"
     last = before[-1]
-    return f"{last['fault']} {last.get('cluster') or ''} at {last['began']:.0f}".replace("  ", " ")
+    return f"{last['fault']} {last.get('cluster') or 'shared'} at {_t(last['began'], begun)}"
 
 
 HARDWARE = frozenset({"hardware", "repeat", "rack"})
@@ -112,7 +115,7 @@ def markdown(
         ]
         lines += [
             f"| {v.invariant} | {v.cluster} | {_t(v.at, begun)} | `{v.subject}` | {v.detail} | "
-            f"{fault_before(v.at, acts)} |"
+            f"{fault_before(v.at, v.cluster, acts, begun)} |"
             for v in broken[:200]
         ]
     lines += [
