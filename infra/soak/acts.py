@@ -33,7 +33,7 @@ from infra.soak.world import POLICY, World
 
 OPERATOR = "soak-operator"
 ROUND_S = 15.0  # the operator looks at each cluster this often
-TRIPPED_FOR_S = 60.0  # and resumes a breaker tripped this long (after a look at why)
+TRIPPED_FOR_S = 120.0  # and resumes a breaker tripped this long (after a look at why)
 ABORT_SHARE = 0.25  # of the incidents waiting for approval, it aborts about this share
 HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
 
