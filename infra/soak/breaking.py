@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--temporal", choices=["cluster", "dev"], default="cluster")
     args = ap.parse_args(argv)
-    copy = copy_with(args.name, Path(f"/tmp/gpuheal-break-{args.name}"))
+    # A path of its own each time: a Slurm root another sandbox still uses keeps its bind mount
+    # of the last copy at the same path (infra/slurm/sandbox.sh), dead once that copy is removed.
+    copy = copy_with(args.name, Path(f"/tmp/gpuheal-break-{args.name}-{os.getpid()}"))
     root = Path(f"/tmp/gpuheal-soak-{args.name}")
     try:
         soak = [sys.executable, "-m", "infra.soak", "--minutes", str(args.minutes), "--seed", str(args.seed)]
