@@ -290,3 +290,15 @@ def test_a_job_started_by_the_backfill_is_placed_from_slurm_sampled(tmp_path: Pa
     events = sorted([*starts, *requeues], key=lambda e: e.at)
     assert inv.requeued_twice(events, runs) == []
     assert len(inv.requeued_twice([e for e in events if e.node != "gpu02"], runs)) == 1  # placed by the log alone
+
+
+def test_a_node_left_drained_must_be_drained_after_the_close_until_someone_resumes_it() -> None:
+    wid = incident_workflow_id(CLUSTER, "gpu01")
+    run = Run(CLUSTER, wid, "r1", "gpu01", 0.0, 10.0, "COMPLETED", "aborted", "drained")
+    reason = f"{wid}: XID 79"
+    drained, gone = NodeSample(11.0, CLUSTER, {"gpu01": reason}), NodeSample(11.0, CLUSTER, {})
+    later = NodeSample(60.0, CLUSTER, {})  # an operator returned it since: not a leak
+    assert inv.leaks([run], [], [drained, later], []) == []
+    assert [v.detail for v in inv.leaks([run], [], [gone, later], [])] == ["gpu01 said drained, not drained"]
+    resumed = [LogEvent(10.5, CLUSTER, "resume", node="gpu01")]  # returned at once, between close and sample
+    assert inv.leaks([run], [], [gone, later], [], resumed) == []

@@ -220,11 +220,16 @@ def _placements(events: Sequence[LogEvent]) -> list[tuple[tuple[str, int], str, 
 
 
 def leaks(
-    runs: Sequence[Run], grants: Sequence[Grant], last: Sequence[NodeSample], reservations: Sequence[tuple[str, str]]
+    runs: Sequence[Run],
+    grants: Sequence[Grant],
+    samples: Sequence[NodeSample],
+    reservations: Sequence[tuple[str, str]],
+    events: Sequence[LogEvent] = (),
 ) -> list[Violation]:
-    """At the end: no grant held by a closed run; no gpuheal reservation without its open run
+    """No grant held by a closed run at the end; no gpuheal reservation without its open run
     (reservations: (cluster, name), named "gpuheal-validate-<node>-<run id's tail>"); every node a
-    closed run says it left drained is drained in Slurm's last sample."""
+    closed run says it left drained is drained in Slurm's first sample after the close (unless the
+    log shows it resumed or taken out in between: an operator may return it at once)."""
     found: list[Violation] = []
     by_key = {r.key: r for r in runs}
     open_ids = {(r.cluster, r.workflow_id) for r in runs if r.closed is None}
@@ -241,14 +246,22 @@ def leaks(
     for cluster, name in reservations:
         if (cluster, name.rsplit("-", 1)[-1]) not in open_tails:
             found.append(Violation(LEAKS, cluster, 0.0, name, "a reservation without its open incident"))
-    final = {s.cluster: s for s in sorted(last, key=lambda s: s.at)}
-    latest: dict[tuple[str, str], Run] = {}
-    for r in sorted(runs, key=lambda r: r.started):
-        latest[(r.cluster, r.node)] = r
-    for r in latest.values():
-        sample = final.get(r.cluster)
-        if r.closed is not None and r.node_state in LEFT_DRAINED and sample and r.node not in sample.drained:
-            found.append(Violation(LEAKS, r.cluster, sample.at, r.key, f"{r.node} said {r.node_state}, not drained"))
+    by_cluster = _by_cluster(samples)
+    for r in runs:
+        if r.closed is None or r.node_state not in LEFT_DRAINED:
+            continue
+        after = next((x for x in sorted(by_cluster.get(r.cluster, []), key=lambda x: x.at) if x.at >= r.closed), None)
+        if after is None or r.node in after.drained:
+            continue
+        back = any(
+            e.cluster == r.cluster
+            and e.node == r.node
+            and e.kind in ("resume", "down")
+            and r.closed - 1 <= e.at <= after.at
+            for e in events
+        )
+        if not back:
+            found.append(Violation(LEAKS, r.cluster, after.at, r.key, f"{r.node} said {r.node_state}, not drained"))
     return found
 
 
@@ -271,7 +284,6 @@ class Records:
 def check(r: Records) -> dict[str, list[Violation]]:
     """Every invariant's violations (an empty list: the invariant held), in INVARIANTS' order."""
     found: dict[str, list[Violation]] = {name: [] for name in INVARIANTS}
-    last = [max(ss, key=lambda s: s.at) for ss in _by_cluster(r.samples).values()]
     for v in [
         *jobs_lost_or_killed(r.events, r.runs, r.job_ends),
         *drained_twice(r.events, r.runs),
@@ -280,7 +292,7 @@ def check(r: Records) -> dict[str, list[Violation]]:
         *over_the_bound(r.samples, r.bounds),
         *breaker_reset_alone(r.breaker),
         *endings(r.runs, r.end),
-        *leaks(r.runs, r.grants, last, r.reservations),
+        *leaks(r.runs, r.grants, r.samples, r.reservations, r.events),
     ]:
         found[v.invariant].append(v)
     return found
