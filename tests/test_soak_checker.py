@@ -82,11 +82,21 @@ def test_real_incidents_break_nothing_and_a_drain_asked_twice_is_caught() -> Non
     assert [(v.subject, v.detail.split(":")[0]) for v in twice] == [(run.key, "gpu01 drained again")]
 
 
-def test_the_spare_record_and_hostlists() -> None:
-    spares = parse_spares('{"gpuheal-c-gpu01/r1": "gpu04", "gpuheal-c-gpu02/r2": "gpu04"}', "c")
-    assert [v.detail for v in inv.spares_twice(spares)] == ["spare gpu04 given to gpuheal-c-gpu01/r1 too"]
-    with pytest.raises(ValueError, match="not a JSON object"):
-        parse_spares("[]", "c")
+def test_the_spare_log_and_hostlists() -> None:
+    """The provider's given.jsonl, as gpuheal.providers.sandbox writes it: a line per spare given."""
+    lines = [
+        {"at": 1.0, "key": "gpuheal-c-gpu01/r1", "spare": "gpu04", "instead_of": ""},
+        {"at": 2.0, "key": "gpuheal-c-gpu02/r2", "spare": "gpu04", "instead_of": ""},
+        {"at": 3.0, "key": "gpuheal-c-gpu01/r1", "spare": "gpu05", "instead_of": "gpu04"},  # gpu04 failed burn-in
+        {"at": 4.0, "key": "gpuheal-c-gpu01/r1", "spare": "gpu06", "instead_of": ""},
+    ]
+    spares = parse_spares("".join(json.dumps(line) + "\n" for line in lines), "c")
+    assert [(v.at, v.detail) for v in inv.spares_twice(spares)] == [
+        (2.0, "spare gpu04 given to gpuheal-c-gpu01/r1 too"),
+        (4.0, "a second spare gpu06 while gpu05 stood"),
+    ]
+    with pytest.raises(ValueError, match="not a spare given"):
+        parse_spares('{"gpuheal-c-gpu01/r1": "gpu04"}', "c")  # the replacements record, not the log
     assert [first_node(n) for n in ("gpu01", "gpu[01-03,07]", "a1,b2")] == ["gpu01", "gpu01", "a1"]
 
 

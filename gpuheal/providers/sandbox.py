@@ -144,8 +144,9 @@ class SandboxProvider:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             record = self._load()
             new = record.get(key)
+            rejected = ""
             if earlier is not None and new in earlier.rejected:
-                new = None  # drained for the vendor: the run needs another
+                new, rejected = None, new  # drained for the vendor: the run needs another
             already = new is not None
             if new is None:
                 used = set(record.values())
@@ -158,6 +159,11 @@ class SandboxProvider:
                 tmp = self._record.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=1))
                 tmp.replace(self._record)
+                # And a line each time a spare is given: the record above keeps a run's latest
+                # spare only; an audit (the soak's checker) needs every one, and when.
+                given = {"at": time.time(), "key": key, "spare": new, "instead_of": rejected or ""}
+                with open(self._record.with_name("given.jsonl"), "a") as log:
+                    log.write(json.dumps(given) + "\n")
             return new, already
 
     async def _start_spare(self, new: str) -> None:

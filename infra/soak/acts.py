@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -29,13 +30,14 @@ from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox.processes import BIN
 from infra.soak import faults as faulting
 from infra.soak.load import Failure
-from infra.soak.world import POLICY, World
+from infra.soak.world import POLICY, World, slurmctld_pid
 
 OPERATOR = "soak-operator"
 ROUND_S = 15.0  # the operator looks at each cluster this often
 TRIPPED_FOR_S = 120.0  # and resumes a breaker tripped this long (after a look at why)
 ABORT_SHARE = 0.25  # of the incidents waiting for approval, it aborts about this share
 HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
+KILL_WAIT_S = 30.0  # a worker is killed while it runs an activity, if one starts within this
 
 
 class Acts:
@@ -90,13 +92,38 @@ class Acts:
             self.record("fault", fault=fault.kind, cluster=fault.cluster, began=began, said=said)
 
     async def _kill_worker(self, f: faulting.Fault) -> str:
+        """SIGKILL the worker running an incident's activity (the server's pending activities name
+        the worker that started each), waiting up to KILL_WAIT_S for one; then one at random."""
         c = self.world.clusters[f.cluster]
-        i = self.rng.randrange(len(c.workers))
+        mine = {p.pid: i for i, p in enumerate(c.workers)}
+        deadline = time.time() + KILL_WAIT_S
+        chosen: tuple[int, str] | None = None
+        while chosen is None and time.time() < deadline:
+            running = await self.running_activities(f.cluster)
+            chosen = next(((mine[pid], what) for pid, what in running if pid in mine), None)
+            if chosen is None:
+                await asyncio.sleep(1)
+        i, during = chosen or (self.rng.randrange(len(c.workers)), f"no activity ran in {KILL_WAIT_S:.0f} s")
         c.workers[i].send_signal(signal.SIGKILL)
         await asyncio.to_thread(c.workers[i].wait)
         await asyncio.sleep(2)
         c.start_worker(i)
-        return f"SIGKILL {c.worker_name(i)} (pid {c.workers[i].pid} now)"
+        return f"SIGKILL {c.worker_name(i)} during {during} (pid {c.workers[i].pid} now)"
+
+    async def running_activities(self, cluster: str) -> list[tuple[int, str]]:
+        """(the worker's pid, "<activity> of <workflow id>") for each activity an open incident of
+        the cluster has started and not finished, as the server describes the incident."""
+        listing = queries.where(
+            queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.eq(queries.EXECUTION_STATUS, "Running")
+        )
+        found = []
+        async for w in self.client.list_workflows(listing):
+            described = await self.client.get_workflow_handle(w.id, run_id=w.run_id).describe()
+            for a in described.raw_description.pending_activities:
+                pid, _, _ = a.last_worker_identity.partition("@")
+                if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pid.isdigit():
+                    found.append((int(pid), f"{a.activity_type.name} of {w.id}"))
+        return found
 
     async def _restart_temporal(self, f: faulting.Fault) -> str:
         sb = self.world.temporal
@@ -115,7 +142,9 @@ class Acts:
         return "PostgreSQL restarted"
 
     async def _stop_slurmctld(self, f: faulting.Fault) -> str:
-        pid = int((self.world.clusters[f.cluster].sb.slurm_dir / "run" / "slurmctld.pid").read_text())
+        pid = slurmctld_pid(self.world.clusters[f.cluster])
+        if pid is None:
+            return "could not: no slurmctld pid"
         os.kill(pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(f.lasts_s)
@@ -161,6 +190,10 @@ class Acts:
         return f"breaker window {window} s (rc {done.returncode})"
 
     async def _roll_workers(self, f: faulting.Fault) -> str:
+        """Each worker stopped as Kubernetes stops a pod (SIGTERM: its running activities finish
+        within the grace) and started again, one by one, as a rolling restart does. The same code
+        comes back: a build of other code under Worker Versioning is tests/integration/production's
+        test_upgrade, not the soak's."""
         c = self.world.clusters[f.cluster]
         for i, proc in enumerate(list(c.workers)):
             proc.send_signal(signal.SIGTERM)

@@ -19,50 +19,71 @@ from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT
 from infra.soak import histories
 from infra.soak.invariants import Records
-from infra.soak.records import Bound, JobEnd, LogEvent, NodeSample, first_node, parse_slurmctld, parse_spares
-from infra.soak.world import World, bound
+from infra.soak.records import (
+    CLOCK_SKEW_S,
+    Bound,
+    JobEnd,
+    LogEvent,
+    NodeSample,
+    first_node,
+    log_clock_skew,
+    parse_slurmctld,
+    parse_spares,
+)
+from infra.soak.world import Cluster, World, bound, incident_bound_s
 
 SAMPLE_S = 1.0
-BOUND_S = 3600.0  # each incident's bound: its hold (POLICY's 900 s) and its waits for capacity and a person
 
 
 class Sampler:
-    """Each cluster's drained nodes and their reasons, every second, a JSON line each
-    (`sinfo -N`: every node, once per partition it is in)."""
+    """Each cluster's drained and DOWN nodes with their reasons, and where each job runs, every
+    second, a JSON line each. A thread per cluster: a slurmctld the soak stopped delays only its
+    own cluster's samples, and a command that fails is written as a gap (the checker names gaps)."""
 
     def __init__(self, world: World, path: Path) -> None:
         self.world, self.path = world, path
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in world.clusters.values()]
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        for t in self._threads:
+            t.join(timeout=30)
 
-    def _run(self) -> None:
-        with self.path.open("a") as out:
-            while not self._stop.wait(SAMPLE_S):
-                for c in self.world.clusters.values():
-                    at = time.time()
-                    try:
-                        text = c.sb.slurm("sinfo", "-h", "-N", "-o", "%N|%T|%E", check=True)
-                    except Exception as err:  # slurmctld stopped by a fault: a gap, said so
-                        out.write(json.dumps({"at": at, "cluster": c.name, "error": str(err)[:200]}) + "\n")
-                        continue
-                    drained = {}
-                    for line in text.splitlines():
-                        node, state, reason = [*line.split("|", 2), "", ""][:3]
-                        if "drain" in state:
-                            drained[node] = reason
-                    # Where each running job is: slurmctld logs a main scheduler's start, not a
-                    # backfill's, at its info level.
-                    running = c.sb.slurm("squeue", "-h", "-t", "R", "-o", "%i|%N", check=False)
-                    jobs = dict(line.split("|", 1) for line in running.splitlines() if "|" in line)
-                    out.write(json.dumps({"at": at, "cluster": c.name, "drained": drained, "jobs": jobs}) + "\n")
-                out.flush()
+    def _write(self, line: dict[str, Any]) -> None:
+        with self._lock, self.path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+    def _run(self, c: Cluster) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            try:
+                self._write(sample(c))
+            except Exception as err:  # slurmctld stopped by a fault, a command timed out: a gap, said so
+                self._write({"at": time.time(), "cluster": c.name, "error": str(err)[:200]})
+
+
+def sample(c: Cluster) -> dict[str, Any]:
+    """One look at a cluster: `sinfo -N` (every node, once per partition it is in), dated when it
+    answered, then `squeue` of the running jobs, dated when it answered."""
+    text = c.sb.slurm("sinfo", "-h", "-N", "-o", "%N|%T|%E", check=True)
+    at = time.time()
+    drained, down = {}, {}
+    for line in text.splitlines():
+        node, state, reason = [*line.split("|", 2), "", ""][:3]
+        if "drain" in state:
+            drained[node] = reason
+        elif state.startswith("down"):
+            down[node] = reason
+    # Where each running job is: slurmctld logs a main scheduler's start, not a backfill's, at its
+    # info level.
+    running = c.sb.slurm("squeue", "-h", "-t", "R", "-o", "%i|%N", check=True)
+    jobs = dict(line.split("|", 1) for line in running.splitlines() if "|" in line)
+    return {"at": at, "cluster": c.name, "drained": drained, "down": down, "jobs_at": time.time(), "jobs": jobs}
 
 
 def starts_seen(path: Path) -> list[LogEvent]:
@@ -75,7 +96,7 @@ def starts_seen(path: Path) -> list[LogEvent]:
         for job, nodes in s.get("jobs", {}).items():
             key, node = (s["cluster"], int(job)), first_node(nodes)
             if seen.get(key) != node:
-                out.append(LogEvent(s["at"], s["cluster"], "allocate", node=node, job=int(job)))
+                out.append(LogEvent(s.get("jobs_at", s["at"]), s["cluster"], "allocate", node=node, job=int(job)))
                 seen[key] = node
     return out
 
@@ -85,7 +106,7 @@ def samples(path: Path) -> list[NodeSample]:
     for line in path.read_text().splitlines():
         s = json.loads(line)
         if "drained" in s:
-            out.append(NodeSample(s["at"], s["cluster"], s["drained"]))
+            out.append(NodeSample(s["at"], s["cluster"], s["drained"], s.get("down", {})))
     return out
 
 
@@ -94,22 +115,42 @@ async def _history(client: Client, workflow_id: str, run_id: str) -> dict[str, A
     return dict(json.loads(h.to_json()))
 
 
-async def gather(world: World, client: Client, begun: float, end: float, soak_cancelled: set[int]) -> Records:
+class SoakError(RuntimeError):
+    """A record the checker cannot read truly: said, never checked on nothing."""
+
+
+def read_log(log: Path, cluster: str, begun: float) -> list[LogEvent]:
+    """slurmctld's events from the soak's start on, once its clock is shown to be UTC."""
+    lines = log.read_text().splitlines()
+    skew = log_clock_skew(lines, log.stat().st_mtime)
+    if abs(skew) > CLOCK_SKEW_S:
+        raise SoakError(f"{log}: its last line is {skew:+.0f} s from its last write: slurmctld is not logging in UTC")
+    return [e for e in parse_slurmctld(lines, cluster) if e.at >= begun - 60]
+
+
+async def gather(
+    world: World,
+    client: Client,
+    begun: float,
+    end: float,
+    soak_cancelled: set[int],
+    quiet: list[tuple[str, float, float]],
+) -> Records:
     """Every record the checker reads, from where each system keeps it."""
     events, runs, breaker, grants, spares, job_ends, reservations = [], [], [], [], [], [], []
     bounds = []
     for c in world.clusters.values():
-        log = c.sb.slurm_dir / "log" / "slurmctld.log"
-        events += [e for e in parse_slurmctld(log.read_text().splitlines(), c.name) if e.at >= begun - 60]
+        events += read_log(c.sb.slurm_dir / "log" / "slurmctld.log", c.name, begun)
         bounds.append(Bound(c.name, 0.0, bound()))
         prefix = ids.incident_prefix(c.name)
         listing = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, c.name))
         async for w in client.list_workflows(listing):
             node = w.id[len(prefix) :]
             h = await _history(client, w.id, w.run_id)
-            runs.append(
-                histories.incident_run(h, cluster=c.name, workflow_id=w.id, run_id=w.run_id, node=node, bound_s=BOUND_S)
+            run = histories.incident_run(
+                h, cluster=c.name, workflow_id=w.id, run_id=w.run_id, node=node, bound_s=incident_bound_s()
             )
+            runs.append(run)
         fleet_id = ids.coordinator_id(c.name)
         chain = [w async for w in client.list_workflows(queries.where(queries.eq(queries.WORKFLOW_ID, fleet_id)))]
         chain.sort(key=lambda w: w.start_time)
@@ -120,8 +161,8 @@ async def gather(world: World, client: Client, begun: float, end: float, soak_ca
             view = await described.memo_value("fleet", None)
             if isinstance(view, dict):
                 grants += histories.grants_held(view, c.name, end)
-        record = c.sb.slurm_dir / "provider" / "replacements.json"
-        spares += parse_spares(record.read_text() if record.exists() else "{}", c.name)
+        record = c.sb.slurm_dir / "provider" / "given.jsonl"
+        spares += parse_spares(record.read_text() if record.exists() else "", c.name)
         for job in c.jobs:  # as scontrol says (ended jobs stay MinJobAge, an hour, in the sandbox)
             shown = c.sb.slurm("scontrol", "-o", "show", "job", str(job), check=False)
             state = m.group(1) if (m := re.search(r"\bJobState=(\S+)", shown)) else "UNKNOWN"
@@ -136,11 +177,14 @@ async def gather(world: World, client: Client, begun: float, end: float, soak_ca
         end=end,
         events=sorted(events, key=lambda e: e.at),
         samples=samples(world.root / "samples.jsonl"),
-        runs=runs,
+        runs=histories.chained(runs),
         grants=grants,
         breaker=breaker,
         spares=spares,
         bounds=bounds,
         job_ends=job_ends,
         reservations=reservations,
+        begun=begun,
+        clusters=list(world.clusters),
+        quiet=quiet,
     )

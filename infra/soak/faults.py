@@ -16,7 +16,7 @@ FIRST_S = 30.0  # the first one after the load has begun
 LASTS_S = (20.0, 90.0)
 
 FaultKind = Literal[
-    "kill_worker",  # SIGKILL a worker, chosen while it runs an activity on Slurm or a node
+    "kill_worker",  # SIGKILL a worker, chosen while it runs an incident's activity (Slurm, a node)
     "restart_temporal",  # the Temporal server's services restarted
     "restart_postgres",  # the database under Temporal restarted
     "stop_slurmctld",  # slurmctld stopped for a while, then started
@@ -25,7 +25,7 @@ FaultKind = Literal[
     "terminate_coordinator",  # the cluster's coordinator terminated by hand
     "pause_resume",  # an operator pauses the cluster, and resumes it a while later
     "policy_change",  # an operator applies a changed policy (a validated, recorded change)
-    "roll_workers",  # the workers replaced one by one by a new build
+    "roll_workers",  # the workers restarted one by one, as a rolling restart of their pods
 ]
 FAULTS: tuple[FaultKind, ...] = (
     "kill_worker",

@@ -9,6 +9,7 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -85,13 +86,14 @@ def incident_run(
     last = events[-1]
     status = CLOSES.get(last["eventType"], "RUNNING")
     closed = event_time(last["eventTime"]) if status != "RUNNING" else None
-    outcome, node_state, fates = "", "", {}
+    outcome, node_state, fates, ended_by_it = "", "", {}, frozenset[int]()
     if status == "COMPLETED":
         result = payload(_attributes(last)["result"]["payloads"][0])
         outcome = str(result.get("outcome", ""))
         state = str(result.get("node_state", ""))
         node_state = state if state in NODE_STATES else ""
         fates = {int(j["job_id"]): str(j["fate"]) for j in result.get("jobs", [])}
+        ended_by_it = frozenset(int(j["job_id"]) for j in result.get("jobs", []) if j.get("caused_by_gpuheal"))
     stage = last_stage(events)
     waiting = WAITS_FOR_A_PERSON.get(stage, "") if status == "RUNNING" else ""
     return Run(
@@ -105,10 +107,28 @@ def incident_run(
         outcome=outcome,
         node_state=node_state,
         job_fates=fates,
+        jobs_ended_by_it=ended_by_it,
         waiting_for=waiting,
         stage=stage,
         bound_s=bound_s,
     )
+
+
+def chained(runs: Sequence[Run]) -> list[Run]:
+    """Each run with the chain it belongs to: runs of one workflow id, each started as the one
+    before continued as new, are one incident (its first run's key, and when that began)."""
+    out: list[Run] = []
+    by_id: dict[str, list[Run]] = {}
+    for r in runs:
+        by_id.setdefault(r.workflow_id, []).append(r)
+    for same in by_id.values():
+        first, before = None, None
+        for r in sorted(same, key=lambda r: r.started):
+            if first is None or before is None or before.status != "CONTINUED_AS_NEW":
+                first = r  # a run of its own, or a chain's first
+            out.append(replace(r, chain=first.key, chain_started=first.started))
+            before = r
+    return out
 
 
 def breaker_changes(histories: Sequence[Mapping[str, Any]], cluster: str) -> list[BreakerChange]:

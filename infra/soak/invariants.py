@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from infra.soak.records import (
     Bound,
@@ -99,10 +100,13 @@ def drained_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viola
 
 
 def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
-    """A job requeued more than once while one incident run of its node was open."""
+    """A job requeued more than once while one incident of its node was open (a continue-as-new
+    chain of runs is one incident). The log does not say who asked for a requeue: one during an
+    incident of the job's node counts as gpuheal's (the soak stops no slurmd, so Slurm requeues
+    nothing on its own there)."""
     found: list[Violation] = []
     on: dict[tuple[str, int], str] = {}  # (cluster, job) -> the node it last started on
-    seen: set[tuple[str, str, int]] = set()  # (cluster, run key, job)
+    seen: set[tuple[str, str, int]] = set()  # (cluster, incident, job)
     for e in events:
         if e.kind == "allocate":
             on[(e.cluster, e.job)] = e.node
@@ -110,7 +114,7 @@ def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viol
             run = run_at(runs, e.cluster, node, e.at)
             if run is None:
                 continue  # not during an incident of its node: not gpuheal's requeue
-            key = (e.cluster, run.key, e.job)
+            key = (e.cluster, run.incident, e.job)
             if key in seen:
                 found.append(Violation(TWICE, e.cluster, e.at, run.key, f"job {e.job} requeued again from {node}"))
             seen.add(key)
@@ -118,13 +122,19 @@ def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viol
 
 
 def spares_twice(spares: Sequence[SpareGiven]) -> list[Violation]:
-    """A spare the provider gave to two incident runs."""
-    first: dict[tuple[str, str], str] = {}
+    """A spare the provider gave to two incident runs, or a run given a second spare while its
+    first had not failed its validation (the provider names the spare a new one replaces)."""
+    first: dict[tuple[str, str], str] = {}  # (cluster, spare) -> the run it went to
+    latest: dict[tuple[str, str], str] = {}  # (cluster, run) -> its spare now
     found: list[Violation] = []
-    for s in spares:
+    for s in sorted(spares, key=lambda s: s.at):
         taken = first.setdefault((s.cluster, s.spare), s.run_key)
         if taken != s.run_key:
-            found.append(Violation(TWICE, s.cluster, 0.0, s.run_key, f"spare {s.spare} given to {taken} too"))
+            found.append(Violation(TWICE, s.cluster, s.at, s.run_key, f"spare {s.spare} given to {taken} too"))
+        had = latest.get((s.cluster, s.run_key))
+        if had is not None and had != s.instead_of:
+            found.append(Violation(TWICE, s.cluster, s.at, s.run_key, f"a second spare {s.spare} while {had} stood"))
+        latest[(s.cluster, s.run_key)] = s.spare
     return found
 
 
@@ -134,14 +144,47 @@ def bound_at(bounds: Sequence[Bound], cluster: str, t: float) -> int | None:
 
 
 def over_the_bound(samples: Sequence[NodeSample], bounds: Sequence[Bound]) -> list[Violation]:
-    """A sample of Slurm with more nodes drained by gpuheal than the policy's budget plus
-    containment: every node gpuheal drained counts until Slurm shows it back."""
+    """A sample of Slurm with more nodes held out by gpuheal than the policy's budget plus
+    containment. Every node gpuheal drained counts until Slurm shows it back: from the first
+    sample that shows it drained with gpuheal's reason, while it stays drained or DOWN (whatever
+    its reason says by then: an operator may have written over it), until a sample shows it in
+    service or FUTURE (out of the cluster: replaced, or given back to inference)."""
     found: list[Violation] = []
-    for s in samples:
+    counted: dict[str, set[str]] = defaultdict(set)  # cluster -> the nodes that count now
+    for s in sorted(samples, key=lambda s: s.at):
+        held = counted[s.cluster]
+        held &= set(s.drained) | set(s.down)
+        held |= {node for node, reason in s.drained.items() if ours(reason, s.cluster)}
         most = bound_at(bounds, s.cluster, s.at)
-        drained = sorted(node for node, reason in s.drained.items() if ours(reason, s.cluster))
-        if most is not None and len(drained) > most:
-            found.append(Violation(BOUND, s.cluster, s.at, s.cluster, f"{len(drained)} drained by gpuheal > {most}"))
+        if most is not None and len(held) > most:
+            nodes = ", ".join(sorted(held))
+            found.append(Violation(BOUND, s.cluster, s.at, s.cluster, f"{len(held)} held by gpuheal > {most}: {nodes}"))
+    return found
+
+
+MAX_GAP_S = 10.0  # samples further apart than this leave the bound unchecked between them
+
+
+def unsampled(
+    samples: Sequence[NodeSample],
+    quiet: Sequence[tuple[str, float, float]],
+    clusters: Iterable[str],
+    begun: float,
+    end: float,
+) -> list[Violation]:
+    """Spans with no sample of a cluster longer than MAX_GAP_S, outside the spans in which the
+    soak itself stopped its slurmctld (`quiet`: (cluster, from, to)): the bound and the left
+    nodes would pass there on nothing."""
+    found: list[Violation] = []
+    by_cluster = _by_cluster(samples)
+    for cluster in clusters:
+        times = [begun, *sorted(s.at for s in by_cluster.get(cluster, [])), end]
+        for a, b in pairwise(times):
+            if b - a <= MAX_GAP_S:
+                continue
+            stopped = any(c == cluster and lo - MAX_GAP_S <= a and b <= hi + MAX_GAP_S for c, lo, hi in quiet)
+            if not stopped:
+                found.append(Violation(BOUND, cluster, a, cluster, f"no sample of Slurm for {b - a:.0f} s"))
     return found
 
 
@@ -158,15 +201,17 @@ def breaker_reset_alone(changes: Sequence[BreakerChange]) -> list[Violation]:
 
 def endings(runs: Sequence[Run], end: float) -> list[Violation]:
     """Every run ended in a named state within its bound, none failed; one still open at `end`
-    past its bound must be waiting for a person (and say for whom)."""
+    past its bound must be waiting for a person (and say for whom). The bound counts from the
+    start of the run's chain: continuing as new does not wind an incident's clock back."""
     found: list[Violation] = []
     for r in runs:
         if r.status == CHAIN:
             continue
+        began = r.chain_started if r.chain else r.started
         if r.closed is None:
             # Within its bound an open run is on its way (a spare, capacity, a job's restart);
             # past it, only a person may be what it waits for.
-            if not r.waiting_for and (not r.bound_s or end - r.started > r.bound_s):
+            if not r.waiting_for and (not r.bound_s or end - began > r.bound_s):
                 found.append(
                     Violation(ENDINGS, r.cluster, end, r.key, f"still open past its bound, at {r.stage or '?'}")
                 )
@@ -175,16 +220,23 @@ def endings(runs: Sequence[Run], end: float) -> list[Violation]:
             found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, f"ended {r.status}"))
         elif r.outcome not in OUTCOMES:
             found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, f"ended in no named state ({r.outcome!r})"))
-        if r.bound_s and r.closed - r.started > r.bound_s:
-            took = f"open {r.closed - r.started:.0f} s, past its {r.bound_s:.0f} s"
+        if r.bound_s and r.closed - began > r.bound_s:
+            took = f"open {r.closed - began:.0f} s, past its {r.bound_s:.0f} s"
             found.append(Violation(ENDINGS, r.cluster, r.closed, r.key, took))
     return found
 
 
+# The fates with which an incident's result says a job did not go on (gpuheal's JobFate): the one
+# account of a job Slurm shows ended that the checker takes, and only when gpuheal did not end it.
+ENDED_FATES = frozenset({"ended", "not_requeued"})
+
+
 def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: Sequence[JobEnd]) -> list[Violation]:
-    """Every job that was on a node while an incident of that node was open: alive or done by
-    Slurm's account, or named with its fate in that incident's result; none cancelled unless the
-    soak itself cancelled it."""
+    """Every job that was on a node while an incident of that node was open is alive or done by
+    Slurm's account; one Slurm shows ended otherwise (failed, cancelled, timed out) is lost unless
+    an incident's result names it as not gone on (ENDED_FATES: a fate that claims it requeued or
+    untouched excuses nothing), and killed if the soak did not cancel it and either Slurm shows
+    it CANCELLED or the result says gpuheal ended it."""
     found: list[Violation] = []
     final = {(e.cluster, e.job): e for e in ends}
     touched: dict[tuple[str, int], set[str]] = defaultdict(set)  # job -> the runs it was on the node of
@@ -195,12 +247,18 @@ def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: S
                 touched[(cluster, job)].add(r.key)
     for (cluster, job), keys in sorted(touched.items()):
         end = final.get((cluster, job))
-        named = any(job in r.job_fates for r in runs if r.key in keys)
-        if end is not None and end.state == "CANCELLED" and not end.by_soak:
-            found.append(Violation(JOB_KILLED, cluster, 0.0, str(job), f"job {job} cancelled: {sorted(keys)}"))
-        elif (end is None or end.state not in JOB_ALIVE) and not named:
-            state = f"job {job} {end.state if end else 'unknown to Slurm'}, named by none of {sorted(keys)}"
-            found.append(Violation(JOB_LOST, cluster, 0.0, str(job), state))
+        mine = [r for r in runs if r.key in keys]
+        if end is not None and end.by_soak:
+            continue  # the soak cancelled it itself: accounted for by the soak's own record
+        ended_by_us = any(job in r.jobs_ended_by_it for r in mine)
+        if ended_by_us or (end is not None and end.state == "CANCELLED"):
+            how = "ended by gpuheal, its result says" if ended_by_us else "CANCELLED by Slurm's account"
+            found.append(Violation(JOB_KILLED, cluster, 0.0, str(job), f"job {job} {how}: {sorted(keys)}"))
+        elif end is None or end.state not in JOB_ALIVE:
+            named = any(r.job_fates.get(job) in ENDED_FATES for r in mine)
+            if not named:
+                state = f"job {job} {end.state if end else 'unknown to Slurm'}, named ended by none of {sorted(keys)}"
+                found.append(Violation(JOB_LOST, cluster, 0.0, str(job), state))
     return found
 
 
@@ -279,6 +337,9 @@ class Records:
     bounds: Sequence[Bound] = ()
     job_ends: Sequence[JobEnd] = ()
     reservations: Sequence[tuple[str, str]] = ()
+    begun: float = 0.0  # when the load began (0: the samples are not checked for gaps)
+    clusters: Sequence[str] = ()
+    quiet: Sequence[tuple[str, float, float]] = ()  # (cluster, from, to): the soak stopped its slurmctld
 
 
 def check(r: Records) -> dict[str, list[Violation]]:
@@ -290,6 +351,7 @@ def check(r: Records) -> dict[str, list[Violation]]:
         *requeued_twice(r.events, r.runs),
         *spares_twice(r.spares),
         *over_the_bound(r.samples, r.bounds),
+        *(unsampled(r.samples, r.quiet, r.clusters, r.begun, r.end) if r.begun else []),
         *breaker_reset_alone(r.breaker),
         *endings(r.runs, r.end),
         *leaks(r.runs, r.grants, r.samples, r.reservations, r.events),

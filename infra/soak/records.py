@@ -6,7 +6,8 @@ sampled every second, Temporal's histories of every run, the sandbox provider's 
 the soak's own schedule of what it injected. Nothing here asks gpuheal what it did.
 
 Times are seconds since the epoch (UTC): slurmctld logs its host's local time, which the soak
-runs in UTC.
+runs in UTC (`TZ=UTC` in the daemons' environment), and `log_clock_skew` checks it did: a log read
+in another zone would put every event outside the soak and its checks would pass on nothing.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ class LogEvent:
 @dataclass(frozen=True)
 class NodeSample:
     """Slurm's nodes at one moment (the soak samples each cluster every second): the drained
-    ones, each with its reason."""
+    ones and the DOWN ones, each with its reason (a node in neither is in service, or FUTURE:
+    out of the cluster)."""
 
     at: float
     cluster: str
     drained: Mapping[str, str]
+    down: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,22 @@ class Run:
     outcome: str = ""  # the result's outcome (COMPLETED runs)
     node_state: str = ""  # the result's node state
     job_fates: Mapping[int, str] = field(default_factory=dict)  # job id -> fate named in the result
+    jobs_ended_by_it: frozenset[int] = frozenset()  # jobs the result says gpuheal itself ended
     waiting_for: str = ""  # open at the end: the person it waits for ("approval"), if any
     stage: str = ""  # its stage as it last said (gpuheal's `Stage` search attribute)
     bound_s: float = 0.0  # the longest it may stay open (the policy's hold and capacity bounds)
 
+    chain: str = ""  # the key of its chain's first run (a continue-as-new chain is one incident)
+    chain_started: float = 0.0  # when that first run began: the bound counts from there
+
     @property
     def key(self) -> str:
         return f"{self.workflow_id}/{self.run_id}"
+
+    @property
+    def incident(self) -> str:
+        """The incident this run is part of: its chain's first run (itself when it has none)."""
+        return self.chain or self.key
 
     def open_at(self, t: float) -> bool:
         return self.started <= t and (self.closed is None or t <= self.closed)
@@ -109,11 +121,14 @@ class BreakerChange:
 
 @dataclass(frozen=True)
 class SpareGiven:
-    """The sandbox provider's record: a spare node given to an incident run's replacement."""
+    """The sandbox provider's record: a spare node given to an incident run's replacement, when,
+    and the spare it replaces when the run's first one failed its validation."""
 
     cluster: str
     run_key: str
     spare: str
+    at: float = 0.0
+    instead_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,8 +211,25 @@ def parse_slurmctld(lines: Iterable[str], cluster: str) -> list[LogEvent]:
 
 
 def parse_spares(text: str, cluster: str) -> list[SpareGiven]:
-    """The sandbox provider's replacements.json: {"<workflow id>/<run id>": "<spare>"}."""
-    given = json.loads(text or "{}")
-    if not isinstance(given, dict):
-        raise ValueError("the provider's replacements record is not a JSON object")
-    return [SpareGiven(cluster, str(key), str(spare)) for key, spare in sorted(given.items())]
+    """The sandbox provider's log of spares given (provider/given.jsonl): a JSON line each time it
+    chose a spare for a run, {"at", "key": "<workflow id>/<run id>", "spare", "instead_of"}."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        given = json.loads(line)
+        if not isinstance(given, dict) or not {"at", "key", "spare"} <= given.keys():
+            raise ValueError(f"line {n} of the provider's spare log is not a spare given: {line[:120]!r}")
+        instead_of = str(given.get("instead_of") or "")
+        out.append(SpareGiven(cluster, str(given["key"]), str(given["spare"]), float(given["at"]), instead_of))
+    return out
+
+
+CLOCK_SKEW_S = 300.0  # a log's last line this far from its file's last write is in another zone
+
+
+def log_clock_skew(lines: list[str], modified: float) -> float:
+    """How far the log's last timestamp, read as UTC, is from when the file was last written (its
+    mtime, the kernel's clock): about 0 when slurmctld logs in UTC, hours when it does not."""
+    for raw in reversed(lines):
+        if line := _LINE.match(raw.rstrip("\n")):
+            return _epoch(line["ts"]) - modified
+    return 0.0

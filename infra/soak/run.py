@@ -50,19 +50,24 @@ async def soak(minutes: float, seed: int, settle: float, root: Path, temporal: T
         begun = time.time()
         doing = Acts(world, client, begun, seed)
         load_end = begun + minutes * 60
-        await asyncio.gather(doing.send(failures), doing.inflict(dealt), doing.operate(load_end))
+        async with asyncio.TaskGroup() as acting:  # one that raises cancels the others
+            acting.create_task(doing.send(failures))
+            acting.create_task(doing.inflict(dealt))
+            acting.create_task(doing.operate(load_end))
         say(f"the load is over; up to {settle:g} min for the incidents to end")
         operator = asyncio.create_task(doing.operate(time.time() + settle * 60))
         await settled(world, client, time.time() + settle * 60)
         operator.cancel()
         end = time.time()
         sampler.stop()
-        records = await collect.gather(world, client, begun, end, soak_cancelled=set())
+        done = acts(doing.path)
+        quiet = [(a["cluster"], a["began"], a["at"]) for a in done if a.get("fault") == "stop_slurmctld"]
+        records = await collect.gather(world, client, begun, end, soak_cancelled=set(), quiet=quiet)
         found = check(records)
         (root / "records.json").write_text(json.dumps(dataclasses.asdict(records), default=str))
         (root / "verdicts.json").write_text(json.dumps({name: len(vs) for name, vs in found.items()}))
         path = out or root / "soak.md"
-        path.write_text(report.markdown(seed, minutes, settle, begun, end, records, found, acts(doing.path)))
+        path.write_text(report.markdown(seed, minutes, settle, begun, end, records, found, done))
         broken = [name for name, vs in found.items() if vs]
         say(f"report: {path}; " + ("every invariant held" if not broken else f"BROKEN: {', '.join(broken)}"))
         return 1 if broken else 0

@@ -13,10 +13,14 @@ so a soak runs beside the tests, the benchmarks and the demo.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -43,6 +47,8 @@ POLICY = {
     "max_hold_s": 900,
     "duplicate_window_s": 600,
 }
+CAPACITY_WAIT_S = 900  # an incident with no spare tries this long (GPUHEAL_CAPACITY_WAIT_S)
+STEPS_S = 600  # the rest of an incident's steps at most: drain, checkpoint, replace, burn-in, verify
 CLUSTERS = {"east": HOST_SLURM, "west": NEWEST_SLURM}
 KUBE_CLUSTER = "west"
 
@@ -53,6 +59,14 @@ def bound(policy: dict[str, object] = POLICY) -> int:
     budget = policy["budget"]
     assert isinstance(budget, dict)
     return int(str(budget["cluster"])) + int(str(policy["containment_limit"]))
+
+
+def incident_bound_s(policy: dict[str, object] = POLICY) -> float:
+    """The longest an incident may stay open in a soak cluster, from its chain's start: its hold
+    for a grant, its wait for a person's approval, its wait for a spare, and its steps."""
+    approval = policy["approval"]
+    assert isinstance(approval, dict)
+    return float(str(policy["max_hold_s"])) + float(approval["timeout_s"]) + CAPACITY_WAIT_S + STEPS_S
 
 
 class Notices:
@@ -162,6 +176,9 @@ class World:
             "GPUHEAL_NOTIFY_URL": self.notices.url,
             "GPUHEAL_OWNER_ROUTES": json.dumps({"*": self.notices.url}),
             "GPUHEAL_CHECKPOINT_GRACE_S": "10",
+            "GPUHEAL_CAPACITY_WAIT_S": str(CAPACITY_WAIT_S),
+            # slurmctld logs its local time, which the checker reads as UTC (records.log_clock_skew).
+            "TZ": "UTC",
         }
         sb = Sandbox.named("soak", self.root, temporal_kind=temporal, cluster=name, task_queue=f"gpuheal-{name}")
         sb.use_slurm(version)
@@ -199,13 +216,37 @@ class World:
                 c.jobs.append(c.sb.submit_training(name=f"train-{i}", step_s=STEP_S, sbatch_args=("--exclusive",)))
 
     def stop(self) -> None:
-        """Everything this root runs, stopped (also what an interrupted soak left)."""
+        """Everything this root runs, stopped (also what an interrupted soak left): each step
+        on its own, so one that fails leaves none of the others running."""
+        steps: list[tuple[str, Callable[[], object]]] = []
         for c in self.clusters.values():
-            for n in range(len(self.clusters) * WORKERS):
-                c.sb.stop_recorded("worker" if n == 0 else f"worker-{n}")
-            for n in range(len(self.clusters)):
-                c.sb.stop_recorded("webhook" if n == 0 else f"webhook-{n}")
-            c.sb.stop_slurm()
+            workers = ["worker" if n == 0 else f"worker-{n}" for n in range(len(self.clusters) * WORKERS)]
+            webhooks = ["webhook" if n == 0 else f"webhook-{n}" for n in range(len(self.clusters))]
+            steps += [(f"{c.name} {name}", partial(c.sb.stop_recorded, name)) for name in workers + webhooks]
+            # A soak killed during its slurmctld fault left the daemon stopped (SIGSTOP): wake it first.
+            steps.append((f"{c.name} slurmctld woken", partial(continue_slurmctld, c)))
+            steps.append((f"{c.name} Slurm", c.sb.stop_slurm))
         if (self.root / "k8s").exists():
-            KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube).stop()
-        self.temporal.stop_temporal()
+            steps.append(("the Kubernetes sandbox", KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube).stop))
+        steps.append(("Temporal", self.temporal.stop_temporal))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as err:
+                print(f"soak: stopping {what} failed: {err}", flush=True)
+
+
+def slurmctld_pid(c: Cluster) -> int | None:
+    path = c.sb.slurm_dir / "run" / "slurmctld.pid"
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def continue_slurmctld(c: Cluster) -> None:
+    if (pid := slurmctld_pid(c)) is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,113 @@
+"""The soak's checker is not fooled by its records: a log in another time zone, gaps in Slurm's
+samples, a node that stops looking like gpuheal's drain, a chain of runs taken for several
+incidents, a job whose fate gpuheal names but Slurm contradicts (design 015, "Known gaps")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from infra.soak import collect, histories
+from infra.soak import invariants as inv
+from infra.soak.records import Bound, JobEnd, LogEvent, NodeSample, Run, incident_workflow_id, log_clock_skew
+
+DATA = Path(__file__).parent / "data" / "slurm"
+C = "c"
+
+
+def run(node: str, run_id: str, started: float, closed: float | None, status: str = "COMPLETED", **kw: object) -> Run:
+    return Run(C, incident_workflow_id(C, node), run_id, node, started, closed, status, **kw)  # type: ignore[arg-type]
+
+
+def test_a_log_whose_clock_is_not_utc_is_refused(tmp_path: Path) -> None:
+    real = (DATA / "22.05" / "slurmctld-incident.log").read_text()
+    log = tmp_path / "slurmctld.log"
+    log.write_text(real)
+    last = collect.parse_slurmctld(real.splitlines(), C)[-1].at
+    os.utime(log, (last, last + 0.5))
+    assert abs(log_clock_skew(real.splitlines(), last + 0.5)) < 1
+    assert collect.read_log(log, C, begun=0.0)
+    os.utime(log, (last, last + 3600))  # written at 10:00 UTC, logged as 09:00: slurmctld in UTC-1
+    with pytest.raises(collect.SoakError, match="not logging in UTC"):
+        collect.read_log(log, C, begun=0.0)
+
+
+def test_a_node_counts_against_the_bound_until_slurm_shows_it_back() -> None:
+    ours, theirs = f"{incident_workflow_id(C, 'gpu01')}: XID 79", "operator: cable check"
+    samples = [
+        NodeSample(1.0, C, {"gpu01": ours, "gpu02": f"{incident_workflow_id(C, 'gpu02')}: XID 48"}),
+        NodeSample(2.0, C, {"gpu01": theirs, "gpu02": ours}),  # an operator wrote over gpu01's reason
+        NodeSample(3.0, C, {"gpu02": ours}, down={"gpu01": theirs}),  # then took it DOWN
+        NodeSample(4.0, C, {"gpu02": ours}),  # gpu01 in service again (or FUTURE: out of the cluster)
+        NodeSample(5.0, C, {"gpu02": ours, "gpu03": theirs}),  # someone else's drain never counts
+    ]
+    bound = [Bound(C, 0.0, 1)]
+    assert [v.at for v in inv.over_the_bound(samples, bound)] == [1.0, 2.0, 3.0]
+    assert inv.over_the_bound(samples, [Bound(C, 0.0, 2)]) == []
+
+
+def test_missing_samples_are_caught_unless_the_soak_stopped_slurmctld() -> None:
+    samples = [NodeSample(float(t), C, {}) for t in [*range(100, 130), *range(160, 200)]]
+    gap = inv.unsampled(samples, [], [C], begun=100.0, end=200.0)
+    assert [(v.invariant, v.at, v.detail) for v in gap] == [(inv.BOUND, 129.0, "no sample of Slurm for 31 s")]
+    assert inv.unsampled(samples, [(C, 128.0, 158.0)], [C], begun=100.0, end=200.0) == []
+    assert inv.unsampled(samples, [("other", 128.0, 158.0)], [C], begun=100.0, end=200.0) == gap
+    late = inv.unsampled(samples, [(C, 128.0, 158.0)], [C], begun=60.0, end=200.0)
+    assert [v.detail for v in late] == ["no sample of Slurm for 40 s"]  # none in its first 40 s
+    assert len(inv.unsampled([], [], [C], begun=100.0, end=200.0)) == 1  # never sampled: caught
+
+
+def test_a_chain_of_runs_is_one_incident_for_its_requeues_and_its_bound() -> None:
+    chain = histories.chained(
+        [
+            run("gpu01", "r2", 50.0, 90.0, "CONTINUED_AS_NEW"),
+            run("gpu01", "r1", 0.0, 50.0, "CONTINUED_AS_NEW"),
+            run("gpu01", "r3", 90.0, 140.0, "COMPLETED", outcome="resolved", bound_s=100),
+            run("gpu01", "r4", 200.0, 210.0, "COMPLETED", outcome="resolved", bound_s=100),  # a new incident
+        ]
+    )
+    first = f"{incident_workflow_id(C, 'gpu01')}/r1"
+    assert [(r.run_id, r.incident, r.chain_started) for r in chain] == [
+        ("r1", first, 0.0),
+        ("r2", first, 0.0),
+        ("r3", first, 0.0),
+        ("r4", f"{incident_workflow_id(C, 'gpu01')}/r4", 200.0),
+    ]
+    assert [v.detail for v in inv.endings(chain, end=300.0)] == ["open 140 s, past its 100 s"]
+    placed = LogEvent(0.0, C, "allocate", node="gpu01", job=7)
+    again = [placed, LogEvent(10.0, C, "requeue", job=7), placed, LogEvent(60.0, C, "requeue", job=7)]
+    assert [v.subject.split("/")[1] for v in inv.requeued_twice(again, chain)] == ["r2"]
+    apart = [placed, LogEvent(10.0, C, "requeue", job=7), placed, LogEvent(205.0, C, "requeue", job=7)]
+    assert inv.requeued_twice(apart, chain) == []  # one requeue in each of two incidents
+
+
+@pytest.mark.parametrize(
+    ("state", "fate", "by_soak", "ended_by_it", "caught"),
+    [
+        ("RUNNING", "", False, False, {}),
+        ("COMPLETED", "", False, False, {}),
+        ("FAILED", "ended", False, False, {}),  # named as not gone on: accounted for
+        ("FAILED", "requeued", False, False, {inv.JOB_LOST: 1}),  # the result's claim, contradicted
+        ("FAILED", "", False, False, {inv.JOB_LOST: 1}),
+        ("CANCELLED", "", True, False, {}),  # the soak cancelled it
+        ("CANCELLED", "ended", False, False, {inv.JOB_KILLED: 1}),
+        ("FAILED", "ended", False, True, {inv.JOB_KILLED: 1}),  # gpuheal says it ended it
+    ],
+)
+def test_a_job_is_accounted_for_by_slurm_first(
+    state: str, fate: str, by_soak: bool, ended_by_it: bool, caught: dict[str, int]
+) -> None:
+    r = run(
+        "gpu01",
+        "r1",
+        10.0,
+        50.0,
+        outcome="resolved",
+        job_fates={7: fate} if fate else {},
+        jobs_ended_by_it=frozenset({7} if ended_by_it else ()),
+    )
+    events = [LogEvent(0.0, C, "allocate", node="gpu01", job=7)]
+    found = inv.jobs_lost_or_killed(events, [r], [JobEnd(C, 7, state, by_soak)])
+    assert {k: sum(1 for v in found if v.invariant == k) for k in {v.invariant for v in found}} == caught
