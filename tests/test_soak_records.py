@@ -5,13 +5,23 @@ incidents, a job whose fate gpuheal names but Slurm contradicts (design 015, "Kn
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from infra.soak import collect, histories
 from infra.soak import invariants as inv
-from infra.soak.records import Bound, JobEnd, LogEvent, NodeSample, Run, incident_workflow_id, log_clock_skew
+from infra.soak.records import (
+    Bound,
+    JobEnd,
+    LogEvent,
+    NodeSample,
+    Run,
+    incident_workflow_id,
+    log_clock_skew,
+    parse_jobcomp,
+)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 C = "c"
@@ -111,3 +121,58 @@ def test_a_job_is_accounted_for_by_slurm_first(
     events = [LogEvent(0.0, C, "allocate", node="gpu01", job=7)]
     found = inv.jobs_lost_or_killed(events, [r], [JobEnd(C, 7, state, by_soak)])
     assert {k: sum(1 for v in found if v.invariant == k) for k in {v.invariant for v in found}} == caught
+
+
+def test_a_node_drained_at_the_end_is_held_by_its_incident_or_said_left_drained() -> None:
+    def at_end(drained: dict[str, str]) -> list[NodeSample]:
+        return [NodeSample(100.0, C, drained)]
+
+    reason = f"{incident_workflow_id(C, 'gpu01')}: XID 79"
+    returned = run("gpu01", "r1", 10.0, 50.0, outcome="resolved", node_state="returned")
+    left = run("gpu01", "r1", 10.0, 50.0, outcome="aborted", node_state="drained")
+    still = run("gpu01", "r2", 60.0, None, "RUNNING")
+    assert [v.detail for v in inv.drains_unowned(at_end({"gpu01": reason}), [returned])] == [
+        "gpu01 drained by gpuheal at the end, its last run said returned"
+    ]
+    assert inv.drains_unowned(at_end({"gpu01": reason}), [left]) == []
+    assert inv.drains_unowned(at_end({"gpu01": reason}), [returned, still]) == []
+    assert len(inv.drains_unowned(at_end({"gpu01": reason}), [])) == 1
+    assert inv.drains_unowned(at_end({"gpu01": "operator: cable check"}), []) == []  # not gpuheal's
+
+
+@pytest.mark.parametrize("release", ["22.05", "26.05"])
+def test_slurms_job_completion_log_ends_each_stay(release: str) -> None:
+    """tests/data/slurm/<release>/jobcomp.log: slurmctld's jobcomp/filetxt, for jobs 1 (requeued:
+    its line says PENDING), 2 (cancelled), 3 (done) and 4 (exit 3)."""
+    ends = parse_jobcomp((DATA / release / "jobcomp.log").read_text().splitlines(), C)
+    assert sorted((e.job, e.text, e.node) for e in ends) == [
+        (1, "PENDING", "gpu01"),
+        (2, "CANCELLED", "gpu01"),
+        (3, "COMPLETED", "gpu01"),
+        (4, "FAILED", "gpu01"),
+    ]
+    # A job that ended on gpu01 before gpu01's incident began was not on it during the incident.
+    failed = next(e for e in ends if e.job == 4)
+    events = [LogEvent(failed.at - 1, C, "allocate", node="gpu01", job=4), failed]
+    later = run("gpu01", "r1", failed.at + 5, failed.at + 50, outcome="resolved")
+    assert inv.jobs_lost_or_killed(events, [later], [JobEnd(C, 4, "FAILED")]) == []
+    assert len(inv.jobs_lost_or_killed(events[:1], [later], [JobEnd(C, 4, "FAILED")])) == 1  # no end: on it
+
+
+def test_a_node_cordoned_twice_by_one_incident_and_a_borrowed_node_no_open_run_holds() -> None:
+    incident = incident_workflow_id(C, "gpu01")
+    cordon, uncordon = (
+        LogEvent(1.0, C, "cordon", node="gpu01", text=incident),
+        LogEvent(5.0, C, "uncordon", node="gpu01"),
+    )
+    again = LogEvent(3.0, C, "cordon", node="gpu01", text=incident)
+    r = run("gpu01", "r1", 0.0, 10.0, outcome="resolved")
+    assert inv.cordoned_twice([cordon, uncordon, replace(cordon, at=6.0)], [r]) == []  # cleared between
+    assert [v.subject for v in inv.cordoned_twice([cordon, again, uncordon], [r])] == [r.key]
+    other = LogEvent(3.0, C, "cordon", node="gpu01", text=incident_workflow_id(C, "gpu02"))
+    assert inv.cordoned_twice([cordon, other], [r]) == []  # another incident's (a borrow, a domain)
+    held, done = run("gpu01", "r2", 20.0, None, "RUNNING"), run("gpu01", "r1", 0.0, 10.0, outcome="no_capacity")
+    assert inv.borrowed_unowned([(C, "inf01", "r2")], [done, held], 30.0) == []
+    assert [v.detail for v in inv.borrowed_unowned([(C, "inf01", "r1")], [done, held], 30.0)] == [
+        "inf01 borrowed by run r1, which is closed"
+    ]

@@ -103,9 +103,28 @@ ready() {
   curl -fsS --max-time 2 --cacert "$DIR/pki/ca.crt" "https://127.0.0.1:$PORT/readyz" >/dev/null 2>&1
 }
 
+# The apiserver's audit log: what every ServiceAccount (the gpuheal worker's) asked of a Node, with
+# the request's body (a cordon's annotation names its incident); nothing else. The chaos soak's
+# checker reads it (infra/soak): a node cordoned twice by one incident is a read skipped.
+audit_policy() {
+  cat >"$DIR/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    userGroups: ["system:serviceaccounts"]
+    verbs: [patch, update, delete]
+    resources: [{group: "", resources: [nodes]}]
+  - level: None
+POLICY
+}
+
 start_apiserver() {
   pid_alive apiserver && return 0
+  audit_policy
   spawn apiserver "$BIN/kube-apiserver" \
+    --audit-policy-file="$DIR/audit-policy.yaml" --audit-log-path="$DIR/audit.log" --audit-log-maxsize=200 \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$PORT" \
     --etcd-servers="http://127.0.0.1:$ETCD_CLIENT" \
     --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,59 @@ class KubeSandbox:
         self.core().create_namespaced_pod(namespace, client.V1Pod(metadata=meta, spec=spec))
         core: Any = self.core()
         self.wait(lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running", f"pod {name} Running")
+
+    def serve_inference(self, nodes: list[str], min_available: int, pool: str = "inference") -> Callable[[], int]:
+        """An inference service on `nodes` (kwok, labelled with `pool`): a Deployment of one replica
+        per node, as GPU servers run, and a PodDisruptionBudget keeping `min_available`; ready and
+        its budget settled when this returns. Gives back a reading of its ready replicas."""
+        for name in nodes:
+            self.add_node(name, pool=pool)
+        apps: Any = client.AppsV1Api(self.api())
+        labels = {"app": "llm-serve"}
+        pod = client.V1PodSpec(
+            containers=[client.V1Container(name="vllm", image="vllm")],
+            node_selector={"gpuheal.io/pool": pool},
+            tolerations=[client.V1Toleration(operator="Exists", effect="NoSchedule", key="kwok.x-k8s.io/node")],
+            affinity=client.V1Affinity(  # one replica per node, as GPU servers are
+                pod_anti_affinity=client.V1PodAntiAffinity(
+                    required_during_scheduling_ignored_during_execution=[
+                        client.V1PodAffinityTerm(
+                            label_selector=client.V1LabelSelector(match_labels=labels),
+                            topology_key="kubernetes.io/hostname",
+                        )
+                    ]
+                )
+            ),
+        )
+        spec = client.V1DeploymentSpec(
+            replicas=len(nodes),
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod),
+        )
+        apps.create_namespaced_deployment(
+            "default", client.V1Deployment(metadata=client.V1ObjectMeta(name="llm-serve"), spec=spec)
+        )
+        policy: Any = client.PolicyV1Api(self.api())
+        budget = client.V1PodDisruptionBudgetSpec(
+            min_available=min_available, selector=client.V1LabelSelector(match_labels=labels)
+        )
+        policy.create_namespaced_pod_disruption_budget(
+            "default", client.V1PodDisruptionBudget(metadata=client.V1ObjectMeta(name="llm-serve"), spec=budget)
+        )
+
+        def ready() -> int:
+            return int(apps.read_namespaced_deployment("llm-serve", "default").status.ready_replicas or 0)
+
+        self.wait(lambda: ready() == len(nodes), f"{len(nodes)} inference replicas ready")
+        allowed = len(nodes) - min_available
+        self.wait(
+            lambda: (
+                policy.read_namespaced_pod_disruption_budget("llm-serve", "default").status.disruptions_allowed
+                == allowed
+            ),
+            f"the PDB allows {allowed} disruption(s)",
+        )
+        return ready
 
     @staticmethod
     def wait(check: Any, what: str, timeout: float = 60) -> None:

@@ -188,6 +188,9 @@ SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
+# Slurm's account of each job that ends (no slurmdbd in the sandbox): the soak's checker reads it.
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info

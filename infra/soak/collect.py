@@ -27,6 +27,8 @@ from infra.soak.records import (
     NodeSample,
     first_node,
     log_clock_skew,
+    parse_audit,
+    parse_jobcomp,
     parse_slurmctld,
     parse_spares,
 )
@@ -115,6 +117,21 @@ async def _history(client: Client, workflow_id: str, run_id: str) -> dict[str, A
     return dict(json.loads(h.to_json()))
 
 
+BORROWED_RUN = "gpuheal.io/borrowed-run"  # on a borrowed Node: the incident run holding it (docs/slurm-kubernetes.md)
+
+
+def still_borrowed(c: Cluster) -> list[tuple[str, str, str]]:
+    """The cluster's Kubernetes Nodes that bear gpuheal's borrowed-run mark, as the apiserver has them."""
+    assert c.kube is not None
+    core: Any = c.kube.core()  # the typed client's Optionals do not help a harness
+    out = []
+    for n in core.list_node().items:
+        run = (n.metadata.annotations or {}).get(BORROWED_RUN)
+        if run:
+            out.append((c.name, str(n.metadata.name), str(run)))
+    return out
+
+
 class SoakError(RuntimeError):
     """A record the checker cannot read truly: said, never checked on nothing."""
 
@@ -138,9 +155,19 @@ async def gather(
 ) -> Records:
     """Every record the checker reads, from where each system keeps it."""
     events, runs, breaker, grants, spares, job_ends, reservations = [], [], [], [], [], [], []
-    bounds = []
+    bounds: list[Bound] = []
+    borrowed: list[tuple[str, str, str]] = []
     for c in world.clusters.values():
         events += read_log(c.sb.slurm_dir / "log" / "slurmctld.log", c.name, begun)
+        jobcomp = c.sb.slurm_dir / "log" / "jobcomp.log"
+        lines = jobcomp.read_text().splitlines() if jobcomp.exists() else []  # written at a job's first end
+        ended = [e for e in parse_jobcomp(lines, c.name) if e.at >= begun - 60]
+        events += ended
+        accounted = {e.job: e.text for e in ended}  # each job's last end: Slurm's account of it
+        if c.kube is not None:
+            audit = c.kube.root / "audit.log"
+            events += [e for e in parse_audit(audit.read_text().splitlines(), c.name) if e.at >= begun - 60]
+            borrowed += still_borrowed(c)
         bounds.append(Bound(c.name, 0.0, bound()))
         prefix = ids.incident_prefix(c.name)
         listing = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, c.name))
@@ -163,9 +190,9 @@ async def gather(
                 grants += histories.grants_held(view, c.name, end)
         record = c.sb.slurm_dir / "provider" / "given.jsonl"
         spares += parse_spares(record.read_text() if record.exists() else "", c.name)
-        for job in c.jobs:  # as scontrol says (ended jobs stay MinJobAge, an hour, in the sandbox)
+        for job in c.jobs:  # as scontrol says (ended jobs stay MinJobAge, an hour), else as jobcomp does
             shown = c.sb.slurm("scontrol", "-o", "show", "job", str(job), check=False)
-            state = m.group(1) if (m := re.search(r"\bJobState=(\S+)", shown)) else "UNKNOWN"
+            state = m.group(1) if (m := re.search(r"\bJobState=(\S+)", shown)) else accounted.get(job, "UNKNOWN")
             job_ends.append(JobEnd(c.name, job, state, job in soak_cancelled))
         shown = c.sb.slurm("scontrol", "-o", "show", "reservation", check=False)
         for line in shown.splitlines():
@@ -184,6 +211,7 @@ async def gather(
         bounds=bounds,
         job_ends=job_ends,
         reservations=reservations,
+        borrowed=borrowed,
         begun=begun,
         clusters=list(world.clusters),
         quiet=quiet,

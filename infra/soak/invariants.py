@@ -99,6 +99,24 @@ def drained_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viola
     return found
 
 
+def cordoned_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
+    """A Kubernetes Node cordoned by an incident that had cordoned it already, nothing having
+    cleared its mark in between: the apiserver's audit log shows each cordon carried out."""
+    found: list[Violation] = []
+    marked: dict[tuple[str, str], str] = {}  # (cluster, node) -> the incident whose mark it bears
+    for e in events:
+        where = (e.cluster, e.node)
+        if e.kind == "cordon":
+            if marked.get(where) == e.text:
+                run = run_at(runs, e.cluster, e.node, e.at)
+                subject = run.key if run else e.text
+                found.append(Violation(TWICE, e.cluster, e.at, subject, f"Node {e.node} cordoned again by {e.text}"))
+            marked[where] = e.text
+        elif e.kind == "uncordon":
+            marked.pop(where, None)
+    return found
+
+
 def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
     """A job requeued more than once while one incident of its node was open (a continue-as-new
     chain of runs is one incident). The log does not say who asked for a requeue: one during an
@@ -263,11 +281,15 @@ def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: S
 
 
 def _placements(events: Sequence[LogEvent]) -> list[tuple[tuple[str, int], str, float, float]]:
-    """Each job's stays: (cluster, job), the node, from its allocation to its next (or forever)."""
+    """Each job's stays: (cluster, job), the node, from its allocation to its end there (Slurm's
+    job completion log), its next allocation, or forever."""
     stays: list[tuple[tuple[str, int], str, float, float]] = []
     current: dict[tuple[str, int], tuple[str, float]] = {}
     for e in events:
-        if e.kind == "allocate":
+        if e.kind == "end" and (key := (e.cluster, e.job)) in current:
+            node, since = current.pop(key)
+            stays.append((key, node, since, e.at))
+        elif e.kind == "allocate":
             key = (e.cluster, e.job)
             if key in current:
                 node, since = current[key]
@@ -323,6 +345,48 @@ def leaks(
     return found
 
 
+# A closed run whose node is still drained with its reason has said why: left drained for a
+# person, or handed to its domain's incident.
+OWNED_DRAINED = LEFT_DRAINED | {"escalated"}
+
+
+def borrowed_unowned(borrowed: Sequence[tuple[str, str, str]], runs: Sequence[Run], end: float) -> list[Violation]:
+    """At the end, every inference node still borrowed (Kubernetes: gpuheal's borrowed-run
+    annotation, (cluster, node, run id)) is held by an open incident run of that chain."""
+    found: list[Violation] = []
+    for cluster, node, run_id in borrowed:
+        holders = [
+            r
+            for r in runs
+            if r.cluster == cluster and r.closed is None and run_id in (r.run_id, r.incident.rsplit("/", 1)[-1])
+        ]
+        if not holders:
+            found.append(Violation(LEAKS, cluster, end, node, f"{node} borrowed by run {run_id}, which is closed"))
+    return found
+
+
+def drains_unowned(samples: Sequence[NodeSample], runs: Sequence[Run]) -> list[Violation]:
+    """At each cluster's last sample, every node drained with its own incident's reason is held
+    by that incident (open then), or by the last run of it, which said it left the node drained.
+    Slurm's side of the grants: a drain no incident answers for is capacity gpuheal leaked."""
+    found: list[Violation] = []
+    for cluster, mine in _by_cluster(samples).items():
+        last = max(mine, key=lambda x: x.at)
+        for node, reason in sorted(last.drained.items()):
+            wid = incident_workflow_id(cluster, node)
+            if reason.partition(":")[0] != wid:
+                continue  # someone else's drain, or a domain incident's
+            its = sorted((r for r in runs if r.cluster == cluster and r.workflow_id == wid), key=lambda r: r.started)
+            if any(r.open_at(last.at) for r in its):
+                continue
+            before = [r for r in its if r.closed is not None and r.closed <= last.at]
+            if before and before[-1].node_state in OWNED_DRAINED:
+                continue
+            said = f"its last run said {before[-1].node_state or '?'}" if before else "no run of its incident"
+            found.append(Violation(LEAKS, cluster, last.at, node, f"{node} drained by gpuheal at the end, {said}"))
+    return found
+
+
 @dataclass(frozen=True)
 class Records:
     """Everything a soak recorded, gathered after it (the harness reads each system's own record)."""
@@ -337,6 +401,7 @@ class Records:
     bounds: Sequence[Bound] = ()
     job_ends: Sequence[JobEnd] = ()
     reservations: Sequence[tuple[str, str]] = ()
+    borrowed: Sequence[tuple[str, str, str]] = ()  # (cluster, node, run id): borrowed still, at the end
     begun: float = 0.0  # when the load began (0: the samples are not checked for gaps)
     clusters: Sequence[str] = ()
     quiet: Sequence[tuple[str, float, float]] = ()  # (cluster, from, to): the soak stopped its slurmctld
@@ -355,6 +420,9 @@ def check(r: Records) -> dict[str, list[Violation]]:
         *breaker_reset_alone(r.breaker),
         *endings(r.runs, r.end),
         *leaks(r.runs, r.grants, r.samples, r.reservations, r.events),
+        *drains_unowned(r.samples, r.runs),
+        *borrowed_unowned(r.borrowed, r.runs, r.end),
+        *cordoned_twice(r.events, r.runs),
     ]:
         found[v.invariant].append(v)
     return found

@@ -34,7 +34,7 @@ def ours(reason: str, cluster: str) -> bool:
     return bool(colon) and head.startswith(f"{ID_PREFIX}{cluster}-")
 
 
-LogKind = Literal["reason", "drain", "resume", "down", "requeue", "allocate", "progress"]
+LogKind = Literal["reason", "drain", "resume", "down", "requeue", "allocate", "progress", "end", "cordon", "uncordon"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,11 @@ class LogEvent:
     at: float
     cluster: str
     kind: LogKind
-    node: str = ""  # reason, drain, resume, down: the node; allocate: its first node
+    node: str = ""  # reason, drain, resume, down: the node; allocate, end: the job's first node
     job: int = 0  # requeue, allocate, progress
-    text: str = ""  # reason: the reason; drain: the node's reason when it was drained
+    # reason: the reason; drain: the node's reason when it was drained; end: the job's state;
+    # cordon, uncordon: the incident that set (or cleared) its annotation on the Kubernetes Node
+    text: str = ""
     step: int = 0  # progress: the job's training step
     restart: int = 0  # progress: how many times the job restarted
 
@@ -220,6 +222,55 @@ def parse_spares(text: str, cluster: str) -> list[SpareGiven]:
             raise ValueError(f"line {n} of the provider's spare log is not a spare given: {line[:120]!r}")
         instead_of = str(given.get("instead_of") or "")
         out.append(SpareGiven(cluster, str(given["key"]), str(given["spare"]), float(given["at"]), instead_of))
+    return out
+
+
+# Slurm's jobcomp/filetxt log: a line each time a job's stay on its nodes ends (a requeue too,
+# with the state it went back to), "JobId=4 UserId=... JobState=FAILED ... EndTime=... NodeList=gpu01 ..."
+_JOBCOMP = re.compile(
+    r"^JobId=(?P<job>\d+) .*?\bJobState=(?P<state>\S+) .*?\bEndTime=(?P<end>\S+) NodeList=(?P<nodes>\S+)"
+)
+
+
+def parse_jobcomp(lines: Iterable[str], cluster: str) -> list[LogEvent]:
+    """Each end Slurm's job completion log records: when (its EndTime), the job, its state then,
+    and the node it ran on. A job's last line is Slurm's account of how it ended."""
+    out = []
+    for raw in lines:
+        if m := _JOBCOMP.match(raw.strip()):
+            node, job = first_node(m["nodes"]), int(m["job"])
+            out.append(LogEvent(_epoch(m["end"]), cluster, "end", node=node, job=job, text=m["state"]))
+    return out
+
+
+# How gpuheal marks a Node it cordoned (docs/slurm-kubernetes.md): an annotation naming the incident.
+INCIDENT_ANNOTATION = "gpuheal.io/incident"
+
+
+def parse_audit(lines: Iterable[str], cluster: str) -> list[LogEvent]:
+    """What the apiserver's audit log (audit.k8s.io/v1 Events, a JSON line each) says was done to
+    each Node: a patch that set gpuheal's incident annotation is a cordon by that incident, one
+    that cleared it an uncordon. Only requests the apiserver carried out (a 2xx) count."""
+    out = []
+    for raw in lines:
+        if not raw.strip():
+            continue
+        e = json.loads(raw)
+        ref, status = e.get("objectRef") or {}, (e.get("responseStatus") or {}).get("code", 0)
+        if (
+            e.get("verb") != "patch"
+            or ref.get("resource") != "nodes"
+            or ref.get("subresource")
+            or not 200 <= status < 300
+        ):
+            continue
+        annotations = ((e.get("requestObject") or {}).get("metadata") or {}).get("annotations") or {}
+        if INCIDENT_ANNOTATION not in annotations:
+            continue
+        incident = annotations[INCIDENT_ANNOTATION]
+        at = datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+        kind: LogKind = "cordon" if incident else "uncordon"
+        out.append(LogEvent(at, cluster, kind, node=ref.get("name", ""), text=incident or ""))
     return out
 
 

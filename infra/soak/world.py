@@ -51,6 +51,9 @@ CAPACITY_WAIT_S = 900  # an incident with no spare tries this long (GPUHEAL_CAPA
 STEPS_S = 600  # the rest of an incident's steps at most: drain, checkpoint, replace, burn-in, verify
 CLUSTERS = {"east": HOST_SLURM, "west": NEWEST_SLURM}
 KUBE_CLUSTER = "west"
+# The Kubernetes cluster's inference pool: a spare-less incident borrows one of its nodes, never
+# taking its service below the floor (a PodDisruptionBudget keeps as many).
+INFERENCE, INFERENCE_FLOOR = 4, 3
 
 
 def bound(policy: dict[str, object] = POLICY) -> int:
@@ -180,6 +183,12 @@ class World:
             # slurmctld logs its local time, which the checker reads as UTC (records.log_clock_skew).
             "TZ": "UTC",
         }
+        if name == KUBE_CLUSTER:
+            env |= {
+                "GPUHEAL_SLURM_INFERENCE": str(INFERENCE),
+                "GPUHEAL_BORROW_POOL": "inference",
+                "GPUHEAL_BORROW_FLOOR": str(INFERENCE_FLOOR),
+            }
         sb = Sandbox.named("soak", self.root, temporal_kind=temporal, cluster=name, task_queue=f"gpuheal-{name}")
         sb.use_slurm(version)
         sb.extra_env.update(env)
@@ -201,6 +210,7 @@ class World:
                 c.kube = KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube)
                 c.kube.start()
                 c.kube.reset_nodes(c.nodes)
+                c.kube.serve_inference([f"inf{i:02d}" for i in range(1, INFERENCE + 1)], INFERENCE_FLOOR)
                 c.sb.extra_env.update(
                     {
                         "GPUHEAL_KUBECONFIG": str(c.kube.worker_kubeconfig),

@@ -289,59 +289,7 @@ def no_spare_but_an_inference_pool(
     finally:
         slurm.extra_env.pop("GPUHEAL_SLURM_INFERENCE")
     slurm.spares_out_of_stock(True)
-    for i in range(1, 5):
-        kube.add_node(f"inf{i:02d}", pool="inference")
-    apps: Any = k8s.AppsV1Api(kube.api())
-    labels = {"app": "llm-serve"}
-    apps.create_namespaced_deployment(
-        "default",
-        k8s.V1Deployment(
-            metadata=k8s.V1ObjectMeta(name="llm-serve"),
-            spec=k8s.V1DeploymentSpec(
-                replicas=4,
-                selector=k8s.V1LabelSelector(match_labels=labels),
-                template=k8s.V1PodTemplateSpec(
-                    metadata=k8s.V1ObjectMeta(labels=labels),
-                    spec=k8s.V1PodSpec(
-                        containers=[k8s.V1Container(name="vllm", image="vllm")],
-                        node_selector={"gpuheal.io/pool": "inference"},
-                        tolerations=[
-                            k8s.V1Toleration(operator="Exists", effect="NoSchedule", key="kwok.x-k8s.io/node")
-                        ],
-                        affinity=k8s.V1Affinity(  # one replica per node, as GPU servers are
-                            pod_anti_affinity=k8s.V1PodAntiAffinity(
-                                required_during_scheduling_ignored_during_execution=[
-                                    k8s.V1PodAffinityTerm(
-                                        label_selector=k8s.V1LabelSelector(match_labels=labels),
-                                        topology_key="kubernetes.io/hostname",
-                                    )
-                                ]
-                            )
-                        ),
-                    ),
-                ),
-            ),
-        ),
-    )
-    policy_api: Any = k8s.PolicyV1Api(kube.api())
-    policy_api.create_namespaced_pod_disruption_budget(
-        "default",
-        k8s.V1PodDisruptionBudget(
-            metadata=k8s.V1ObjectMeta(name="llm-serve"),
-            spec=k8s.V1PodDisruptionBudgetSpec(min_available=3, selector=k8s.V1LabelSelector(match_labels=labels)),
-        ),
-    )
-
-    def ready() -> int:
-        return int(apps.read_namespaced_deployment("llm-serve", "default").status.ready_replicas or 0)
-
-    kube.wait(lambda: ready() == 4, "4 inference replicas ready")
-    kube.wait(
-        lambda: (
-            policy_api.read_namespaced_pod_disruption_budget("llm-serve", "default").status.disruptions_allowed == 1
-        ),
-        "the PDB allows one disruption",
-    )
+    ready = kube.serve_inference([f"inf{i:02d}" for i in range(1, 5)], min_available=3)
     job = slurm.submit_training("borrower")
     failed = slurm.wait_for_step(job, 3)
     for other in {"gpu01", "gpu02", "gpu03"} - {failed}:  # nowhere else for it to run
