@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from infra.sandbox.stack import PORTS
 from infra.soak.run import soak
 
 
@@ -30,11 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         "--root", type=Path, default=Path("/tmp/gpuheal-soak"), help="where everything runs (default /tmp/gpuheal-soak)"
     )
     ap.add_argument("--report", type=Path, default=None, help="where the report goes (default: ROOT/soak.md)")
+    ap.add_argument(
+        "--ports",
+        choices=[name for name in PORTS if name.startswith("soak")],
+        default="soak",
+        help="the port set (default soak; soak-long beside `make test`'s own soak)",
+    )
     args = ap.parse_args(argv)
     if args.minutes <= 0:
         ap.error("--minutes must be more than 0")
     settle = args.settle if args.settle is not None else min(args.minutes, 60.0)
-    return asyncio.run(soak(args.minutes, args.seed, settle, args.root, args.temporal, args.report))
+    return asyncio.run(soak(args.minutes, args.seed, settle, args.root, args.temporal, args.report, args.ports))
 
 
 if __name__ == "__main__":

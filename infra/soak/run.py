@@ -31,8 +31,10 @@ def say(text: str) -> None:
     print(f"soak {time.strftime('%H:%M:%S')}: {text}", flush=True)
 
 
-async def soak(minutes: float, seed: int, settle: float, root: Path, temporal: TemporalKind, out: Path | None) -> int:
-    world = World(root, temporal)
+async def soak(
+    minutes: float, seed: int, settle: float, root: Path, temporal: TemporalKind, out: Path | None, ports: str = "soak"
+) -> int:
+    world = World(root, temporal, ports)
     say(f"starting the world under {root} (Temporal: {temporal})")
     world.start()
     sampler = collect.Sampler(world, root / "samples.jsonl")

@@ -159,11 +159,11 @@ class World:
     """Start everything (`start`), hand each part to the load, the faults and the operator, then
     stop everything (`stop`), whatever happened between."""
 
-    def __init__(self, root: Path, temporal: TemporalKind = "cluster") -> None:
-        self.root = root
+    def __init__(self, root: Path, temporal: TemporalKind = "cluster", ports: str = "soak") -> None:
+        self.root, self.ports = root, ports
         root.mkdir(mode=0o711, parents=True, exist_ok=True)
         root.chmod(0o711)  # PostgreSQL runs as its own user and must pass through to its data
-        self.notices = Notices(root / "notices.jsonl", PORTS["soak"].webhook + 50)
+        self.notices = Notices(root / "notices.jsonl", PORTS[ports].webhook + 50)
         self.clusters = {
             name: Cluster(name, self._sandbox(name, version, temporal), i)
             for i, (name, version) in enumerate(CLUSTERS.items())
@@ -189,7 +189,7 @@ class World:
                 "GPUHEAL_BORROW_POOL": "inference",
                 "GPUHEAL_BORROW_FLOOR": str(INFERENCE_FLOOR),
             }
-        sb = Sandbox.named("soak", self.root, temporal_kind=temporal, cluster=name, task_queue=f"gpuheal-{name}")
+        sb = Sandbox.named(self.ports, self.root, temporal_kind=temporal, cluster=name, task_queue=f"gpuheal-{name}")
         sb.use_slurm(version)
         sb.extra_env.update(env)
         return sb
@@ -207,7 +207,7 @@ class World:
         for c in self.clusters.values():
             c.sb.start_slurm(clean=True)
             if c.name == KUBE_CLUSTER and binaries_built():
-                c.kube = KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube)
+                c.kube = KubeSandbox(self.root / "k8s", port=PORTS[self.ports].kube)
                 c.kube.start()
                 c.kube.reset_nodes(c.nodes)
                 c.kube.serve_inference([f"inf{i:02d}" for i in range(1, INFERENCE + 1)], INFERENCE_FLOOR)
@@ -237,7 +237,7 @@ class World:
             steps.append((f"{c.name} slurmctld woken", partial(continue_slurmctld, c)))
             steps.append((f"{c.name} Slurm", c.sb.stop_slurm))
         if (self.root / "k8s").exists():
-            steps.append(("the Kubernetes sandbox", KubeSandbox(self.root / "k8s", port=PORTS["soak"].kube).stop))
+            steps.append(("the Kubernetes sandbox", KubeSandbox(self.root / "k8s", port=PORTS[self.ports].kube).stop))
         steps.append(("Temporal", self.temporal.stop_temporal))
         for what, step in steps:
             try:
