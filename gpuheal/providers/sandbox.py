@@ -146,7 +146,7 @@ class SandboxProvider:
             new = record.get(key)
             rejected = ""
             if earlier is not None and new in earlier.rejected:
-                new, rejected = None, new  # drained for the vendor: the run needs another
+                rejected, new = new, None  # drained for the vendor: the run needs another
             already = new is not None
             if new is None:
                 used = set(record.values())

@@ -4,6 +4,7 @@ it, in a maintenance reservation, while nothing else can start there."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from temporalio.client import Client
 
@@ -193,6 +194,10 @@ async def test_a_new_node_whose_gpu_fails_its_burn_in_takes_no_job_and_another_c
     assert job["JobState"] == "RUNNING" and job["NodeList"] == "gpu05"  # never on gpu04
     assert "gpu01" not in nodes_in_service(slurm)
     assert "No reservations" in slurm.slurm("scontrol", "show", "reservation")
+    # The provider's log of spares given (the chaos soak's checker reads it): gpu05 instead of gpu04.
+    given = [json.loads(line) for line in (slurm.slurm_dir / "provider" / "given.jsonl").read_text().splitlines()]
+    assert [(g["spare"], g["instead_of"]) for g in given] == [("gpu04", ""), ("gpu05", "gpu04")]
+    assert given[0]["key"] == given[1]["key"] and given[0]["key"].startswith(f"{handle.id}/")  # one run's
 
 
 async def test_a_batch_of_bad_new_nodes_ends_no_capacity_with_the_failed_node_kept(
