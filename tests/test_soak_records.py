@@ -20,6 +20,7 @@ from infra.soak.records import (
     Run,
     incident_workflow_id,
     log_clock_skew,
+    parse_audit,
     parse_jobcomp,
 )
 
@@ -176,3 +177,23 @@ def test_a_node_cordoned_twice_by_one_incident_and_a_borrowed_node_no_open_run_h
     assert [v.detail for v in inv.borrowed_unowned([(C, "inf01", "r1")], [done, held], 30.0)] == [
         "inf01 borrowed by run r1, which is closed"
     ]
+
+
+def test_the_apiservers_audit_log_gives_each_cordon_and_its_clearing() -> None:
+    """tests/data/kube/audit.log: the sandbox apiserver's own audit log (infra/k8s/cluster.sh's
+    policy: a ServiceAccount's requests on Nodes), from a soak's first incidents on `west`."""
+    events = parse_audit((DATA.parent / "kube" / "audit.log").read_text().splitlines(), C)
+    assert [(e.kind, e.node) for e in events] == [
+        ("cordon", "gpu10"),
+        ("uncordon", "gpu10"),
+        ("cordon", "gpu05"),
+        ("cordon", "gpu10"),
+        ("uncordon", "gpu10"),
+        ("cordon", "gpu09"),
+        ("uncordon", "gpu09"),
+        ("cordon", "gpu09"),
+    ]
+    assert events[0].text == "gpuheal-west-gpu10" and [e.at for e in events] == sorted(e.at for e in events)
+    assert inv.cordoned_twice(events, []) == []
+    doubled = [*events[:1], replace(events[0], at=events[0].at + 0.1), *events[1:]]
+    assert [v.detail for v in inv.cordoned_twice(doubled, [])] == ["Node gpu10 cordoned again by gpuheal-west-gpu10"]
