@@ -33,26 +33,38 @@ fi
 cat "$log"
 # The five-minute chaos soak (infra/soak: the production topology under a seeded load and seeded
 # faults, then its invariants checked from Slurm's and Temporal's records), beside the tests
-# that need the builds: it has its own ports and root, and spends its 9 minutes mostly waiting on
-# its daemons, while those tests take 16. A fixed seed: the same load and faults every run.
+# that need the builds: it has its own ports and root, and spends its ten minutes or so (a minute
+# to start, five of load, up to five for incidents to end) mostly waiting on its daemons, while
+# those tests take sixteen. A fixed seed: the same load and faults every run.
 # GPUHEAL_TEST_SOAK=0 leaves it out (a run of a few named tests).
 soaked=0
+soak=""
+stop_soak() {  # SIGTERM: the soak cancels itself and stops its world before it exits
+  [ -n "$soak" ] || return 0
+  kill -TERM -- "-$soak" 2>/dev/null
+  wait "$soak" 2>/dev/null
+  soak=""
+}
 if [ "${GPUHEAL_TEST_SOAK:-1}" != 0 ]; then
   echo "make test: the five-minute soak beside the built tests (progress: .run/soak.log)"
   setsid .venv/bin/python -m infra.soak --minutes 5 --seed "${GPUHEAL_SOAK_SEED:-3}" --root .run/soak \
     >.run/soak.log 2>&1 &
   soak=$!
-  trap 'kill -TERM -- "-$builds" "-$soak" 2>/dev/null' EXIT
+  trap 'kill -TERM -- "-$builds" 2>/dev/null; stop_soak' EXIT
 fi
 .venv/bin/pytest -m built "$@"
 second=$(outcome $?)
-if [ "${GPUHEAL_TEST_SOAK:-1}" != 0 ]; then
+case $second in 2 | 3 | 4) stop_soak; exit "$second" ;; esac
+if [ -n "$soak" ]; then
   wait "$soak"
   soaked=$?
+  soak=""
   cat .run/soak.log
-  if [ "$soaked" != 0 ]; then
+  if [ "$soaked" = 1 ]; then
     cat .run/soak/soak.md >&2 2>/dev/null
     echo "make test: the soak found invariants broken (its report: .run/soak/soak.md)" >&2
+  elif [ "$soaked" != 0 ]; then
+    echo "make test: the soak did not finish (exit $soaked; its log above)" >&2
   fi
 fi
 exit $((first != 0 ? first : second != 0 ? second : soaked))

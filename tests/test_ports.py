@@ -18,6 +18,7 @@ def spans(name: str, p: Ports) -> list[tuple[str, int, int]]:
     return [
         # The Temporal cluster: its services from PORT to PORT + 40, its membership PORT - 300 on.
         ("temporal", p.temporal, p.temporal + 40),
+        ("temporal-ui", p.temporal + 1000, p.temporal + 1000),  # the dev server's UI
         *([("membership", p.temporal - 300, p.temporal - 297)] if name in CLUSTER_SETS else []),
         ("webhook", p.webhook, p.webhook + 50),  # the soak's second webhook +1, its notices +50
         ("metrics", p.metrics, p.metrics + 31),  # a worker's and its SDK's, 10 apart per worker

@@ -4,6 +4,7 @@ incidents, a job whose fate gpuheal names but Slurm contradicts (design 015, "Kn
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from infra.soak.records import (
     LogEvent,
     NodeSample,
     Run,
+    SpareGiven,
     incident_workflow_id,
     log_clock_skew,
     parse_audit,
@@ -172,11 +174,15 @@ def test_a_node_cordoned_twice_by_one_incident_and_a_borrowed_node_no_open_run_h
     assert [v.subject for v in inv.cordoned_twice([cordon, again, uncordon], [r])] == [r.key]
     other = LogEvent(3.0, C, "cordon", node="gpu01", text=incident_workflow_id(C, "gpu02"))
     assert inv.cordoned_twice([cordon, other], [r]) == []  # another incident's (a borrow, a domain)
-    held, done = run("gpu01", "r2", 20.0, None, "RUNNING"), run("gpu01", "r1", 0.0, 10.0, outcome="no_capacity")
-    assert inv.borrowed_unowned([(C, "inf01", "r2")], [done, held], 30.0) == []
-    assert [v.detail for v in inv.borrowed_unowned([(C, "inf01", "r1")], [done, held], 30.0)] == [
+    held, kept = run("gpu01", "r2", 20.0, None, "RUNNING"), run("gpu01", "r1", 0.0, 10.0, outcome="no_capacity")
+    crashed = run("gpu01", "r1", 0.0, 10.0, "TERMINATED")
+    assert inv.borrowed_unowned([(C, "inf01", "r2")], [kept, held], 30.0) == []
+    assert inv.borrowed_unowned([(C, "inf01", "r1")], [kept], 30.0) == []  # completed: kept for a person
+    assert inv.borrowed_unowned([(C, "inf01", "r1")], [crashed], 30.0) == []  # the coordinator's look to come
+    assert [v.detail for v in inv.borrowed_unowned([(C, "inf01", "r1")], [crashed], 10.0 + 601)] == [
         "inf01 borrowed by run r1, which is closed"
     ]
+    assert len(inv.borrowed_unowned([(C, "inf01", "r9")], [crashed], 30.0)) == 1  # no run of it at all
 
 
 def test_the_apiservers_audit_log_gives_each_cordon_and_its_clearing() -> None:
@@ -197,3 +203,43 @@ def test_the_apiservers_audit_log_gives_each_cordon_and_its_clearing() -> None:
     assert inv.cordoned_twice(events, []) == []
     doubled = [*events[:1], replace(events[0], at=events[0].at + 0.1), *events[1:]]
     assert [v.detail for v in inv.cordoned_twice(doubled, [])] == ["Node gpu10 cordoned again by gpuheal-west-gpu10"]
+
+
+def test_the_same_drain_again_after_a_stopped_slurmctld_is_its_backlog_not_a_second_action() -> None:
+    reason = f"{incident_workflow_id(C, 'gpu01')}: XID 79"
+    first, again = (
+        LogEvent(100.0, C, "drain", node="gpu01", text=reason),
+        LogEvent(140.0, C, "drain", node="gpu01", text=reason),
+    )
+    assert len(inv.drained_twice([first, again], [])) == 1
+    assert inv.drained_twice([first, again], [], quiet=[(C, 90.0, 125.0)]) == []  # within 30 s of its waking
+    assert len(inv.drained_twice([first, again], [], quiet=[(C, 90.0, 105.0)])) == 1  # long after
+    other = replace(again, text=f"{incident_workflow_id(C, 'gpu01')}: contained while held")
+    assert len(inv.drained_twice([first, other], [], quiet=[(C, 90.0, 125.0)])) == 1  # not the same drain
+
+
+def test_a_held_job_a_chains_later_fate_and_a_restart_on_the_same_node(tmp_path: Path) -> None:
+    placed = [LogEvent(0.0, C, "allocate", node="gpu01", job=7)]
+    r1 = run("gpu01", "r1", 10.0, 20.0, "CONTINUED_AS_NEW")
+    r2 = run("gpu01", "r2", 20.0, 50.0, outcome="resolved", job_fates={7: "ended"})
+    chain = histories.chained([r1, r2])
+    ended = [LogEvent(15.0, C, "end", node="gpu01", job=7, text="FAILED")]  # during r1, named by r2
+    assert inv.jobs_lost_or_killed(placed + ended, chain, [JobEnd(C, 7, "FAILED")]) == []
+    assert inv.jobs_lost_or_killed(placed, chain, [JobEnd(C, 7, "REQUEUE_HOLD")]) == []  # held: waiting
+    samples = [
+        {"at": 1.0, "cluster": C, "drained": {}, "jobs": {"7": "gpu01"}},
+        {"at": 2.0, "cluster": C, "drained": {}, "jobs": {}},
+        {"at": 3.0, "cluster": C, "error": "slurm_load_jobs error: Socket timed out"},
+        {"at": 4.0, "cluster": C, "drained": {}, "jobs": {"7": "gpu01"}},
+    ]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    assert [(e.at, e.node) for e in collect.starts_seen(path)] == [(1.0, "gpu01"), (4.0, "gpu01")]
+
+
+def test_a_log_with_no_line_of_slurmctlds_format_is_refused_and_a_spares_retry_is_one_spare() -> None:
+    with pytest.raises(ValueError, match="slurmctld's timestamp"):
+        log_clock_skew(["Dec  6 13:00:01 host slurmctld[1]: update_node: node gpu01 state set to DRAINING"], 0.0)
+    assert log_clock_skew([], 0.0) == 0.0
+    given = SpareGiven(C, "w/r1", "gpu13", 1.0)
+    assert inv.spares_twice([given, replace(given, at=2.0)]) == []  # the log's line again after a kill

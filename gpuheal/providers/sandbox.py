@@ -154,16 +154,17 @@ class SandboxProvider:
                 if not free:
                     raise NoSpareCapacity(f"no spare node left to replace {node}")
                 new = free[0]
+                # A line each time a spare is given, first: the record below keeps a run's latest
+                # spare only; an audit (the soak's checker) needs every one, and when. (Killed
+                # between the two, the retry writes the same line again.)
+                given = {"at": time.time(), "key": key, "spare": new, "instead_of": rejected}
+                with open(self._record.with_name("given.jsonl"), "a") as log:
+                    log.write(json.dumps(given) + "\n")
                 # Record the choice before acting: a retry after a crash reuses this spare.
                 record[key] = new
                 tmp = self._record.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=1))
                 tmp.replace(self._record)
-                # And a line each time a spare is given: the record above keeps a run's latest
-                # spare only; an audit (the soak's checker) needs every one, and when.
-                given = {"at": time.time(), "key": key, "spare": new, "instead_of": rejected or ""}
-                with open(self._record.with_name("given.jsonl"), "a") as log:
-                    log.write(json.dumps(given) + "\n")
             return new, already
 
     async def _start_spare(self, new: str) -> None:

@@ -53,7 +53,7 @@ PORTS = {
     # on webhook + 0, 1, its notice receiver on webhook + 50; its workers' metrics on metrics + 0..31.
     "soak": Ports(temporal=12233, slurm=14817, webhook=15088, metrics=15464, kube=15943),
     # A second soak beside `make test`'s five minutes (the hour on record, run beside the suite).
-    "soak-long": Ports(temporal=11233, slurm=13817, webhook=11588, metrics=11664, kube=11943),
+    "soak-long": Ports(temporal=10233, slurm=13817, webhook=11588, metrics=11664, kube=11943),
 }
 
 

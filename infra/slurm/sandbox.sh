@@ -56,10 +56,12 @@ valid_node() {
 node_name() { printf 'gpu%02d' "$1"; }
 
 # A Slurm program of this sandbox's version: the host's, or the root's with a clean environment
-# (the host's SLURM_CONF and PYTHONPATH must not leak in).
+# (the host's SLURM_CONF and PYTHONPATH must not leak in; its TZ does: the daemons log local time).
 slurm() {
   if [ -n "$ROOT" ]; then
-    chroot "$ROOT" /usr/bin/env -i PATH=$PATHS HOME=/root LANG=C.UTF-8 SLURM_CONF="$CONF" "$@"
+    local tz=()
+    [ -n "${TZ:-}" ] && tz=("TZ=$TZ")
+    chroot "$ROOT" /usr/bin/env -i PATH=$PATHS HOME=/root LANG=C.UTF-8 "${tz[@]}" SLURM_CONF="$CONF" "$@"
   else
     "$@"
   fi
@@ -79,6 +81,25 @@ ensure_packages() {
 # --- a root: mounts, its munged, who uses it ------------------------------------------------
 
 users_dir() { echo "$ROOT/run/gpuheal-sandboxes"; }
+
+# One sandbox at a time sets up or releases a root several sandboxes share (the tests' and a
+# soak's run beside each other): a release must never see another's start half done. Held until
+# this script exits; taken once per process.
+lock_root() {
+  [ -n "${ROOT_LOCKED:-}" ] && return 0
+  mkdir -p "$(users_dir)"
+  exec 8>"$(users_dir)/.lock"
+  flock 8
+  ROOT_LOCKED=1
+}
+
+in_use() {  # in_use DIR: a sandbox any of whose daemons still runs (its slurmctld may be restarting)
+  local f
+  for f in "$1"/run/*.pid; do
+    [ -e "$f" ] && pid_alive "$f" && return 0
+  done
+  return 1
+}
 user_token() { printf '%s' "$DIR" | md5sum | cut -c1-16; }
 
 bind_into_root() {  # bind_into_root HOST_PATH [ro]
@@ -112,13 +133,14 @@ root_pids() {  # processes whose root directory is this root
 
 release_root() {
   local m pids=()
+  lock_root
   mountpoint -q "$ROOT$DIR" && { umount "$ROOT$DIR" 2>/dev/null || umount -l "$ROOT$DIR"; }
   rm -f "$(users_dir)/$(user_token)"
   local entry other
   for entry in "$(users_dir)"/*; do  # forget sandboxes that went away without stopping
     [ -f "$entry" ] || continue
     other=$(cat "$entry")
-    if pid_alive "$other/run/slurmctld.pid"; then return 0; fi  # another sandbox still uses the root
+    if in_use "$other"; then return 0; fi  # another sandbox still uses the root
     mountpoint -q "$ROOT$other" && { umount "$ROOT$other" 2>/dev/null || umount -l "$ROOT$other"; }
     rm -f "$entry"
   done
@@ -281,6 +303,7 @@ cmd_start() {
   local clean=0
   [ "${1:-}" = "--clean" ] && clean=1
   ensure_packages
+  [ -n "$ROOT" ] && lock_root
   if [ "$clean" = 1 ]; then cmd_stop; rm -rf "$DIR"; fi
   [ -n "$ROOT" ] && mount_root
   ensure_munge

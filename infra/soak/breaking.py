@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--temporal", choices=["cluster", "dev"], default="cluster")
+    ap.add_argument("--ports", choices=["soak", "soak-long"], default="soak")
     args = ap.parse_args(argv)
     # A path of its own each time: a Slurm root another sandbox still uses keeps its bind mount
     # of the last copy at the same path (infra/slurm/sandbox.sh), dead once that copy is removed.
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(f"/tmp/gpuheal-soak-{args.name}")
     try:
         soak = [sys.executable, "-m", "infra.soak", "--minutes", str(args.minutes), "--seed", str(args.seed)]
-        soak += ["--settle", str(args.minutes), "--temporal", args.temporal, "--root", str(root)]
+        soak += ["--settle", str(args.minutes), "--temporal", args.temporal, "--root", str(root), "--ports", args.ports]
         env = {**os.environ, "PYTHONPATH": str(copy)}
         done = subprocess.run(soak, cwd=copy, env=env)
         verdicts = json.loads((root / "verdicts.json").read_text())

@@ -55,7 +55,8 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(timeout=30)
+            if t.ident is not None:  # started (a world that failed to start never started them)
+                t.join(timeout=30)
 
     def _write(self, line: dict[str, Any]) -> None:
         with self._lock, self.path.open("a") as out:
@@ -92,12 +93,20 @@ def starts_seen(path: Path) -> list[LogEvent]:
     """A job seen running on a node it was not on at the sample before: its start there, as an
     allocation (the log's own allocations stand beside these; the checker reads the latest)."""
     seen: dict[tuple[str, int], str] = {}
+    before: dict[str, set[int]] = {}  # each cluster's running jobs at its sample before
     out = []
     for line in path.read_text().splitlines():
         s = json.loads(line)
-        for job, nodes in s.get("jobs", {}).items():
+        if "jobs" not in s:
+            continue  # a gap: what ran meanwhile is unknown, and the next sample says what runs
+        now = {int(job) for job in s["jobs"]}
+        was = before.get(s["cluster"], set())
+        before[s["cluster"]] = now
+        for job, nodes in s["jobs"].items():
             key, node = (s["cluster"], int(job)), first_node(nodes)
-            if seen.get(key) != node:
+            # A start: on a node it was not on, or running again after a sample without it (a
+            # stay ended, Slurm's job completion log says, and began again on the same node).
+            if seen.get(key) != node or int(job) not in was:
                 out.append(LogEvent(s.get("jobs_at", s["at"]), s["cluster"], "allocate", node=node, job=int(job)))
                 seen[key] = node
     return out

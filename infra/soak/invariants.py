@@ -46,7 +46,22 @@ OUTCOMES = frozenset(
 # Node states a closed incident leaves drained in Slurm (gpuheal.core.models.base.NodeState).
 LEFT_DRAINED = frozenset({"drained", "blocked", "awaiting_replacement", "failed_validation", "unvalidated"})
 # Job states in which a job is accounted for by Slurm alone: still at work, waiting, or done.
-JOB_ALIVE = frozenset({"RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "COMPLETED"})
+JOB_ALIVE = frozenset(
+    {
+        "RUNNING",
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",  # held by gpuheal (its retry budget spent), or by a person: waiting, not lost
+        "REQUEUE_FED",
+        "COMPLETING",
+        "CONFIGURING",
+        "SUSPENDED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "COMPLETED",
+    }
+)
 CHAIN = "CONTINUED_AS_NEW"  # not an ending: the next run of the chain carries on
 
 JOB_LOST, JOB_KILLED = "no job lost", "no job killed by gpuheal"
@@ -81,21 +96,29 @@ def run_at(runs: Iterable[Run], cluster: str, node: str, t: float) -> Run | None
     return max(found, key=lambda r: r.started) if found else None
 
 
-def drained_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
+RETRY_AFTER_STOP_S = 30.0  # a drain sent while slurmctld was stopped may land after its retry's read
+
+
+def drained_twice(
+    events: Sequence[LogEvent], runs: Sequence[Run], quiet: Sequence[tuple[str, float, float]] = ()
+) -> list[Violation]:
     """A node gpuheal had drained, drained by gpuheal again before anything resumed it or took it
-    out: a drain done without reading the node first. Slurm's log shows each drain asked for."""
+    out: a drain done without reading the node first. Slurm's log shows each drain asked for. One
+    exception: the same drain again (the same reason) soon after the soak stopped that slurmctld,
+    whose backlog may apply a timed-out drain after its retry read the node undrained."""
     found: list[Violation] = []
-    held: set[tuple[str, str]] = set()  # (cluster, node) drained by gpuheal, not resumed since
+    held: dict[tuple[str, str], str] = {}  # (cluster, node) drained by gpuheal, not resumed since -> reason
     for e in events:
         where = (e.cluster, e.node)
         if e.kind == "drain" and ours(e.text, e.cluster):
-            if where in held:
+            after_stop = any(c == e.cluster and lo <= e.at <= hi + RETRY_AFTER_STOP_S for c, lo, hi in quiet)
+            if where in held and not (after_stop and held[where] == e.text):
                 run = run_at(runs, e.cluster, e.node, e.at)
                 subject = run.key if run else e.node
                 found.append(Violation(TWICE, e.cluster, e.at, subject, f"{e.node} drained again: {e.text}"))
-            held.add(where)
+            held[where] = e.text
         elif e.kind in ("resume", "down") or (e.kind == "drain" and not ours(e.text, e.cluster)):
-            held.discard(where)
+            held.pop(where, None)
     return found
 
 
@@ -150,7 +173,7 @@ def spares_twice(spares: Sequence[SpareGiven]) -> list[Violation]:
         if taken != s.run_key:
             found.append(Violation(TWICE, s.cluster, s.at, s.run_key, f"spare {s.spare} given to {taken} too"))
         had = latest.get((s.cluster, s.run_key))
-        if had is not None and had != s.instead_of:
+        if had is not None and had != s.spare and had != s.instead_of:  # (the same again: a retry's line)
             found.append(Violation(TWICE, s.cluster, s.at, s.run_key, f"a second spare {s.spare} while {had} stood"))
         latest[(s.cluster, s.run_key)] = s.spare
     return found
@@ -257,6 +280,8 @@ def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: S
     it CANCELLED or the result says gpuheal ended it."""
     found: list[Violation] = []
     final = {(e.cluster, e.job): e for e in ends}
+    # When it ended, by Slurm's job completion log: its violation names the fault before then.
+    ended_at = {(e.cluster, e.job): e.at for e in events if e.kind == "end"}
     touched: dict[tuple[str, int], set[str]] = defaultdict(set)  # job -> the runs it was on the node of
     for (cluster, job), node, since, until in _placements(events):
         wid = incident_workflow_id(cluster, node)
@@ -265,18 +290,20 @@ def jobs_lost_or_killed(events: Sequence[LogEvent], runs: Sequence[Run], ends: S
                 touched[(cluster, job)].add(r.key)
     for (cluster, job), keys in sorted(touched.items()):
         end = final.get((cluster, job))
-        mine = [r for r in runs if r.key in keys]
+        incidents = {r.incident for r in runs if r.key in keys}
+        mine = [r for r in runs if r.incident in incidents]  # a chain's later run may name it
         if end is not None and end.by_soak:
             continue  # the soak cancelled it itself: accounted for by the soak's own record
         ended_by_us = any(job in r.jobs_ended_by_it for r in mine)
         if ended_by_us or (end is not None and end.state == "CANCELLED"):
             how = "ended by gpuheal, its result says" if ended_by_us else "CANCELLED by Slurm's account"
-            found.append(Violation(JOB_KILLED, cluster, 0.0, str(job), f"job {job} {how}: {sorted(keys)}"))
+            at = ended_at.get((cluster, job), 0.0)
+            found.append(Violation(JOB_KILLED, cluster, at, str(job), f"job {job} {how}: {sorted(keys)}"))
         elif end is None or end.state not in JOB_ALIVE:
             named = any(r.job_fates.get(job) in ENDED_FATES for r in mine)
             if not named:
                 state = f"job {job} {end.state if end else 'unknown to Slurm'}, named ended by none of {sorted(keys)}"
-                found.append(Violation(JOB_LOST, cluster, 0.0, str(job), state))
+                found.append(Violation(JOB_LOST, cluster, ended_at.get((cluster, job), 0.0), str(job), state))
     return found
 
 
@@ -350,17 +377,21 @@ def leaks(
 OWNED_DRAINED = LEFT_DRAINED | {"escalated"}
 
 
+GIVE_BACK_LOOK_S = 600.0  # a crashed run's borrowed node goes back at the coordinator's next look
+
+
 def borrowed_unowned(borrowed: Sequence[tuple[str, str, str]], runs: Sequence[Run], end: float) -> list[Violation]:
     """At the end, every inference node still borrowed (Kubernetes: gpuheal's borrowed-run
-    annotation, (cluster, node, run id)) is held by an open incident run of that chain."""
+    annotation, (cluster, node, run id)) is held by its incident: a run of that chain still open,
+    or one that completed keeping it for a person (a job still on it: never given back with one).
+    A run that crashed out (terminated, failed) leaves it to the coordinator's next look."""
     found: list[Violation] = []
     for cluster, node, run_id in borrowed:
-        holders = [
-            r
-            for r in runs
-            if r.cluster == cluster and r.closed is None and run_id in (r.run_id, r.incident.rsplit("/", 1)[-1])
-        ]
-        if not holders:
+        chain = [r for r in runs if r.cluster == cluster and run_id in (r.run_id, r.incident.rsplit("/", 1)[-1])]
+        if any(r.closed is None or r.status == "COMPLETED" for r in chain):
+            continue
+        crashed = [r for r in chain if r.closed is not None and end - r.closed < GIVE_BACK_LOOK_S]
+        if not crashed:
             found.append(Violation(LEAKS, cluster, end, node, f"{node} borrowed by run {run_id}, which is closed"))
     return found
 
@@ -412,7 +443,7 @@ def check(r: Records) -> dict[str, list[Violation]]:
     found: dict[str, list[Violation]] = {name: [] for name in INVARIANTS}
     for v in [
         *jobs_lost_or_killed(r.events, r.runs, r.job_ends),
-        *drained_twice(r.events, r.runs),
+        *drained_twice(r.events, r.runs, r.quiet),
         *requeued_twice(r.events, r.runs),
         *spares_twice(r.spares),
         *over_the_bound(r.samples, r.bounds),

@@ -283,4 +283,6 @@ def log_clock_skew(lines: list[str], modified: float) -> float:
     for raw in reversed(lines):
         if line := _LINE.match(raw.rstrip("\n")):
             return _epoch(line["ts"]) - modified
+    if any(raw.strip() for raw in lines):  # lines, none of them slurmctld's format: read as nothing
+        raise ValueError("no line of the log has slurmctld's timestamp ([YYYY-MM-DDThh:mm:ss.fff])")
     return 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -35,10 +36,14 @@ async def soak(
     minutes: float, seed: int, settle: float, root: Path, temporal: TemporalKind, out: Path | None, ports: str = "soak"
 ) -> int:
     world = World(root, temporal, ports)
-    say(f"starting the world under {root} (Temporal: {temporal})")
-    world.start()
+    # Stopped as `make test`'s trap or CI stops it (SIGTERM): cancelled, so the world is stopped.
+    me = asyncio.current_task()
+    assert me is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     sampler = collect.Sampler(world, root / "samples.jsonl")
     try:
+        say(f"starting the world under {root} (Temporal: {temporal})")
+        world.start()
         client = await connect(Settings.from_env(world.temporal.env()).temporal)
         shape = load.Shape(
             minutes,
