@@ -140,6 +140,10 @@ class KubeSandbox:
         core: Any = self.core()
         self.wait(lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running", f"pod {name} Running")
 
+    def label(self, name: str, labels: dict[str, str]) -> None:
+        """Labels on a Node (a rack, as a data center's inventory labels its machines)."""
+        self.core().patch_node(name, {"metadata": {"labels": labels}})
+
     def serve_inference(self, nodes: list[str], min_available: int, pool: str = "inference") -> Callable[[], int]:
         """An inference service on `nodes` (kwok, labelled with `pool`): a Deployment of one replica
         per node, as GPU servers run, and a PodDisruptionBudget keeping `min_available`; ready and

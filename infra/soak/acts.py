@@ -37,6 +37,8 @@ ROUND_S = 15.0  # the operator looks at each cluster this often
 TRIPPED_FOR_S = 120.0  # and resumes a breaker tripped this long (after a look at why)
 ABORT_SHARE = 0.25  # of the incidents waiting for approval, it aborts about this share
 HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
+FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
+AGAIN = frozenset({"duplicate", "resend"})
 KILL_WAIT_S = 30.0  # a worker is killed while it runs an activity, if one starts within this
 
 
@@ -45,6 +47,7 @@ class Acts:
         self.world, self.client, self.begun = world, client, begun
         self.rng = random.Random(seed ^ 0x5EED)
         self.path = world.root / "acts.jsonl"
+        self.sent_to: dict[tuple[str, str, float], str] = {}  # (cluster, slot, first sent) -> the node
 
     def record(self, kind: str, **fields: Any) -> None:
         with self.path.open("a") as f:
@@ -66,18 +69,39 @@ class Acts:
 
     def _send_one(self, f: Failure) -> None:
         c = self.world.clusters[f.cluster]
+        if f.kind in AGAIN:  # Alertmanager sends an alert again as it first sent it
+            node = self.sent_to.get((f.cluster, f.node, f.first_s), f.node)
+        else:
+            node = self.in_service(f.cluster, f.node) if f.kind in FOLLOWS_THE_FLEET else f.node
+            self.sent_to[(f.cluster, f.node, f.first_s)] = node
         if f.kind in HARDWARE_KINDS and f.at_s == f.first_s:
-            c.sb.inject_gpu_fault(f.node)  # its jobs stop stepping, as on a GPU gone
+            c.sb.inject_gpu_fault(node)  # its jobs stop stepping, as on a GPU gone
         payload = firing_payload(
-            f.node,
+            node,
             xid=f.xid,
             gpu=str(f.gpu),
             cluster=f.cluster,
-            summary=f"XID {f.xid} on {f.node} GPU {f.gpu}",
+            summary=f"XID {f.xid} on {node} GPU {f.gpu}",
             starts_at=datetime.fromtimestamp(self.begun + f.first_s, UTC),
         )
         status = post(c.webhook_url, c.sb.webhook_token, payload)
-        self.record("failure", cluster=f.cluster, node=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status)
+        self.record(
+            "failure", cluster=f.cluster, node=node, slot=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status
+        )
+
+    def in_service(self, cluster: str, slot: str) -> str:
+        """The node now in the place the load names: one the fleet replaced is followed to its
+        replacement (the provider's record: "<incident id>/<run>" -> the spare), so failures and
+        false alarms land on the fleet as it stands. A rack's burst stays on the rack's nodes."""
+        record = self.world.clusters[cluster].sb.slurm_dir / "provider" / "replacements.json"
+        given: dict[str, str] = json.loads(record.read_text()) if record.exists() else {}
+        prefix = ids.incident_prefix(cluster)
+        replaced = {key.split("/", 1)[0].removeprefix(prefix): spare for key, spare in given.items()}
+        node, seen = slot, {slot}
+        while node in replaced and replaced[node] not in seen:
+            node = replaced[node]
+            seen.add(node)
+        return node
 
     # --- the faults ----------------------------------------------------------------------
 

@@ -43,7 +43,11 @@ POLICY = {
     "approval": {"required_for": ["replace_node"], "timeout_s": 600, "default_on_timeout": "abort"},
     "budget": {"cluster": "3", "rate": 200, "node_cooldown_s": 0},
     "containment_limit": "2",
-    "breaker": {"max_incidents": 8, "window_s": 60},
+    # A rack at once trips it by its share (more than 3 of a rack's 4 within the window), a whole
+    # cluster's false alarm by its count; no domain incidents (min_nodes past a rack's size): a
+    # person looks at the tripped breaker instead.
+    "breaker": {"max_incidents": 8, "window_s": 60, "domain_share": 0.75},
+    "escalation": {"min_nodes": 99},
     "max_hold_s": 900,
     "duplicate_window_s": 600,
 }
@@ -54,6 +58,7 @@ KUBE_CLUSTER = "west"
 # The Kubernetes cluster's inference pool: a spare-less incident borrows one of its nodes, never
 # taking its service below the floor (a PodDisruptionBudget keeps as many).
 INFERENCE, INFERENCE_FLOOR = 4, 3
+RACK_LABEL = "gpuheal.io/rack"  # west's racks, as Kubernetes labels them (gpuheal's default domain label)
 
 
 def bound(policy: dict[str, object] = POLICY) -> int:
@@ -62,6 +67,19 @@ def bound(policy: dict[str, object] = POLICY) -> int:
     budget = policy["budget"]
     assert isinstance(budget, dict)
     return int(str(budget["cluster"])) + int(str(policy["containment_limit"]))
+
+
+NODES = [f"gpu{i:02d}" for i in range(1, ACTIVE + 1)]  # each cluster's nodes in service at the start
+RACKS = [NODES[i : i + RACK] for i in range(0, ACTIVE, RACK)]
+
+
+def topology() -> str:
+    """The racks as Slurm's topology.conf says them (a switch a rack, the spares under their own):
+    the domains gpuheal reads from Slurm on a cluster without Kubernetes."""
+    racks = [f"SwitchName=rack{i + 1} Nodes={','.join(r)}" for i, r in enumerate(RACKS)]
+    spares = ",".join(f"gpu{i:02d}" for i in range(ACTIVE + 1, ACTIVE + SPARES + 1))
+    switches = ",".join(f"rack{i + 1}" for i in range(len(RACKS)))
+    return ";".join([*racks, f"SwitchName=spares Nodes={spares}", f"SwitchName=spine Switches={switches},spares"])
 
 
 def incident_bound_s(policy: dict[str, object] = POLICY) -> float:
@@ -119,11 +137,11 @@ class Cluster:
 
     @property
     def nodes(self) -> list[str]:
-        return [f"gpu{i:02d}" for i in range(1, ACTIVE + 1)]
+        return NODES
 
     @property
     def racks(self) -> list[list[str]]:
-        return [self.nodes[i : i + RACK] for i in range(0, ACTIVE, RACK)]
+        return RACKS
 
     @property
     def webhook_port(self) -> int:
@@ -183,6 +201,8 @@ class World:
             # slurmctld logs its local time, which the checker reads as UTC (records.log_clock_skew).
             "TZ": "UTC",
         }
+        if name != KUBE_CLUSTER:
+            env["GPUHEAL_SLURM_TOPOLOGY"] = topology()
         if name == KUBE_CLUSTER:
             env |= {
                 "GPUHEAL_SLURM_INFERENCE": str(INFERENCE),
@@ -210,6 +230,9 @@ class World:
                 c.kube = KubeSandbox(self.root / "k8s", port=PORTS[self.ports].kube)
                 c.kube.start()
                 c.kube.reset_nodes(c.nodes)
+                for i, rack in enumerate(c.racks):
+                    for node in rack:
+                        c.kube.label(node, {RACK_LABEL: f"rack{i + 1}"})
                 c.kube.serve_inference([f"inf{i:02d}" for i in range(1, INFERENCE + 1)], INFERENCE_FLOOR)
                 c.sb.extra_env.update(
                     {
