@@ -61,7 +61,8 @@ slurm() {
   if [ -n "$ROOT" ]; then
     local tz=()
     [ -n "${TZ:-}" ] && tz=("TZ=$TZ")
-    chroot "$ROOT" /usr/bin/env -i PATH=$PATHS HOME=/root LANG=C.UTF-8 "${tz[@]}" SLURM_CONF="$CONF" "$@"
+    # 8>&-: no daemon keeps the root's lock (lock_root) after this script exits.
+    chroot "$ROOT" /usr/bin/env -i PATH=$PATHS HOME=/root LANG=C.UTF-8 "${tz[@]}" SLURM_CONF="$CONF" "$@" 8>&-
   else
     "$@"
   fi
@@ -84,7 +85,8 @@ users_dir() { echo "$ROOT/run/gpuheal-sandboxes"; }
 
 # One sandbox at a time sets up or releases a root several sandboxes share (the tests' and a
 # soak's run beside each other): a release must never see another's start half done. Held until
-# this script exits; taken once per process.
+# this script exits; taken once per process. Every program run in the root closes it (slurm()):
+# a daemon that inherited it would hold it for as long as it runs, and block every other sandbox.
 lock_root() {
   [ -n "${ROOT_LOCKED:-}" ] && return 0
   mkdir -p "$(users_dir)"

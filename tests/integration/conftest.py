@@ -49,7 +49,7 @@ across_slurm = pytest.mark.parametrize("slurm", SLURM_MATRIX, ids=SLURM_IDS, ind
 # Helm for the chart's tests), the Temporal cluster (the production topology), the newer Slurm
 # releases' roots. `make test` runs the others while it builds (infra/test.sh).
 NEEDS_BUILDS = frozenset({"kube", "prod"})
-BUILT_MODULES = frozenset({"test_helm.py"})
+BUILT_MODULES = frozenset({"test_helm.py", "test_slurm_roots.py"})
 
 
 def needs_builds(item: pytest.Item) -> bool:
