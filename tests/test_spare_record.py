@@ -24,14 +24,22 @@ class SlowListing:
         return {}
 
 
-def provider(tmp_path: Path) -> SandboxProvider:
+def fleet(tmp_path: Path) -> Path:
+    """The sandbox's slurm.conf with its spares, written once: a worker reads it, never writes it
+    (two writing it at once let one read it empty, and find no spare)."""
     conf = "".join(f"NodeName={s} CPUs=1 State=FUTURE\n" for s in SPARES)
     (tmp_path / "slurm.conf").write_text(conf)
-    return SandboxProvider(SlowListing(), tmp_path, Path("/bin/false"))  # type: ignore[arg-type]
+    return tmp_path
+
+
+def provider(sandbox_dir: Path) -> SandboxProvider:
+    return SandboxProvider(SlowListing(), sandbox_dir, Path("/bin/false"))  # type: ignore[arg-type]
 
 
 def test_two_workers_choosing_at_once_never_share_a_spare(tmp_path: Path) -> None:
     chosen: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}
+
+    fleet(tmp_path)
 
     def worker(name: str, runs: list[str]) -> None:
         p = provider(tmp_path)
