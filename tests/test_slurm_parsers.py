@@ -40,6 +40,21 @@ def test_nodes_and_a_drain_with_its_reason(version: str) -> None:
     assert not drained["gpu01"].drained
 
 
+def test_sinfo_groups_drained_nodes_under_one_reason_scontrol_gives_each_its_own() -> None:
+    """26.05, from the chaos soak's `west` (four nodes drained by four incidents, all IDLE+DRAIN):
+    sinfo's group carries the first node's reason for all four; scontrol reads each node's own,
+    which is what SlurmCli.nodes reads from 24.11 on."""
+    grouped = parse_nodes(load("26.05", "sinfo-drained-grouped"))
+    own = parse_nodes(load("26.05", "scontrol-nodes-drained"))
+    drained = sorted(n for n, info in own.items() if info.drained)
+    assert drained == ["gpu12", "gpu15", "gpu17", "gpu18"]
+    assert {n: own[n].reason.split(":")[0] for n in drained} == {n: f"gpuheal-west-{n}" for n in drained}
+    assert {grouped[n].reason.split(":")[0] for n in drained} == {"gpuheal-west-gpu12"}  # Slurm's grouping
+    assert {n: (i.state, i.flags, i.partitions) for n, i in own.items()} == {
+        n: (i.state, i.flags, i.partitions) for n, i in grouped.items()
+    }
+
+
 @pytest.mark.parametrize("version", ["24.11", "26.05"])
 def test_scontrol_and_slurmrestd_nodes_read_alike(version: str) -> None:
     assert sorted(parse_nodes(load(version, "scontrol-nodes"))) == ["gpu01", "gpu02", "gpu03"]

@@ -89,8 +89,16 @@ class SlurmCli:
     # --- nodes -----------------------------------------------------------------------------
 
     async def nodes(self) -> dict[str, NodeInfo]:
-        data = await self._json("sinfo")
-        return parse_nodes(data or {})
+        """Every node in service, each with its own state and drain reason. 24.11 on, `sinfo
+        --json` groups nodes by state and gives a group one node's reason (four drained nodes
+        read as drained by the first one's incident: the coordinator then freed the others' slots
+        as back in service); `scontrol show nodes --json` gives each node its own. 22.05's sinfo
+        (v0.0.38) lists each node with its reason, and its scontrol has no JSON."""
+        if self._schema is None or self._schema == V0038:
+            data = await self._json("sinfo")  # (learns the schema on its first call)
+            if self._schema == V0038 or data is None:
+                return parse_nodes(data or {})
+        return parse_nodes(await self._json("scontrol", "show", "nodes") or {})
 
     async def node(self, name: str) -> NodeInfo:
         check_node_name(name)
