@@ -137,11 +137,8 @@ class Acts:
     async def running_activities(self, cluster: str) -> list[tuple[int, str]]:
         """(the worker's pid, "<activity> of <workflow id>") for each activity an open incident of
         the cluster has started and not finished, as the server describes the incident."""
-        listing = queries.where(
-            queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.eq(queries.EXECUTION_STATUS, "Running")
-        )
         found = []
-        async for w in self.client.list_workflows(listing):
+        async for w in self.client.list_workflows(open_incidents(cluster)):
             described = await self.client.get_workflow_handle(w.id, run_id=w.run_id).describe()
             for a in described.raw_description.pending_activities:
                 pid, _, _ = a.last_worker_identity.partition("@")
@@ -254,13 +251,7 @@ class Acts:
                 self.gpuheal, cluster, "resume", "--operator", OPERATOR, "--reason", "soak: looked, resumed"
             )
             self.record("operator", cluster=cluster, act="resume", rc=done.returncode)
-        waiting = queries.where(
-            queries.of_type(INCIDENT),
-            queries.eq(sa.CLUSTER, cluster),
-            queries.eq(queries.EXECUTION_STATUS, "Running"),
-            queries.eq(sa.STAGE, "approval"),
-        )
-        async for w in self.client.list_workflows(waiting):
+        async for w in self.client.list_workflows(open_incidents(cluster, queries.eq(sa.STAGE, "approval"))):
             node = w.id[len(ids.incident_prefix(cluster)) :]
             verb = "abort" if self.rng.random() < ABORT_SHARE else "approve"
             done = await asyncio.to_thread(
@@ -272,6 +263,11 @@ class Acts:
                 self.gpuheal, cluster, "return", line.node, "--operator", OPERATOR, "--reason", "soak: repaired"
             )
             self.record("operator", cluster=cluster, act="return", node=line.node, rc=done.returncode)
+
+
+def open_incidents(cluster: str, *more: queries.Term) -> str:
+    """The visibility query for a cluster's running incidents (and whatever `more` narrows)."""
+    return queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, cluster), queries.status("Running"), *more)
 
 
 def post(url: str, token: str, payload: dict[str, Any]) -> int:

@@ -15,13 +15,10 @@ from pathlib import Path
 from temporalio.client import Client
 
 from gpuheal.clients.temporal import connect
-from gpuheal.core import queries
-from gpuheal.core import search_attributes as sa
-from gpuheal.core.messages import INCIDENT
 from gpuheal.core.settings import Settings
 from infra.sandbox.temporal import TemporalKind
 from infra.soak import collect, faults, load, report
-from infra.soak.acts import Acts, acts
+from infra.soak.acts import Acts, acts, open_incidents
 from infra.soak.invariants import check
 from infra.soak.world import KUBE_CLUSTER, World
 
@@ -89,10 +86,7 @@ async def settled(world: World, client: Client, until: float) -> None:
     while time.time() < until:
         open_ = 0
         for name in world.clusters:
-            listing = queries.where(
-                queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, name), queries.eq(queries.EXECUTION_STATUS, "Running")
-            )
-            async for w in client.list_workflows(listing):
+            async for w in client.list_workflows(open_incidents(name)):
                 described = await client.get_workflow_handle(w.id).describe()
                 stage = (described.search_attributes or {}).get("Stage") or [""]
                 open_ += 0 if stage[0] == "approval" else 1
