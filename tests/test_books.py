@@ -115,15 +115,46 @@ def test_a_release_the_books_do_not_know_still_counts_its_drained_node() -> None
     assert counted(s) == ["gpu04"], "counted once, however often it says so"
 
 
-def test_gpuheal_return_frees_the_slot_at_once_and_the_next_incident_goes() -> None:
+def test_gpuheal_return_keeps_the_node_counted_until_slurm_shows_it_back() -> None:
     s = state(cluster="1")
     assert ask(s, "gpu01", "r1")
     coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    assert reaping.left_check_due(s, T0) is None, "nothing held, nothing returned: no need to ask"
     assert not ask(s, "gpu02", "r2"), "held: gpu01 is still drained, and counted"
-    assert reaping.left_check_due(s, T0) == T0, "a held incident with left nodes checks them at once"
+    reaping.start_left_check(s, T0)
     answer, out = steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
+    assert "counted until Slurm shows it back" in answer and "gpu01" in s.left and not out.signals
+    soon = T0 + timedelta(seconds=reaping.RETURN_LOOK_S)
+    assert reaping.left_check_due(s, T0) == soon, "asked seconds after the return, not at the next 30 s check"
+    gpu01 = reaping.start_left_check(s, soon)
+    out = coordination.reap(s, [], gpu01, [], soon)  # Slurm shows it resumed
+    assert "gpu01" not in s.left and not s.returning
+    assert [i for i, n in out.signals if n.granted] == ["gpuheal-c-gpu02"], "the next in line goes then"
+
+
+def test_a_returned_node_whose_resume_failed_stays_counted() -> None:
+    """The command's resume failed (slurmctld stopped): Slurm still shows it drained by its incident."""
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
+    soon = T0 + timedelta(seconds=reaping.RETURN_LOOK_S)
+    gpu01 = reaping.start_left_check(s, soon)
+    coordination.reap(s, [], gpu01, gpu01, soon)
+    assert "gpu01" in s.left and not ask(s, "gpu02", "r2"), "still drained: counted, and the budget holds"
+    again = soon + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)
+    assert reaping.left_check_due(s, soon) == again, "the held incident's checks go on, every 30 s"
+
+
+def test_coordinators_before_the_marker_freed_a_returned_node_at_once() -> None:
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    assert not ask(s, "gpu02", "r2")
+    r = NodeReturn(node="gpu01", operator="olga", reason="checked")
+    answer, out = steering.return_node(s, r, T0, keep_counted=False)
     assert "no longer counted" in answer and "gpu01" not in s.left
-    assert [i for i, n in out.signals if n.granted] == ["gpuheal-c-gpu02"], "the next in line goes at once"
+    assert [i for i, n in out.signals if n.granted] == ["gpuheal-c-gpu02"]
 
 
 def test_a_node_an_open_incident_holds_is_not_returned() -> None:

@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from gpuheal.core import ids
 from gpuheal.core import messages as m
+from gpuheal.core.fleet import reaping
 from gpuheal.core.fleet.models import (
     AdmitRequest,
     CoordinatorInput,
@@ -248,14 +249,31 @@ async def left_and_held(
 
 
 async def test_a_node_returned_with_gpuheal_return_lets_the_next_incident_go_at_once(env: WorkflowEnvironment) -> None:
+    """`gpuheal return` tells the coordinator, then resumes the node in Slurm: the coordinator
+    counts it until its look RETURN_LOOK_S later sees it back, then the next in line goes."""
     receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
     async with worker(env, queue, receiver):
         handle, second = await left_and_held(env, queue, receiver)
-        receiver.drained.discard("gpu01")  # `gpuheal return` resumed it in Slurm, then told the coordinator
+        await env.sleep(timedelta(seconds=1))  # the held incident's first check of gpu01 (still drained)
         answer = await m.FLEET_RETURN_NODE.execute(handle, NodeReturn(node="gpu01", operator="olga", reason="ok"))
-        assert "gpu01 no longer counted" in answer
+        assert "gpu01 counted until Slurm shows it back" in answer
+        assert [g.node for g in (await m.FLEET_STATUS.ask(handle)).left] == ["gpu01"]
+        receiver.drained.discard("gpu01")  # the command's resume
+        await env.sleep(timedelta(seconds=reaping.RETURN_LOOK_S + 2))
         status = await m.FLEET_STATUS.ask(handle)
         assert [g.incident_id for g in status.out_of_service] == [second] and not status.left
+
+
+async def test_a_returned_node_whose_resume_failed_stays_counted(env: WorkflowEnvironment) -> None:
+    """The command's resume failed (slurmctld stopped, issue 37's hour): still drained, still counted."""
+    receiver, queue = Receiver(up=True), f"tq-{uuid.uuid4()}"
+    async with worker(env, queue, receiver):
+        handle, second = await left_and_held(env, queue, receiver)
+        await m.FLEET_RETURN_NODE.execute(handle, NodeReturn(node="gpu01", operator="olga", reason="ok"))
+        await env.sleep(timedelta(seconds=reaping.LEFT_CHECK_EVERY_S + reaping.RETURN_LOOK_S))
+        status = await m.FLEET_STATUS.ask(handle)
+        assert [g.node for g in status.left] == ["gpu01"] and not status.out_of_service, "the budget of 1 holds"
+        assert [h.incident_id for h in status.held] == [second]
 
 
 async def test_a_held_incident_has_the_left_nodes_checked_within_seconds(env: WorkflowEnvironment) -> None:

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from gpuheal.cli.fleet import _update
-from gpuheal.clients.slurm import build_slurm
+from gpuheal.clients.slurm import SlurmError, build_slurm
 from gpuheal.core import ids, policy
 from gpuheal.core.fleet.models import NodeReturn
 from gpuheal.core.messages import FLEET_RETURN_NODE
@@ -18,11 +18,12 @@ from gpuheal.core.settings import Settings
 
 async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     """Return a node an incident left drained (it printed this command): tell the coordinator,
-    then resume it in Slurm, so the slot it held frees now, not at the next look. The coordinator
-    refuses a node an open incident holds or has in line (its incident gives it back) and starts
-    the node's cooldown, so no new incident is granted it before the resume; the resume is made
-    only if Slurm still shows the drain read before. Refused too: a node drained by someone else
-    (theirs to undo), and one that failed its burn-in unless --force (it is for the vendor)."""
+    then resume it in Slurm. The coordinator refuses a node an open incident holds or has in line
+    (its incident gives it back) and starts the node's cooldown, so no new incident is granted it
+    before the resume; it keeps counting the node until it sees Slurm show it back (seconds after
+    the resume), so a resume that fails frees nothing. The resume is made only if Slurm still
+    shows the drain read before. Refused too: a node drained by someone else (theirs to undo),
+    and one that failed its burn-in unless --force (it is for the vendor)."""
     node = check_node_name(args.node)
     ret = NodeReturn(node=node, operator=args.operator, reason=args.reason)  # validated before anything
     slurm = build_slurm(settings.slurm)
@@ -40,10 +41,15 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
         print(f"{node} failed its GPU validation ({before.reason!r}): it is for the vendor; --force to return it")
         return 1
     code = await _update(settings, FLEET_RETURN_NODE, ret)  # refused (raises) if an open incident has it
-    now = await slurm.node(node)
+    try:
+        now = await slurm.node(node)
+        if before.drained and now.drained and now.reason == before.reason:
+            await slurm.update_node(node, "resume")
+    except (SlurmError, OSError, TimeoutError) as err:  # Slurm not answering: the coordinator still counts the node
+        print(f"{node} not resumed: Slurm did not answer ({err}); still counted: run this again", file=sys.stderr)
+        return 1
     if before.drained and now.drained and now.reason == before.reason:
-        await slurm.update_node(node, "resume")
-        print(f"{node} resumed in Slurm")
+        print(f"{node} resumed in Slurm; counted until the coordinator sees it back (seconds)")
     elif before.drained:
         print(f"{node} not resumed: Slurm's drain changed meanwhile ({now.reason!r})", file=sys.stderr)
         return 1

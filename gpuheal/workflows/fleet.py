@@ -42,6 +42,7 @@ from gpuheal.workflows.coordinator.versions import (
     PACKED,
     PUBLISHES,
     REBUILD,
+    RETURN_KEEPS_COUNT,
     SERVE_WHEN_FREED,
     VIEW,
 )
@@ -480,8 +481,10 @@ class FleetCoordinator:
 
     @workflow.update(name=m.FLEET_RETURN_NODE.name)
     def return_node(self, r: NodeReturn) -> str:
-        """An operator resumed a node an incident left drained (`gpuheal return`): not counted now."""
-        answer, out = steering.return_node(self._s, r, workflow.now())
+        """An operator returns a node an incident left drained (`gpuheal return`): counted until
+        Slurm shows it back (before RETURN_KEEPS_COUNT: freed at once)."""
+        keep = workflow.patched(RETURN_KEEPS_COUNT)
+        answer, out = steering.return_node(self._s, r, workflow.now(), keep_counted=keep)
         self._c.apply(out)
         return answer
 

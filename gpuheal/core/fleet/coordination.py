@@ -354,6 +354,7 @@ def grant(
     s.contained.pop(incident_id, None)  # taken back once, given again: counted once, as a grant
     s.containing.pop(incident_id, None)  # contained while held: now out under the budget
     s.left.pop(placement.node, None)  # left drained by an earlier incident: this one takes it over
+    s.returning.pop(placement.node, None)
     s.grants[incident_id] = Grant(
         incident_id=incident_id,
         run_id=run_id,

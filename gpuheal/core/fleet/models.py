@@ -369,6 +369,10 @@ class FleetState(BaseModel):
     left_checked_at: datetime | None = None
     # Nodes closed runs left drained (node -> the grant): still out, still counted (gpuheal.core.fleet.reaping).
     left: dict[str, Grant] = {}
+    # Left nodes an operator returned (`gpuheal return`) that no look has seen back yet: node ->
+    # when. Still counted (in `left`): the command resumes them in Slurm after telling the
+    # coordinator, and a resume can fail (reaping.left_check_due asks Slurm soon after).
+    returning: dict[str, datetime] = {}
     configured: str = ""  # the digest of the last configuration a worker offered (steering.configure)
     # The digests offered before it, oldest first (at most steering.CONFIGURED_BEFORE_MOST): an older
     # worker restarting mid-rollout offers one of them again, and it is refused.

@@ -104,6 +104,7 @@ def reap(
     ]
     for n in back:
         s.left.pop(n)
+    s.returning = {n: at for n, at in s.returning.items() if n in s.left}  # back, or taken over
     if back:
         out.append(("left_back_in_service", "info", f"back in service, no longer counted: {_names(back)}"))
     kept = [
@@ -215,13 +216,21 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime, knows_its_own: b
 LEFT_CHECK_EVERY_S = 30.0
 
 
+# A node an operator returned (steering.return_node) is asked about this long after: the command
+# resumes it in Slurm once the coordinator has answered, about a second later.
+RETURN_LOOK_S = 5.0
+
+
 def left_check_due(s: FleetState, now: datetime) -> datetime | None:
-    """When to ask Slurm about the nodes left drained for an incident held now, or None (none
-    held, none left, or the breaker tripped: a freed slot would grant nothing)."""
-    if not (s.queue and s.left) or s.breaker.tripped:
-        return None
+    """When to ask Slurm about the nodes left drained: RETURN_LOOK_S after an operator returned
+    one (not asked since), and every LEFT_CHECK_EVERY_S for an incident held while nodes are
+    left; None when neither (nor while the breaker is tripped: a freed slot would grant nothing)."""
     last = s.left_checked_at
-    return last + timedelta(seconds=LEFT_CHECK_EVERY_S) if last is not None else now
+    returned = [t for n, t in s.returning.items() if n in s.left and (last is None or t >= last)]
+    due = [min(returned) + timedelta(seconds=RETURN_LOOK_S)] if returned else []
+    if s.queue and s.left and not s.breaker.tripped:
+        due.append(last + timedelta(seconds=LEFT_CHECK_EVERY_S) if last is not None else now)
+    return min(due, default=None)
 
 
 def start_left_check(s: FleetState, now: datetime) -> list[RunRef]:

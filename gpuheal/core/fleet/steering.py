@@ -66,18 +66,24 @@ def holder_of(s: FleetState, node: str) -> str | None:
     return next(held, None) or next((h.incident_id for h in s.queue if h.node == node), None)
 
 
-def return_node(s: FleetState, r: NodeReturn, now: datetime) -> tuple[str, Effects]:
-    """An operator resumed a node an incident left drained (`gpuheal return`): it is no longer
-    counted, now, not at the next look; the line is served with the slot it frees. A node an
-    open incident holds is that incident's to give back (refused before: the validator)."""
-    gone = s.left.pop(r.node, None)
+def return_node(s: FleetState, r: NodeReturn, now: datetime, keep_counted: bool = True) -> tuple[str, Effects]:
+    """An operator returns a node an incident left drained (`gpuheal return`, which resumes it
+    in Slurm after this answers). Its cooldown starts now, so no new incident of the node is
+    granted it before the resume. It stays counted, as left, until a look sees Slurm show it back
+    (asked RETURN_LOOK_S from now): a resume that fails (slurmctld stopped) leaves it drained,
+    and the books must not free a slot for a node still out. `keep_counted=False` is how
+    coordinators before RETURN_KEEPS_COUNT answered (freed at once; their histories replay so).
+    A node an open incident holds is that incident's to give back (refused before: the validator)."""
+    gone = s.left.get(r.node)
     if gone is None:
         return f"{r.node} was not counted as left drained: nothing to free", Effects()
-    # Given back by gpuheal now: its cooldown starts, so a new incident of the node is not
-    # granted it in the moment between this and the operator's resume in Slurm.
     s.last_release[r.node] = now
     text = f"{r.node} (left drained by {gone.incident_id}) returned to service by {r.operator}: {r.reason}"
     out = Effects(notes=[("node_returned", "info", text)])
+    if keep_counted:
+        s.returning[r.node] = now
+        return f"{r.node} counted until Slurm shows it back in service; {len(s.queue)} held", out
+    s.left.pop(r.node)
     out += serve_queue(s, now)
     return f"{r.node} no longer counted; {len(s.queue)} still held", out
 

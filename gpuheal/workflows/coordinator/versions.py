@@ -109,6 +109,12 @@ REBUILD_PACKED = "coordinator-rebuild-reads-a-packed-listing"
 # packed by a local activity (CoordinatorState.pack_carried), whatever its size.
 PACK_BESIDE = "coordinator-packs-a-big-state-beside-its-task"
 PACK_TIMEOUT_S = 60.0  # the local activity's bound: past it, the run packs in its task, at its next
+# Nor did they keep counting a node an operator returned: `gpuheal return` told them first and
+# they freed its slot at once, then the command resumed it in Slurm; a resume that failed
+# (slurmctld stopped) left it drained and counted nowhere (issue 37's hour: 6 out against 5 on
+# `west`). From this marker it stays counted, as left, until Slurm shows it back (asked
+# RETURN_LOOK_S after the return, then at each look).
+RETURN_KEEPS_COUNT = "coordinator-counts-a-returned-node-until-slurm-shows-it-back"
 HISTORY_LIMIT = 4000  # events: continue as new well before Temporal suggests it
 # From PACKED on: each accepted update is two events, so 2,000 events is at most 1,000 updates,
 # half Temporal's cap on one run (history.maxTotalUpdates, 2,000); and a history past 4 MB.
