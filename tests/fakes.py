@@ -108,6 +108,7 @@ class FakeCluster:
         self.admit_fails = False  # the admission is not answered (its attempts spent)
         self.requests: list[CapacityRequest] = []
         self.gone = gone  # nodes Slurm has not (in service)
+        self.drain_reasons: dict[str, str] = {}  # nodes Slurm shows drained (from the start), with the reason
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
         self.notices_down = False
@@ -215,6 +216,8 @@ class FakeCluster:
             c.calls.append("look_up")
             if ref.node in c.gone:
                 raise ApplicationError(f"node {ref.node!r} is not in service", type=UNKNOWN_NODE, non_retryable=True)
+            if (reason := c.drain_reasons.get(ref.node)) is not None:
+                return NodeInfo(name=ref.node, state="drained", flags=("DRAIN",), reason=reason)
             return NodeInfo(name=ref.node, state="allocated")
 
         @implements(act.FIND_EARLIER_REPLACEMENT)

@@ -16,7 +16,9 @@ coordinator survives the upgrade. The issue34_* ones (each run of a continue-as-
 file) are the paths issue 34 added: a late, more severe report followed up, the application-fault
 ladder's burn-in passed and failed. The issue35_* ones, issue 35's: a burn-in that gave no verdict
 (could not run, never started; on a repaired node and on a new one), a rejected spare counted at
-the coordinator, and RMA evidence whose history could not be read.
+the coordinator, and RMA evidence whose history could not be read. The issue37_* ones: an
+application restart reading its node's state from Slurm at the close (in service, still drained
+by an earlier run of its incident, drained by someone else).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from gpuheal.core import ids, policy
 from gpuheal.core.fleet.models import GrantNotice
 from gpuheal.core.fleet.policy import FleetPolicy
 from gpuheal.core.messages import INCIDENT_APPROVE_SIGNAL, INCIDENT_CAPACITY
@@ -514,6 +515,34 @@ async def test_a_hardware_report_joining_an_application_fault_is_admitted_again_
     assert result.action == ActionClass.RESTART_APP
     assert fake.admitted == [True, False], fake.calls
     assert "request_capacity" not in fake.calls and "drain" not in fake.calls
+
+
+@pytest.mark.parametrize(
+    ("drained_by", "state", "says"),
+    [
+        (None, NodeState.IN_SERVICE, "in service (not drained)"),
+        ("mine", NodeState.DRAINED, "still drained by an earlier run of its incident"),
+        ("ops: fan swap", NodeState.LEFT_DRAINED, "drained by someone else ('ops: fan swap')"),
+    ],
+)
+async def test_an_application_restart_says_how_slurm_shows_its_node_at_the_close(
+    env: WorkflowEnvironment, drained_by: str | None, state: NodeState, says: str
+) -> None:
+    """A restart drains nothing; its node's state at the close is read, not assumed: an earlier
+    run of its incident (aborted) may have left it drained (issue 37's soak closed one "resolved:
+    in service" on such a node), or someone else drained it."""
+    fake, s = FakeCluster(), settings()
+    first = report(13)
+    incident = ids.incident_id(first.cluster, first.node)
+    if drained_by is not None:
+        reason = policy.drain_reason(incident, "XID 79") if drained_by == "mine" else drained_by
+        fake.drain_reasons[first.node] = reason
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, first)).result()
+    assert result.action == ActionClass.RESTART_APP and "drain" not in fake.calls
+    assert result.node_state == state and says in result.node_detail, result.node_detail
+    if drained_by == "mine":
+        assert f"gpuheal return {first.node}" in result.node_detail
 
 
 # --- a more severe report after the plan (issue 34, item 3) -----------------------------------

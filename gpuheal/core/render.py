@@ -25,10 +25,11 @@ from gpuheal.core.models.slurm import (
     DrainResult,
     JobList,
     JobSnapshot,
+    NodeInfo,
     RequeueResult,
     ValidationResult,
 )
-from gpuheal.core.policy import Plan, triage
+from gpuheal.core.policy import Plan, is_our_drain, triage
 
 # --- stage outcomes (the line each stage leaves in the UI's current details) ----------------
 
@@ -258,6 +259,25 @@ def replaced_earlier(e: EarlierReplacement) -> str:
 UNTOUCHED = NodeAt(NodeState.UNTOUCHED, "untouched")
 OBSERVED = NodeAt(NodeState.UNTOUCHED, "untouched (observe mode)")
 NOT_DRAINED = NodeAt(NodeState.IN_SERVICE, "in service (not drained)")
+
+
+def not_drained_as_read(node: NodeInfo, incident_id: str) -> NodeAt:
+    """The node of an action that needed no drain (restart the app), as Slurm shows it at the
+    close: in service, or still drained by an earlier run of this incident (one aborted, or not
+    granted: the person's to return), or by someone else (left as they have it)."""
+    if not node.drained:
+        return NOT_DRAINED
+    if is_our_drain(node.reason, incident_id):
+        back = RETURN_COMMAND.format(node=node.name)
+        return NodeAt(
+            NodeState.DRAINED,
+            f"not drained by this run; still drained by an earlier run of its incident ({node.reason!r});"
+            f" once checked: {back}",
+        )
+    return NodeAt(
+        NodeState.LEFT_DRAINED,
+        f"not drained by this run; drained by someone else ({node.reason!r}): left as they have it",
+    )
 
 
 def aborted_node_state(node: str, drain: DrainResult | None) -> NodeAt:

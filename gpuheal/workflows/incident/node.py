@@ -19,7 +19,7 @@ from gpuheal.workflows.incident.timeline import set_action
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import policy, render
-    from gpuheal.core.models.base import ActionClass, NodeAt
+    from gpuheal.core.models.base import ActionClass, NodeAt, NodeState
     from gpuheal.core.models.incident import KubernetesPolicy
     from gpuheal.core.models.kubernetes import (
         CordonRequest,
@@ -43,6 +43,10 @@ VALIDATE_NEW_NODES = "validate-a-replacement-before-it-takes-jobs"
 NO_VERDICT_CONDEMNS_NOTHING = "a-burn-in-without-a-verdict-condemns-nothing"
 # Before this, a rejected new node stayed schedulable in Kubernetes (pods landed on it); replayed so.
 REJECTED_NODES_CORDONED = "a-rejected-new-node-is-cordoned-in-kubernetes"
+# Before this, an action that needed no drain (restart the app) closed saying its node was in
+# service, unread: an earlier run of its incident may have left it drained (issue 37's soak: a
+# "resolved: in service" for a node an aborted run had left drained). Those incidents replay so.
+NOT_DRAINED_IS_READ = "a-node-not-drained-is-read-from-slurm-at-the-close"
 VALIDATE_ATTEMPTS = 5  # a burn-in Slurm keeps refusing is a failed validation, not thirty retries
 MAX_REJECTED = 3  # new nodes a run may find bad before it stops looking (no_capacity): a bad batch
 
@@ -207,7 +211,7 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
     """Resume a repaired node only after its health check passes; a replaced node leaves."""
     ref, drain = s.ref, s.drain
     if repaired is None:
-        return render.NOT_DRAINED
+        return await not_drained(s)
     if s.replacement is None:
         health = await act_run(act.CHECK_NODE_HEALTH, ref, summary=f"health check {ref.node}")
         if not health.healthy:  # a repair that did not take: the node goes, a spare comes
@@ -225,6 +229,20 @@ async def back_in_service(s: IncidentState, repaired: ActionClass | None) -> Nod
         return render.left_drained(drain)
     msg = await act_run(act.DECOMMISSION_NODE, ref, summary=f"remove {ref.node} from the cluster")
     return render.returned_replaced(s.replacement.new_node, msg, s.new_node_verdict, s.rejected)
+
+
+async def not_drained(s: IncidentState) -> NodeAt:
+    """An action that needed no drain: the node as Slurm shows it now, not assumed in service.
+    Slurm not answering: said so, not guessed."""
+    if not workflow.patched(NOT_DRAINED_IS_READ):
+        return render.NOT_DRAINED
+    try:
+        found = await act_run(act.LOOK_UP_SLURM_NODE, s.ref, summary=f"is {s.ref.node} drained?", attempts=3)
+    except ActivityError as err:
+        return NodeAt(
+            NodeState.UNKNOWN, f"not drained by this incident; Slurm did not say how it is ({err.cause or err})"
+        )
+    return render.not_drained_as_read(found, s.ref.incident_id)
 
 
 async def resume(s: IncidentState, checked: str) -> NodeAt:
