@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infra.soak import histories
+from gpuheal.core.models.base import Stage
+from gpuheal.core.models.result import StageRecord
+from infra.soak import histories, report
 from infra.soak import invariants as inv
 from infra.soak.records import Run
 
@@ -84,3 +87,23 @@ def test_the_breaker_read_from_a_coordinators_history_and_a_reset_with_no_resume
 def _is_resume(event: dict[str, Any]) -> bool:
     accepted = event.get("workflowExecutionUpdateAcceptedEventAttributes", {})
     return bool(accepted.get("acceptedRequest", {}).get("input", {}).get("name") == "resume")
+
+
+def test_what_each_borrow_said_is_read_and_counted_in_the_report() -> None:
+    """A run's borrow_node stages, in the result's own words (the hour's report says why none took)."""
+    whole = recorded("paths/held_incident_ends_not_granted_at_its_bound.json")
+    attributes = whole["events"][-1]["workflowExecutionCompletedEventAttributes"]
+    encoded = attributes["result"]["payloads"][0]
+    result = json.loads(base64.b64decode(encoded["data"]))
+    said = ["nothing to borrow from pool inference: no Ready node in pool inference", "borrowed inf02 from pool a"]
+    at = datetime(2026, 12, 6, tzinfo=UTC)
+    result["stages"] += [
+        StageRecord(stage=Stage.BORROW, started_at=at, outcome=s).model_dump(mode="json") for s in said
+    ]
+    encoded["data"] = base64.b64encode(json.dumps(result).encode()).decode()
+    r = run(whole)
+    assert r.borrows == tuple(said)
+    lines = report.borrowing([r, run(recorded("paths/held_incident_ends_not_granted_at_its_bound.json"))])
+    assert lines[0] == "Borrowing from the inference pool: 2 tries, 1 took a node."
+    assert f"- 1: {said[0]}" in lines
+    assert report.borrowing([]) == ["Borrowing from the inference pool: not tried by a run that completed.", ""]

@@ -6,7 +6,9 @@ minutes with every kind dealt before any comes twice."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -94,3 +96,13 @@ def test_faults_come_every_couple_of_minutes_each_kind_before_any_twice(seed: in
         assert (faults.LASTS_S[0] <= f.lasts_s <= faults.LASTS_S[1]) == (
             f.kind in ("stop_slurmctld", "apiserver_away", "notices_refused", "pause_resume")
         )
+
+
+def test_the_kube_sandbox_outlasts_the_longest_apiserver_outage_the_soak_makes() -> None:
+    """kwok never marks a pod Ready again once the node lifecycle controller marked it NotReady
+    (a kubelet would): an outage past the grace period left the inference pool 0 ready for good,
+    and nothing could be borrowed (issue 37's hour). The sandbox's grace period outlasts them."""
+    script = (Path(__file__).parent.parent / "infra" / "k8s" / "cluster.sh").read_text()
+    found = re.search(r"--node-monitor-grace-period=(\d+)s", script)
+    assert found is not None, "the controller-manager's grace period is not set: the default is 50 s"
+    assert int(found.group(1)) > 2 * faults.LASTS_S[1]

@@ -153,12 +153,16 @@ start() {
       --initial-cluster "sandbox=http://127.0.0.1:$ETCD_PEER" --log-level warn
   fi
   start_apiserver
+  # The node lifecycle controller marks a Node's pods NotReady once its heartbeats are older than
+  # the grace period (an apiserver away a minute: every Node). A kubelet marks them Ready again;
+  # kwok never does, so one outage left the inference Deployment 0 ready for good and nothing
+  # could be borrowed (issue 37's hour). The grace period outlasts the soak's longest outage (90 s).
   if ! pid_alive controller-manager; then
     spawn controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/kcm.kubeconfig" \
       --authentication-kubeconfig="$DIR/kcm.kubeconfig" --authorization-kubeconfig="$DIR/kcm.kubeconfig" \
       --service-account-private-key-file="$DIR/pki/sa.key" --root-ca-file="$DIR/pki/ca.crt" \
       --use-service-account-credentials=false --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 \
-      --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle' --v=1
+      --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle' --node-monitor-grace-period=300s --v=1
   fi
   if ! pid_alive scheduler; then
     spawn scheduler "$BIN/kube-scheduler" --kubeconfig="$DIR/scheduler.kubeconfig" \

@@ -87,6 +87,7 @@ def incident_run(
     status = CLOSES.get(last["eventType"], "RUNNING")
     closed = event_time(last["eventTime"]) if status != "RUNNING" else None
     outcome, node_state, fates, ended_by_it = "", "", {}, frozenset[int]()
+    borrows: tuple[str, ...] = ()
     if status == "COMPLETED":
         result = payload(_attributes(last)["result"]["payloads"][0])
         outcome = str(result.get("outcome", ""))
@@ -94,6 +95,7 @@ def incident_run(
         node_state = state if state in NODE_STATES else ""
         fates = {int(j["job_id"]): str(j["fate"]) for j in result.get("jobs", [])}
         ended_by_it = frozenset(int(j["job_id"]) for j in result.get("jobs", []) if j.get("caused_by_gpuheal"))
+        borrows = tuple(str(s.get("outcome", "")) for s in result.get("stages", []) if s.get("stage") == "borrow_node")
     stage = last_stage(events)
     waiting = WAITS_FOR_A_PERSON.get(stage, "") if status == "RUNNING" else ""
     return Run(
@@ -111,6 +113,7 @@ def incident_run(
         waiting_for=waiting,
         stage=stage,
         bound_s=bound_s,
+        borrows=borrows,
     )
 
 

@@ -83,6 +83,7 @@ class Run:
     waiting_for: str = ""  # open at the end: the person it waits for ("approval"), if any
     stage: str = ""  # its stage as it last said (gpuheal's `Stage` search attribute)
     bound_s: float = 0.0  # the longest it may stay open (the policy's hold and capacity bounds)
+    borrows: tuple[str, ...] = ()  # what each of its borrow_node stages said (COMPLETED runs' results)
 
     chain: str = ""  # the key of its chain's first run (a continue-as-new chain is one incident)
     chain_started: float = 0.0  # when that first run began: the bound counts from there

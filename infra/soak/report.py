@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from infra.soak.invariants import INVARIANTS, Records, Violation
+from infra.soak.records import Run
 
 
 def _t(at: float, begun: float) -> str:
@@ -100,6 +101,7 @@ def markdown(
             if r.closed is None
         ],
         "",
+        *borrowing(records.runs),
         "## Invariants",
         "",
         "| invariant | verdict | violations |",
@@ -159,3 +161,14 @@ def markdown(
             f"({len(took)} jobs)."
         ]
     return "\n".join(lines) + "\n"
+
+
+def borrowing(runs: Sequence[Run]) -> list[str]:
+    """What the incidents that found no spare got from the inference pool, in their own words."""
+    said = [b for r in runs for b in r.borrows]
+    if not said:
+        return ["Borrowing from the inference pool: not tried by a run that completed.", ""]
+    took = sum(1 for b in said if b.startswith("borrowed "))
+    lines = [f"Borrowing from the inference pool: {len(said)} tries, {took} took a node.", ""]
+    lines += [f"- {n}: {b}" for b, n in Counter(said).most_common(10)]
+    return [*lines, ""]
