@@ -140,10 +140,35 @@ def test_a_returned_node_whose_resume_failed_stays_counted() -> None:
     steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
     soon = T0 + timedelta(seconds=reaping.RETURN_LOOK_S)
     gpu01 = reaping.start_left_check(s, soon)
-    coordination.reap(s, [], gpu01, gpu01, soon)
+    out = coordination.reap(s, [], gpu01, gpu01, soon)
     assert "gpu01" in s.left and not ask(s, "gpu02", "r2"), "still drained: counted, and the budget holds"
+    assert [n for n, _, text in out.notes if n == "return_not_seen" and "gpu01" in text], out.notes
+    assert not s.returning, "said once: from here a left node as any other"
     again = soon + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)
     assert reaping.left_check_due(s, soon) == again, "the held incident's checks go on, every 30 s"
+
+
+def test_a_node_being_returned_is_not_contained_by_its_next_incident() -> None:
+    """Between the update and the command's resume, the node's next incident (the same incident
+    id: it is per node) is held by the cooldown; contained then, its drain would find its own
+    reason and take it for its own, and the resume would undo it while the run thinks it drained."""
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
+    assert not ask(s, "gpu01", "r2"), "held: its node is being returned (whatever the cooldown)"
+    req = CapacityRequest(
+        cluster="c",
+        incident_id="gpuheal-c-gpu01",
+        run_id="r2",
+        placement=where("gpu01"),
+        action=ActionClass.REPLACE_NODE,
+    )
+    decision, _ = coordination.contain(s, req, T0)
+    assert not decision.granted and "an operator is returning its node" in decision.reason
+    soon = T0 + timedelta(seconds=reaping.RETURN_LOOK_S)
+    out = coordination.reap(s, [], reaping.start_left_check(s, soon), [], soon)  # Slurm shows it resumed
+    assert [i for i, n in out.signals if n.granted] == ["gpuheal-c-gpu01"], "then decided: a node back in service"
 
 
 def test_coordinators_before_the_marker_freed_a_returned_node_at_once() -> None:

@@ -668,6 +668,13 @@ class Coordinator(RuleBasedStateMachine):
         assert not twice, f"counted twice: {twice}"
 
     @invariant()
+    def a_node_being_returned_is_a_left_node(self) -> None:
+        """(So `returning` never outgrows the books, and a stale entry never refuses a containment.)"""
+        assert set(self.s.returning) <= set(self.s.left), (
+            f"returning, not left: {set(self.s.returning) - set(self.s.left)}"
+        )
+
+    @invariant()
     def each_grant_counts_once_against_the_rate(self) -> None:
         assert len(self.s.remediations) <= len(self.granted_ever), "an incident counted twice against the rate"
 

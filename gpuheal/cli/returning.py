@@ -1,6 +1,6 @@
 """`gpuheal return NODE --operator NAME --reason TEXT`: a node an incident left drained, back in
-service and out of the books at once. Apart from gpuheal.cli.fleet because it talks to Slurm too
-(its client may load aiohttp, which the light commands never do)."""
+service; the coordinator counts it until it sees Slurm show it back. Apart from gpuheal.cli.fleet
+because it talks to Slurm too (its client may load aiohttp, which the light commands never do)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     node = check_node_name(args.node)
     ret = NodeReturn(node=node, operator=args.operator, reason=args.reason)  # validated before anything
     slurm = build_slurm(settings.slurm)
-    before = await slurm.node(node)
+    try:
+        before = await slurm.node(node)
+    except (SlurmError, LookupError, OSError, TimeoutError) as err:
+        print(f"{node}: Slurm did not say how it is ({err}): nothing done", file=sys.stderr)
+        return 1
     incident = ids.incident_id(settings.require_cluster(), node)
     # A replacement's new node kept out (its burn-in gave no verdict) is drained in the name of the
     # incident it was to replace a node for: that drain, and only that kind, is gpuheal's too.
@@ -41,16 +45,19 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
         print(f"{node} failed its GPU validation ({before.reason!r}): it is for the vendor; --force to return it")
         return 1
     code = await _update(settings, FLEET_RETURN_NODE, ret)  # refused (raises) if an open incident has it
+    if not before.drained:
+        return code
     try:
         now = await slurm.node(node)
-        if before.drained and now.drained and now.reason == before.reason:
+        if now.drained and now.reason == before.reason:
             await slurm.update_node(node, "resume")
-    except (SlurmError, OSError, TimeoutError) as err:  # Slurm not answering: the coordinator still counts the node
-        print(f"{node} not resumed: Slurm did not answer ({err}); still counted: run this again", file=sys.stderr)
+            print(f"{node} resumed in Slurm")
+            return code
+    except (SlurmError, LookupError) as err:  # refused, or the node is gone: said as Slurm said it
+        print(f"{node} not resumed: {err}; once Slurm takes it, run this again", file=sys.stderr)
         return 1
-    if before.drained and now.drained and now.reason == before.reason:
-        print(f"{node} resumed in Slurm; counted until the coordinator sees it back (seconds)")
-    elif before.drained:
-        print(f"{node} not resumed: Slurm's drain changed meanwhile ({now.reason!r})", file=sys.stderr)
+    except (OSError, TimeoutError) as err:  # no answer: the resume may or may not have been made
+        print(f"{node}: Slurm did not answer ({err}): `gpuheal status {node}`, and again if drained", file=sys.stderr)
         return 1
-    return code
+    print(f"{node} not resumed: Slurm's drain changed meanwhile ({now.reason!r})", file=sys.stderr)
+    return 1

@@ -17,6 +17,7 @@ from temporalio.service import RPCError
 
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
+from gpuheal.core.fleet import reaping
 from gpuheal.core.fleet.models import CapacityRequest, FleetStatus, Placement
 from gpuheal.core.fleet.policy import BudgetPolicy, EscalationPolicy, FleetPolicy, RepeatPolicy
 from gpuheal.core.messages import FLEET_REQUEST_CAPACITY, FLEET_STATUS, INCIDENT
@@ -504,8 +505,9 @@ async def test_a_node_returned_with_the_printed_command_lets_the_held_incident_g
 ) -> None:
     """Budget one. gpu01's incident is aborted after its drain: it ends with gpu01 drained and
     prints the command to return it. gpu02's XID 79 is held (gpu01 still counts). An operator
-    runs exactly the printed command: Slurm resumes gpu01, the books free it at once, and gpu02
-    goes within seconds, not at the next look for closed runs (300 s)."""
+    runs exactly the printed command: Slurm resumes gpu01, the books free it once a look sees it
+    back (RETURN_LOOK_S after the return), and gpu02 goes within seconds, not at the next look for
+    closed runs (300 s)."""
     settings = with_fleet(
         settings,
         budget=BudgetPolicy(cluster="1", node_cooldown_s=0),
@@ -531,13 +533,17 @@ async def test_a_node_returned_with_the_printed_command_lets_the_held_incident_g
         argv = printed.replace("NAME", "bob").replace("TEXT", "checked").split()[1:]
         returned = await gpuheal(slurm, settings, *argv)
         assert returned.returncode == 0, returned.stderr
-        assert "gpu01 no longer counted" in returned.stdout and "gpu01 resumed in Slurm" in returned.stdout
+        assert "gpu01 counted until Slurm shows it back" in returned.stdout
+        assert "gpu01 resumed in Slurm" in returned.stdout
         assert not slurm.nodes()["gpu01"].drained
 
         async def went() -> bool:
             return bool((await second.query(GpuRemediationWorkflow.status)).awaiting_approval)
 
-        await until(went, "gpu02 granted at once", timeout=20)
+        # (the look 5 s after the return; should the resume land after it, the held incident's next)
+        await until(
+            went, "gpu02 granted within seconds", timeout=reaping.RETURN_LOOK_S + reaping.LEFT_CHECK_EVERY_S + 10
+        )
         fleet = await fleet_status(client, settings)
         assert fleet.left == () and [g.node for g in fleet.out_of_service] == ["gpu02"]
         again = await gpuheal(slurm, settings, *argv)  # gpu02's node is its open incident's, not returnable

@@ -184,6 +184,8 @@ def capacity_decision(
     if last is not None and (now - last).total_seconds() < cooldown:
         ready = last + timedelta(seconds=cooldown)
         return False, f"{req.placement.node} is cooling down after its last remediation (until {ready:%H:%M:%S})"
+    if req.placement.node in state.returning:  # granted now, its drain would be undone by the resume
+        return False, f"{req.placement.node} is being returned by an operator: decided once a look sees it in Slurm"
     if seen is not None:
         recent = seen.recent
     else:

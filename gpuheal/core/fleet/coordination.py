@@ -435,6 +435,9 @@ def contain(
         return CapacityDecision(granted=True, reason="its node is out of service already", already=True), out
     if (req.incident_id, req.run_id) not in index.line(s).runs:
         return CapacityDecision(granted=False, reason="not contained: it is not in line (dismissed, or done)"), out
+    if req.placement.node in s.returning:  # an operator's resume follows: a drain now would be undone
+        why = "not contained: an operator is returning its node (`gpuheal return`), its resume in Slurm to follow"
+        return CapacityDecision(granted=False, reason=why), out
     if req.placement.node in s.left:  # drained still by an earlier run: counted once, as that left node
         why = "its node is drained already (left by an earlier run, counted until back)"
         return CapacityDecision(granted=True, reason=why, already=True), out

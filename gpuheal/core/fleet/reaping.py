@@ -104,9 +104,18 @@ def reap(
     ]
     for n in back:
         s.left.pop(n)
-    s.returning = {n: at for n, at in s.returning.items() if n in s.left}  # back, or taken over
     if back:
         out.append(("left_back_in_service", "info", f"back in service, no longer counted: {_names(back)}"))
+    # Returned by an operator, and Slurm still shows it drained at the look after: its resume failed
+    # (or is late). Said once; from here it is a left node as any other.
+    still = [n for n, g in s.left.items() if n in s.returning and (g.incident_id, g.run_id, n) in answered]
+    if still:
+        text = (
+            f"returned by an operator, still drained in Slurm, still counted: {_names(still)}: its resume failed or "
+            f"is late (`{RETURN_COMMAND.format(node='NODE')}` again once Slurm answers)"
+        )
+        out.append(("return_not_seen", "warning", text))
+    s.returning = {n: at for n, at in s.returning.items() if n in s.left and n not in still}  # back, or taken over
     kept = [
         g
         for book in s.books()
@@ -174,6 +183,7 @@ def rebuild(s: FleetState, found: OpenIncidents, now: datetime, knows_its_own: b
         )
         if o.stage != Stage.HELD:
             s.left.pop(p.node, None)  # counted once: as this grant
+            s.returning.pop(p.node, None)
             s.grants[o.incident_id] = grant  # out of service; it counted against the rate before
             continue
         why = "held when the coordinator was recreated (its line rebuilt from the open incidents)"

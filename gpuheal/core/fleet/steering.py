@@ -78,11 +78,13 @@ def return_node(s: FleetState, r: NodeReturn, now: datetime, keep_counted: bool 
     if gone is None:
         return f"{r.node} was not counted as left drained: nothing to free", Effects()
     s.last_release[r.node] = now
-    text = f"{r.node} (left drained by {gone.incident_id}) returned to service by {r.operator}: {r.reason}"
-    out = Effects(notes=[("node_returned", "info", text)])
     if keep_counted:
         s.returning[r.node] = now
+        text = f"{r.node} (left drained by {gone.incident_id}) being returned to service by {r.operator}: {r.reason}"
+        out = Effects(notes=[("node_returned", "info", f"{text} (counted until Slurm shows it back)")])
         return f"{r.node} counted until Slurm shows it back in service; {len(s.queue)} held", out
+    text = f"{r.node} (left drained by {gone.incident_id}) returned to service by {r.operator}: {r.reason}"
+    out = Effects(notes=[("node_returned", "info", text)])
     s.left.pop(r.node)
     out += serve_queue(s, now)
     return f"{r.node} no longer counted; {len(s.queue)} still held", out

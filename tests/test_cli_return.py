@@ -1,0 +1,110 @@
+"""`gpuheal return` (gpuheal/cli/returning.py): what it does in Slurm and what it tells the
+operator on each path, Slurm's failures included (a resume that fails leaves the node drained,
+and the coordinator counting it: the command must say so, never claim a return it did not make).
+Slurm is a stand-in here for its answers and failures; tests/integration/test_fleet.py runs the
+command against the real daemons."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpuheal.cli import returning
+from gpuheal.clients.slurm import SlurmError
+from gpuheal.core import policy
+from gpuheal.core.models.slurm import NodeInfo
+from gpuheal.core.settings import Settings
+
+MINE = policy.drain_reason("gpuheal-c-gpu01", "XID 79")
+
+
+class Slurm:
+    """Answers `node` with `reason` (None: in service); each of `fail` is raised once, by the call
+    it names ("read1", "read2": the first and second read; "resume")."""
+
+    def __init__(self, reason: str | None, fail: dict[str, BaseException] | None = None) -> None:
+        self.reason, self.fail, self.resumed = reason, dict(fail or {}), 0
+        self.reads = 0
+
+    async def node(self, name: str) -> NodeInfo:
+        self.reads += 1
+        if (err := self.fail.pop(f"read{self.reads}", None)) is not None:
+            raise err
+        if self.reason is None:
+            return NodeInfo(name=name, state="idle")
+        return NodeInfo(name=name, state="drained", flags=("DRAIN",), reason=self.reason)
+
+    async def update_node(self, name: str, state: str, reason: str | None = None) -> None:
+        assert state == "resume"
+        if (err := self.fail.pop("resume", None)) is not None:
+            raise err
+        self.resumed += 1
+        self.reason = None
+
+
+def run(monkeypatch: pytest.MonkeyPatch, slurm: Slurm) -> tuple[int, list[str]]:
+    told: list[str] = []
+
+    async def update(settings: Settings, update: Any, arg: Any) -> int:
+        told.append(arg.node)
+        return 0
+
+    monkeypatch.setattr(returning, "build_slurm", lambda _: slurm)
+    monkeypatch.setattr(returning, "_update", update)
+    args = argparse.Namespace(node="gpu01", operator="olga", reason="checked", force=False)
+    code = asyncio.run(returning.return_node(Settings.from_env({"GPUHEAL_CLUSTER": "c"}), args))
+    return code, told
+
+
+def test_a_node_left_drained_is_told_then_resumed(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm(MINE)
+    assert run(monkeypatch, slurm) == (0, ["gpu01"]) and slurm.resumed == 1
+    assert "gpu01 resumed in Slurm" in capsys.readouterr().out
+
+
+def test_a_resume_slurm_refuses_is_said_and_fails(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm(MINE, {"resume": SlurmError("scontrol update failed (exit 1): Invalid node state")})
+    assert run(monkeypatch, slurm) == (1, ["gpu01"]) and slurm.reason == MINE
+    err = capsys.readouterr().err
+    assert "gpu01 not resumed: scontrol update failed" in err and "run this again" in err
+
+
+def test_slurm_not_answering_after_the_update_is_said_as_unknown(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm(MINE, {"read2": TimeoutError("slurmctld")})
+    assert run(monkeypatch, slurm) == (1, ["gpu01"]) and slurm.resumed == 0
+    assert "Slurm did not answer" in capsys.readouterr().err
+
+
+def test_slurm_not_answering_before_changes_nothing(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm(MINE, {"read1": SlurmError("Unable to contact slurm controller")})
+    assert run(monkeypatch, slurm) == (1, []), "the coordinator is not told, Slurm not touched"
+    assert "nothing done" in capsys.readouterr().err
+
+
+def test_someone_elses_drain_is_refused_before_anything(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm("ops: fan swap")
+    assert run(monkeypatch, slurm) == (1, []) and slurm.resumed == 0
+    assert "drained by someone else" in capsys.readouterr().err
+
+
+def test_a_drain_changed_meanwhile_is_not_resumed(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    slurm = Slurm(MINE)
+    original = slurm.node
+
+    async def changed(name: str) -> NodeInfo:
+        found = await original(name)
+        if slurm.reads == 2:
+            return found.model_copy(update={"reason": "ops: taken for the vendor"})
+        return found
+
+    slurm.node = changed  # type: ignore[method-assign]
+    assert run(monkeypatch, slurm) == (1, ["gpu01"]) and slurm.resumed == 0
+    assert "drain changed meanwhile" in capsys.readouterr().err
+
+
+def test_a_node_in_service_is_only_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = Slurm(None)
+    assert run(monkeypatch, slurm) == (0, ["gpu01"]) and slurm.resumed == 0
