@@ -267,6 +267,19 @@ ROWS: list[tuple[str, list[PastIncident], bool | None, HealthReport, float, tupl
         ("duplicate", "same_failure", "r1"),
     ),
     (
+        # (the restart says untouched, not drained: else its record would hide the aborted one, and the
+        # XID 79 would be news again)
+        "XID 79 aborted (drained) 300 s ago, an XID 31 restart on the node since, XID 79 again",
+        [
+            ABORTED_79.model_copy(update={"closed_at": NOW - timedelta(seconds=300)}),
+            incident(31, A.RESTART_APP, "resolved", S.UNTOUCHED, run="r2"),
+        ],
+        None,
+        report(79),
+        WINDOW,
+        ("duplicate", "same_failure", "r1"),
+    ),
+    (
         "XID 79 aborted 300 s ago, XID 48 repaired and returned since, XID 79 again",
         [
             ABORTED_79.model_copy(update={"closed_at": NOW - timedelta(seconds=300)}),

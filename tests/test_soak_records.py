@@ -141,6 +141,10 @@ def test_a_node_drained_at_the_end_is_held_by_its_incident_or_said_left_drained(
     assert inv.drains_unowned(at_end({"gpu01": reason}), [returned, still]) == []
     assert len(inv.drains_unowned(at_end({"gpu01": reason}), [])) == 1
     assert inv.drains_unowned(at_end({"gpu01": "operator: cable check"}), []) == []  # not gpuheal's
+    # A restart since (the hour's west gpu18) did nothing to the node: the run before answers for it.
+    restarted = run("gpu01", "r2", 60.0, 70.0, outcome="resolved", node_state="untouched")
+    assert inv.drains_unowned(at_end({"gpu01": reason}), [left, restarted]) == []
+    assert len(inv.drains_unowned(at_end({"gpu01": reason}), [returned, restarted])) == 1
 
 
 @pytest.mark.parametrize("release", ["22.05", "26.05"])

@@ -521,8 +521,8 @@ async def test_a_hardware_report_joining_an_application_fault_is_admitted_again_
     ("drained_by", "state", "says"),
     [
         (None, NodeState.IN_SERVICE, "in service (not drained)"),
-        ("mine", NodeState.DRAINED, "still drained by an earlier run of its incident"),
-        ("ops: fan swap", NodeState.LEFT_DRAINED, "drained by someone else ('ops: fan swap')"),
+        ("mine", NodeState.UNTOUCHED, "still drained by an earlier run of its incident"),
+        ("ops: fan swap", NodeState.UNTOUCHED, "drained by someone else ('ops: fan swap')"),
     ],
 )
 async def test_an_application_restart_says_how_slurm_shows_its_node_at_the_close(
@@ -530,7 +530,8 @@ async def test_an_application_restart_says_how_slurm_shows_its_node_at_the_close
 ) -> None:
     """A restart drains nothing; its node's state at the close is read, not assumed: an earlier
     run of its incident (aborted) may have left it drained (issue 37's soak closed one "resolved:
-    in service" on such a node), or someone else drained it."""
+    in service" on such a node), or someone else drained it. Untouched then, not drained: the
+    earlier incident's state stands for the dedupe (dedupe.AS_FOUND)."""
     fake, s = FakeCluster(), settings()
     first = report(13)
     incident = ids.incident_id(first.cluster, first.node)

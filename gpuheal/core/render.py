@@ -263,21 +263,18 @@ NOT_DRAINED = NodeAt(NodeState.IN_SERVICE, "in service (not drained)")
 
 def not_drained_as_read(node: NodeInfo, incident_id: str) -> NodeAt:
     """The node of an action that needed no drain (restart the app), as Slurm shows it at the
-    close: in service, or still drained by an earlier run of this incident (one aborted, or not
-    granted: the person's to return), or by someone else (left as they have it)."""
+    close: in service, or untouched by this run and drained still: by an earlier run of its
+    incident (one aborted, or not granted: the person's to return) or by someone else. UNTOUCHED,
+    not DRAINED: this run did nothing to the node, so the earlier incident's state stands (dedupe)."""
     if not node.drained:
         return NOT_DRAINED
     if is_our_drain(node.reason, incident_id):
         back = RETURN_COMMAND.format(node=node.name)
         return NodeAt(
-            NodeState.DRAINED,
-            f"not drained by this run; still drained by an earlier run of its incident ({node.reason!r});"
-            f" once checked: {back}",
+            NodeState.UNTOUCHED,
+            f"untouched; still drained by an earlier run of its incident ({node.reason!r}); once checked: {back}",
         )
-    return NodeAt(
-        NodeState.LEFT_DRAINED,
-        f"not drained by this run; drained by someone else ({node.reason!r}): left as they have it",
-    )
+    return NodeAt(NodeState.UNTOUCHED, f"untouched; drained by someone else ({node.reason!r}): theirs to resume")
 
 
 def aborted_node_state(node: str, drain: DrainResult | None) -> NodeAt:

@@ -156,7 +156,8 @@ start() {
   # The node lifecycle controller marks a Node's pods NotReady once its heartbeats are older than
   # the grace period (an apiserver away a minute: every Node). A kubelet marks them Ready again;
   # kwok never does, so one outage left the inference Deployment 0 ready for good and nothing
-  # could be borrowed (issue 37's hour). The grace period outlasts the soak's longest outage (90 s).
+  # could be borrowed (issue 37's hour). The grace period outlasts the soak's longest outage (90 s);
+  # so a node lost for good reads NotReady only after 5 minutes here (gpuheal reads Ready only where kwok sets it: a new node, a health check).
   if ! pid_alive controller-manager; then
     spawn controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/kcm.kubeconfig" \
       --authentication-kubeconfig="$DIR/kcm.kubeconfig" --authorization-kubeconfig="$DIR/kcm.kubeconfig" \

@@ -398,7 +398,8 @@ def borrowed_unowned(borrowed: Sequence[tuple[str, str, str]], runs: Sequence[Ru
 
 def drains_unowned(samples: Sequence[NodeSample], runs: Sequence[Run]) -> list[Violation]:
     """At each cluster's last sample, every node drained with its own incident's reason is held
-    by that incident (open then), or by the last run of it, which said it left the node drained.
+    by that incident (open then), or by the last run of it that touched the node, which said it
+    left the node drained.
     Slurm's side of the grants: a drain no incident answers for is capacity gpuheal leaked."""
     found: list[Violation] = []
     for cluster, mine in _by_cluster(samples).items():
@@ -410,7 +411,8 @@ def drains_unowned(samples: Sequence[NodeSample], runs: Sequence[Run]) -> list[V
             its = sorted((r for r in runs if r.cluster == cluster and r.workflow_id == wid), key=lambda r: r.started)
             if any(r.open_at(last.at) for r in its):
                 continue
-            before = [r for r in its if r.closed is not None and r.closed <= last.at]
+            # (a run that did nothing to the node, an application restart on it, answers for nothing)
+            before = [r for r in its if r.closed is not None and r.closed <= last.at and r.node_state != "untouched"]
             if before and before[-1].node_state in OWNED_DRAINED:
                 continue
             said = f"its last run said {before[-1].node_state or '?'}" if before else "no run of its incident"

@@ -122,8 +122,10 @@ class NodeState(StrEnum):
     """Where the failed node stands when its incident closes; the result's node_detail says it in
     words (gpuheal.core.render). Dashboards and tests read the state, people read the detail."""
 
-    UNTOUCHED = "untouched"  # nothing was done to it (ignored, observed, aborted before the drain)
-    IN_SERVICE = "in_service"  # the action needed no drain (restart the app)
+    # Nothing was done to it: ignored, observed, aborted before the drain, or an application restart
+    # on a node drained already (by an earlier run, or someone else: the detail says which).
+    UNTOUCHED = "untouched"
+    IN_SERVICE = "in_service"  # the action needed no drain (restart the app), and Slurm shows it in service
     DRAINED = "drained"  # drained by this incident and left so (aborted, not granted): a person resumes it
     BLOCKED = "blocked"  # drained and cordoned, pods a PodDisruptionBudget protects still on it
     ESCALATED = "escalated"  # its domain incident handles it with the rest of its domain

@@ -239,9 +239,7 @@ async def not_drained(s: IncidentState) -> NodeAt:
     try:
         found = await act_run(act.LOOK_UP_SLURM_NODE, s.ref, summary=f"is {s.ref.node} drained?", attempts=3)
     except ActivityError as err:
-        return NodeAt(
-            NodeState.UNKNOWN, f"not drained by this incident; Slurm did not say how it is ({err.cause or err})"
-        )
+        return NodeAt(NodeState.UNTOUCHED, f"untouched; Slurm did not say how it is ({err.cause or err})")
     return render.not_drained_as_read(found, s.ref.incident_id)
 
 
