@@ -47,10 +47,14 @@ def ask(s: FleetState, node: str, run: str) -> bool:
         seed=s.policy.policy,
     )
     coordination.admit(s, admit, T0)
-    req = CapacityRequest(
-        cluster="c", incident_id=incident, run_id=run, placement=where(node), action=ActionClass.REPLACE_NODE
+    return coordination.request(s, capacity(node, run), T0)[0].granted
+
+
+def capacity(node: str, run: str) -> CapacityRequest:
+    """The request of `node`'s incident run `run` (a replacement)."""
+    return CapacityRequest(
+        cluster="c", incident_id=f"gpuheal-c-{node}", run_id=run, placement=where(node), action=ActionClass.REPLACE_NODE
     )
-    return coordination.request(s, req, T0)[0].granted
 
 
 def counted(s: FleetState) -> list[str]:
@@ -157,13 +161,7 @@ def test_a_node_being_returned_is_not_contained_by_its_next_incident() -> None:
     coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
     steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
     assert not ask(s, "gpu01", "r2"), "held: its node is being returned (whatever the cooldown)"
-    req = CapacityRequest(
-        cluster="c",
-        incident_id="gpuheal-c-gpu01",
-        run_id="r2",
-        placement=where("gpu01"),
-        action=ActionClass.REPLACE_NODE,
-    )
+    req = capacity("gpu01", "r2")
     decision, _ = coordination.contain(s, req, T0)
     assert not decision.granted and "an operator is returning its node" in decision.reason
     soon = T0 + timedelta(seconds=reaping.RETURN_LOOK_S)
@@ -208,12 +206,6 @@ def test_a_held_run_whose_node_an_earlier_run_left_drained_is_contained_counted_
         }
     )
     assert not ask(s, "gpu01", "r2"), "held: the node cools down"
-    req = CapacityRequest(
-        cluster="c",
-        incident_id="gpuheal-c-gpu01",
-        run_id="r2",
-        placement=where("gpu01"),
-        action=ActionClass.REPLACE_NODE,
-    )
+    req = capacity("gpu01", "r2")
     answer, _ = coordination.contain(s, req, T0)
     assert answer.granted and counted(s) == ["gpu01"], "the same node counted as left and as contained"
