@@ -137,7 +137,8 @@ def test_gpuheal_return_keeps_the_node_counted_until_slurm_shows_it_back() -> No
 
 
 def test_a_returned_node_whose_resume_failed_stays_counted() -> None:
-    """The command's resume failed (slurmctld stopped): Slurm still shows it drained by its incident."""
+    """The command's resume failed (slurmctld stopped): Slurm still shows it drained by its incident.
+    The look 5 s after cannot tell a failed resume from a slow one; the one RETURN_GRACE_S after can."""
     s = state(cluster="1")
     assert ask(s, "gpu01", "r1")
     coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
@@ -146,10 +147,26 @@ def test_a_returned_node_whose_resume_failed_stays_counted() -> None:
     gpu01 = reaping.start_left_check(s, soon)
     out = coordination.reap(s, [], gpu01, gpu01, soon)
     assert "gpu01" in s.left and not ask(s, "gpu02", "r2"), "still drained: counted, and the budget holds"
+    assert not out.notes and "gpu01" in s.returning, "the resume may be on its way: still being returned"
+    late = T0 + timedelta(seconds=reaping.RETURN_GRACE_S)
+    assert reaping.left_check_due(s, soon) == min(late, soon + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S))
+    out = coordination.reap(s, [], reaping.start_left_check(s, late), gpu01, late)
     assert [n for n, _, text in out.notes if n == "return_not_seen" and "gpu01" in text], out.notes
-    assert not s.returning, "said once: from here a left node as any other"
-    again = soon + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)
-    assert reaping.left_check_due(s, soon) == again, "the held incident's checks go on, every 30 s"
+    assert "gpu01" in s.left and not s.returning, "said once: from here a left node as any other"
+    again = late + timedelta(seconds=reaping.LEFT_CHECK_EVERY_S)
+    assert reaping.left_check_due(s, late) == again, "the held incident's checks go on, every 30 s"
+
+
+def test_a_look_slurm_did_not_answer_frees_nothing_and_says_nothing() -> None:
+    """(workflows/coordinator/reconcile.py asks nothing of the left nodes when Slurm failed the look)"""
+    s = state(cluster="1")
+    assert ask(s, "gpu01", "r1")
+    coordination.release(s, "gpuheal-c-gpu01", T0, "r1", left_drained=True)
+    steering.return_node(s, NodeReturn(node="gpu01", operator="olga", reason="checked"), T0)
+    late = T0 + timedelta(seconds=reaping.RETURN_GRACE_S)
+    reaping.start_left_check(s, late)
+    out = coordination.reap(s, [], [], [], late)
+    assert not out.notes and "gpu01" in s.left and "gpu01" in s.returning
 
 
 def test_a_node_being_returned_is_not_contained_by_its_next_incident() -> None:

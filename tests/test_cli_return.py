@@ -25,9 +25,10 @@ class Slurm:
     """Answers `node` with `reason` (None: in service); each of `fail` is raised once, by the call
     it names ("read1", "read2": the first and second read; "resume")."""
 
-    def __init__(self, reason: str | None, fail: dict[str, BaseException] | None = None) -> None:
+    def __init__(self, reason: str | None, fail: dict[str, BaseException] | None = None, lands: bool = False) -> None:
         self.reason, self.fail, self.resumed = reason, dict(fail or {}), 0
         self.reads = 0
+        self.lands = lands  # a failed resume that Slurm made all the same (its answer timed out)
 
     async def node(self, name: str) -> NodeInfo:
         self.reads += 1
@@ -40,6 +41,8 @@ class Slurm:
     async def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         assert state == "resume"
         if (err := self.fail.pop("resume", None)) is not None:
+            if self.lands:
+                self.reason = None
             raise err
         self.resumed += 1
         self.reason = None
@@ -72,8 +75,17 @@ def test_a_resume_slurm_refuses_is_said_and_fails(monkeypatch: pytest.MonkeyPatc
     assert "gpu01 not resumed: scontrol update failed" in err and "run this again" in err
 
 
+def test_a_resume_whose_answer_timed_out_is_read_again(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """The clients raise their timeouts as SlurmErrors; Slurm may have made the resume all the same."""
+    timed_out = SlurmError("scontrol update nodename=gpu01 state=resume timed out after 20 s")
+    slurm = Slurm(MINE, {"resume": timed_out}, lands=True)
+    assert run(monkeypatch, slurm) == (0, ["gpu01"])
+    assert "gpu01 resumed in Slurm (its answer was lost" in capsys.readouterr().out
+
+
 def test_slurm_not_answering_after_the_update_is_said_as_unknown(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    slurm = Slurm(MINE, {"read2": TimeoutError("slurmctld")})
+    timed_out = SlurmError("sinfo timed out after 20 s")
+    slurm = Slurm(MINE, {"read2": timed_out, "read3": timed_out})
     assert run(monkeypatch, slurm) == (1, ["gpu01"]) and slurm.resumed == 0
     assert "Slurm did not answer" in capsys.readouterr().err
 

@@ -98,6 +98,11 @@ class Coordinator(RuleBasedStateMachine):
         self.foreign: set[str] = set()  # drained by someone else (their reason): not gpuheal's
         self.look_on_way: tuple[list[RunRef], list[RunRef] | None, list[RunRef]] | None = None
         self.resumed = False
+        # `gpuheal return`s told the coordinator whose command has not resumed yet: node -> (when,
+        # whether its resume will land, the drain it read before). The command ends within
+        # reaping.RETURN_GRACE_S (its two Slurm calls' timeouts): time passes no further meanwhile.
+        self.resuming: dict[str, tuple[datetime, bool, str]] = {}
+        self.told: set[str] = set()  # of those, the ones this coordinator (not a recreated one) was told
         self.granted_ever: set[tuple[str, str]] = set()  # incident runs
         self.recreated = False
         self.looks_again = False  # a recreated coordinator that found nothing looks again
@@ -131,6 +136,8 @@ class Coordinator(RuleBasedStateMachine):
         self.step(ask)
         decision = answer[0][0]  # type: ignore[index]
         assert (decision.contained is not None) == (contain and not decision.granted)
+        if decision.granted or decision.contained:
+            assert not self.being_returned(node), f"{node} given while its return's resume is on its way"
         if decision.already and decision.granted:
             assert self.s.grants[incident].run_id == run, "granted already by an earlier run's grant"
 
@@ -272,7 +279,10 @@ class Coordinator(RuleBasedStateMachine):
     def a_held_incident_asks_to_contain_its_node(self, data: st.DataObject) -> None:
         held = [h.node for h in self.s.queue if self.live.get(h.node) == (h.incident_id, h.run_id)]
         node = data.draw(st.sampled_from(held))
-        self.step(lambda: coordination.contain(self.s, self.capacity(node), self.now))
+        answer: list[bool] = []
+        self.step(lambda: answer.append(coordination.contain(self.s, self.capacity(node), self.now)[0].granted))
+        if answer[0]:  # (an answer "drained already" records nothing: its drain would adopt the left one)
+            assert not self.being_returned(node), f"{node} contained while its return's resume is on its way"
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -301,8 +311,29 @@ class Coordinator(RuleBasedStateMachine):
         if steering.holder_of(self.s, node) is not None:
             return  # refused (the update's validator): an open incident holds it
         self.step(lambda: steering.return_node(self.s, NodeReturn(node=node, operator="olga", reason="ok"), self.now))
-        if data.draw(st.booleans(), label="the resume in Slurm succeeds"):
-            self.slurm.pop(node, None)
+        if node in self.slurm:
+            lands = data.draw(st.booleans(), label="the resume in Slurm succeeds")
+            self.resuming[node] = (self.now, lands, self.slurm[node])
+            self.told.add(node)
+
+    @precondition(lambda self: bool(self.resuming))
+    @rule(data=st.data())
+    def the_command_resumes_the_node_it_returned(self, data: st.DataObject) -> None:
+        """Its resume (or its failure), whatever happened since: it resumes only the drain it read."""
+        node = data.draw(st.sampled_from(sorted(self.resuming)))
+        self.command_ends(node)
+
+    def command_ends(self, node: str) -> None:
+        _, lands, read = self.resuming.pop(node)
+        self.told.discard(node)
+        if lands and self.slurm.get(node) == read:
+            self.slurm.pop(node)
+
+    def commands_end_before(self, end: datetime) -> None:
+        """Every return whose command would still run at `end`, past its grace, ends first."""
+        grace = timedelta(seconds=reaping.RETURN_GRACE_S)
+        for node in [n for n, (at, _, _) in self.resuming.items() if at + grace <= end]:
+            self.command_ends(node)
 
     @precondition(lambda self: bool(self.slurm or self.foreign))
     @rule(data=st.data())
@@ -438,9 +469,11 @@ class Coordinator(RuleBasedStateMachine):
             if incident in dismissed:
                 self.close(node, returned=False)
 
-    @rule(cluster=BUDGETS, pool=BUDGETS)
-    def the_policy_changes(self, cluster: str, pool: str) -> None:
-        budget = self.s.policy.policy.budget.model_copy(update={"cluster": cluster, "per_pool": pool})
+    @rule(cluster=BUDGETS, pool=BUDGETS, cooldown=st.sampled_from([0, 300]))
+    def the_policy_changes(self, cluster: str, pool: str, cooldown: int = 300) -> None:
+        """(No cooldown too: then nothing but the return holds a returned node's next incident.)"""
+        update = {"cluster": cluster, "per_pool": pool, "node_cooldown_s": cooldown}
+        budget = self.s.policy.policy.budget.model_copy(update=update)
         new = self.s.policy.policy.model_copy(update={"budget": budget})
         self.step(lambda: steering.set_policy(self.s, new, "carol", "tune", self.now))
 
@@ -461,6 +494,7 @@ class Coordinator(RuleBasedStateMachine):
         """The coordinator's loop: at each wake time on the way, it serves its line, or looks for
         closed runs (and gives back what they held)."""
         end = self.now + timedelta(seconds=seconds)
+        self.commands_end_before(end)
         while True:
             serve = coordination.next_wake(self.s, self.now)
             reap = reaping.reap_due(self.s, self.now) if self.look_on_way is None else None
@@ -481,6 +515,7 @@ class Coordinator(RuleBasedStateMachine):
     def time_passes_while_the_loop_is_away(self, seconds: int, then: str) -> None:
         """The loop is away (sending notices, continuing as new) past its wake times; what comes
         first after is an incident asking (admit and request), or the loop back at its wait."""
+        self.commands_end_before(self.now + timedelta(seconds=seconds))
         self.now += timedelta(seconds=seconds)
         if then != "loop" and then not in self.live:
             self.an_incident_asks(then)  # its admit and request serve what time freed
@@ -514,6 +549,7 @@ class Coordinator(RuleBasedStateMachine):
         them; the earlier run's close may not show yet, nor a held incident that just started:
         it asks again later) and from gpuheal's drains that Slurm shows."""
         self.look_on_way = None  # the terminated run's look went with it
+        self.told.clear()  # (the returns on their way: unknown to the fresh one)
         live = set(self.live.values())
         seen = {run for run in sorted(live) if data.draw(st.booleans(), label=f"visible {run}")}
         before = {(r.incident_id, r.run_id) for r in reaping.holders(self.s)} & live
@@ -666,6 +702,18 @@ class Coordinator(RuleBasedStateMachine):
         books = [g.node for b in self.s.books() for g in b.values()] + list(self.s.left)
         twice = {n for n in books if books.count(n) > 1}
         assert not twice, f"counted twice: {twice}"
+
+    def being_returned(self, node: str) -> bool:
+        """An operator's command will resume it, and the coordinator knows (a recreated one does
+        not: its tripped breaker holds everything instead)."""
+        return node in self.told
+
+    @invariant()
+    def no_live_run_is_given_a_node_its_return_will_resume(self) -> None:
+        live = set(self.live.values())
+        for book in (self.s.grants, self.s.containing):
+            for g in book.values():
+                assert not ((g.incident_id, g.run_id) in live and self.being_returned(g.node)), g
 
     @invariant()
     def a_node_being_returned_is_a_left_node(self) -> None:

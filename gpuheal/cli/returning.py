@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from gpuheal.cli.fleet import _update
-from gpuheal.clients.slurm import SlurmError, build_slurm
+from gpuheal.clients.slurm import SlurmBackend, SlurmError, build_slurm
 from gpuheal.core import ids, policy
 from gpuheal.core.fleet.models import NodeReturn
 from gpuheal.core.messages import FLEET_RETURN_NODE
@@ -53,11 +53,28 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
             await slurm.update_node(node, "resume")
             print(f"{node} resumed in Slurm")
             return code
-    except (SlurmError, LookupError) as err:  # refused, or the node is gone: said as Slurm said it
-        print(f"{node} not resumed: {err}; once Slurm takes it, run this again", file=sys.stderr)
-        return 1
-    except (OSError, TimeoutError) as err:  # no answer: the resume may or may not have been made
-        print(f"{node}: Slurm did not answer ({err}): `gpuheal status {node}`, and again if drained", file=sys.stderr)
-        return 1
+    except (SlurmError, LookupError, OSError, TimeoutError) as err:
+        # Refused, gone, or no answer in time (the clients' timeouts are SlurmErrors): what Slurm
+        # shows now says which; the resume may have landed though its answer did not.
+        return await _say_after_failure(slurm, node, err)
     print(f"{node} not resumed: Slurm's drain changed meanwhile ({now.reason!r})", file=sys.stderr)
+    return 1
+
+
+async def _say_after_failure(slurm: SlurmBackend, node: str, err: BaseException) -> int:
+    try:
+        after = await slurm.node(node)
+    except (SlurmError, LookupError, OSError, TimeoutError) as again:
+        print(
+            f"{node}: Slurm did not answer ({err}; {again}): `gpuheal status {node}`, and again if drained",
+            file=sys.stderr,
+        )
+        return 1
+    if not after.drained:
+        print(f"{node} resumed in Slurm (its answer was lost: {err})")
+        return 0
+    print(
+        f"{node} not resumed: {err}; still drained ({after.reason!r}): run this again once Slurm takes it",
+        file=sys.stderr,
+    )
     return 1

@@ -483,7 +483,7 @@ class FleetCoordinator:
     def return_node(self, r: NodeReturn) -> str:
         """An operator returns a node an incident left drained (`gpuheal return`): counted until
         Slurm shows it back (before RETURN_KEEPS_COUNT: freed at once)."""
-        keep = workflow.patched(RETURN_KEEPS_COUNT)
+        keep = workflow.patched(BOOKS) and workflow.patched(RETURN_KEEPS_COUNT)  # (its looks come with BOOKS)
         answer, out = steering.return_node(self._s, r, workflow.now(), keep_counted=keep)
         self._c.apply(out)
         return answer

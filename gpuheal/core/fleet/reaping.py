@@ -106,13 +106,22 @@ def reap(
         s.left.pop(n)
     if back:
         out.append(("left_back_in_service", "info", f"back in service, no longer counted: {_names(back)}"))
-    # Returned by an operator, and Slurm still shows it drained at the look after: its resume failed
-    # (or is late). Said once; from here it is a left node as any other.
-    still = [n for n, g in s.left.items() if n in s.returning and (g.incident_id, g.run_id, n) in answered]
+    # Returned by an operator, and Slurm still shows it drained at a look begun RETURN_GRACE_S or more
+    # after: its resume failed. Said once; from here it is a left node as any other. (A look begun
+    # sooner may have read Slurm before the command's resume: the node stays `returning`.)
+    started = look_started(s)
+    still = [
+        n
+        for n, g in s.left.items()
+        if n in s.returning
+        and (g.incident_id, g.run_id, n) in answered
+        and started is not None
+        and started >= s.returning[n] + timedelta(seconds=RETURN_GRACE_S)
+    ]
     if still:
         text = (
-            f"returned by an operator, still drained in Slurm, still counted: {_names(still)}: its resume failed or "
-            f"is late (`{RETURN_COMMAND.format(node='NODE')}` again once Slurm answers)"
+            f"returned by an operator, still drained in Slurm {RETURN_GRACE_S:g} s later, still counted: "
+            f"{_names(still)}: its resume failed (`{RETURN_COMMAND.format(node='NODE')}` again once Slurm answers)"
         )
         out.append(("return_not_seen", "warning", text))
     s.returning = {n: at for n, at in s.returning.items() if n in s.left and n not in still}  # back, or taken over
@@ -229,15 +238,32 @@ LEFT_CHECK_EVERY_S = 30.0
 # A node an operator returned (steering.return_node) is asked about this long after: the command
 # resumes it in Slurm once the coordinator has answered, about a second later.
 RETURN_LOOK_S = 5.0
+# The longest the command takes from the coordinator's answer to its resume (a read and a resume,
+# each within the Slurm client's 20 s, and margin): until a look begun this long after the return
+# finds it still drained, the node is `returning` (nothing else is granted or contains it).
+RETURN_GRACE_S = 60.0
+
+
+def look_started(s: FleetState) -> datetime | None:
+    """When the look now ending began (or the last one): looks never overlap, and each records its
+    start (start_reap, start_left_check)."""
+    return max((t for t in (s.reaped_at, s.left_checked_at) if t is not None), default=None)
 
 
 def left_check_due(s: FleetState, now: datetime) -> datetime | None:
     """When to ask Slurm about the nodes left drained: RETURN_LOOK_S after an operator returned
-    one (not asked since), and every LEFT_CHECK_EVERY_S for an incident held while nodes are
-    left; None when neither (nor while the breaker is tripped: a freed slot would grant nothing)."""
-    last = s.left_checked_at
-    returned = [t for n, t in s.returning.items() if n in s.left and (last is None or t >= last)]
-    due = [min(returned) + timedelta(seconds=RETURN_LOOK_S)] if returned else []
+    one, and RETURN_GRACE_S after should it still show drained then; every LEFT_CHECK_EVERY_S for
+    an incident held while nodes are left; None when none is due (while the breaker is tripped a
+    freed slot would grant nothing: only the returns are asked about)."""
+    last, started = s.left_checked_at, look_started(s)
+    due = []
+    for n, t in s.returning.items():
+        if n not in s.left:
+            continue
+        if started is None or started <= t:
+            due.append(t + timedelta(seconds=RETURN_LOOK_S))
+        elif started < t + timedelta(seconds=RETURN_GRACE_S):
+            due.append(t + timedelta(seconds=RETURN_GRACE_S))
     if s.queue and s.left and not s.breaker.tripped:
         due.append(last + timedelta(seconds=LEFT_CHECK_EVERY_S) if last is not None else now)
     return min(due, default=None)

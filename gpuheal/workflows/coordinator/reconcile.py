@@ -217,15 +217,18 @@ def reap(c: CoordinatorState, runs: list[RunRef], closed_runs: bool = True) -> N
             ended = [r for r in closed.runs if r in domains]
             closed = RunRefs(runs=tuple(r for r in closed.runs if r not in domains))
             # The left nodes as they are now, after the first look: those left since are asked too.
-            check = RunRefs(runs=(*closed.runs, *reaping.left_refs(c.fleet)))
+            check = asked = RunRefs(runs=(*closed.runs, *reaping.left_refs(c.fleet)))
             try:
                 drained = check
                 if check.runs:
                     drained = await _in_pages(c, act.FIND_NODES_LEFT_DRAINED, list(check.runs), "still drained?")
             except ActivityError:  # Slurm not answering: every node counts as still drained
                 drained = check
+                # ...and the left nodes as not asked (no answer is no "still drained": a returned
+                # node's resume may have landed); before RETURN_KEEPS_COUNT nothing read the difference
+                asked = RunRefs(runs=closed.runs)
             if books:
-                c.apply(coordination.reap(c.fleet, closed.runs, check.runs, drained.runs, workflow.now()))
+                c.apply(coordination.reap(c.fleet, closed.runs, asked.runs, drained.runs, workflow.now()))
                 c.apply(domain_reaping.reap_domains(c.fleet, ended, workflow.now()))
                 c.apply(domain_reaping.release_overdue(c.fleet, workflow.now()))
             else:  # before BOOKS: every left node not shown drained was dropped, even one left meanwhile
