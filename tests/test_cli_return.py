@@ -48,8 +48,13 @@ class Slurm:
         self.reason = None
 
 
-def run(monkeypatch: pytest.MonkeyPatch, slurm: Slurm) -> tuple[int, list[str]]:
+def run(monkeypatch: pytest.MonkeyPatch, slurm: Slurm, incident_stage: str | None = None) -> tuple[int, list[str]]:
+    """The command against `slurm`; the node's incident open at `incident_stage` (None: closed)."""
     told: list[str] = []
+
+    async def stage(settings: Settings, incident: str) -> str | None:
+        assert incident == "gpuheal-c-gpu01"
+        return incident_stage
 
     async def update(settings: Settings, update: Any, arg: Any) -> int:
         told.append(arg.node)
@@ -57,6 +62,7 @@ def run(monkeypatch: pytest.MonkeyPatch, slurm: Slurm) -> tuple[int, list[str]]:
 
     monkeypatch.setattr(returning, "build_slurm", lambda _: slurm)
     monkeypatch.setattr(returning, "_update", update)
+    monkeypatch.setattr(returning, "_open", stage)
     args = argparse.Namespace(node="gpu01", operator="olga", reason="checked", force=False)
     code = asyncio.run(returning.return_node(Settings.from_env({"GPUHEAL_CLUSTER": "c"}), args))
     return code, told
@@ -120,3 +126,13 @@ def test_a_drain_changed_meanwhile_is_not_resumed(monkeypatch: pytest.MonkeyPatc
 def test_a_node_in_service_is_only_told(monkeypatch: pytest.MonkeyPatch) -> None:
     slurm = Slurm(None)
     assert run(monkeypatch, slurm) == (0, ["gpu01"]) and slurm.resumed == 0
+
+
+def test_a_node_whose_incident_is_open_is_refused_whatever_the_books(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A recreated coordinator's books may count an open incident's node as left (issue 37's hour
+    returned two): the incident itself, read from Temporal, says it holds the node."""
+    slurm = Slurm(MINE)
+    assert run(monkeypatch, slurm, incident_stage="awaiting_capacity") == (1, []) and slurm.resumed == 0
+    assert "its incident gpuheal-c-gpu01 is open (awaiting_capacity)" in capsys.readouterr().err

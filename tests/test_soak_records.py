@@ -90,8 +90,12 @@ def test_a_chain_of_runs_is_one_incident_for_its_requeues_and_its_bound() -> Non
     ]
     assert [v.detail for v in inv.endings(chain, end=300.0)] == ["open 140 s, past its 100 s"]
     placed = LogEvent(0.0, C, "allocate", node="gpu01", job=7)
-    again = [placed, LogEvent(10.0, C, "requeue", job=7), placed, LogEvent(60.0, C, "requeue", job=7)]
+    again = [placed, LogEvent(10.0, C, "requeue", job=7), LogEvent(60.0, C, "requeue", job=7)]
     assert [v.subject.split("/")[1] for v in inv.requeued_twice(again, chain)] == ["r2"]
+    # Back on the node between (an application restart's requeue), a later failure's run requeues
+    # a new stay: not twice (the hour's east gpu17).
+    back = [placed, LogEvent(10.0, C, "requeue", job=7), LogEvent(20.0, C, "allocate", node="gpu01", job=7)]
+    assert inv.requeued_twice([*back, LogEvent(60.0, C, "requeue", job=7)], chain) == []
     apart = [placed, LogEvent(10.0, C, "requeue", job=7), placed, LogEvent(205.0, C, "requeue", job=7)]
     assert inv.requeued_twice(apart, chain) == []  # one requeue in each of two incidents
 

@@ -122,6 +122,24 @@ async def find_closed_runs(refs: RunRefs) -> RunRefs:
     return RunRefs(runs=tuple(r for r, gone in zip(refs.runs, found, strict=True) if gone))
 
 
+async def first_run_id(client: Any, wf: Any, asking: asyncio.Semaphore) -> str:
+    """The first run of an open incident's continue-as-new chain: the run its grant is keyed by
+    (the incident asks with workflow.info().first_execution_run_id). Visibility gives it on some
+    servers only (the Temporal cluster on PostgreSQL leaves it empty): else it is described.
+    Keyed by a later run, the next look took the chain for closed and reaped its grant, and a
+    person could return a node its incident still held (issue 37's hour, after a coordinator was
+    terminated). Not answering: its current run (as before), the look asks again."""
+    if wf.raw_info.first_run_id:
+        return str(wf.raw_info.first_run_id)
+    try:
+        async with asking:
+            described = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+    except RPCError as err:
+        activity.logger.warning("%s could not be described (%s): keyed by its current run", wf.id, err)
+        return str(wf.run_id)
+    return str(described.raw_description.workflow_execution_info.first_run_id or wf.run_id)
+
+
 class FleetActivities:
     def __init__(
         self,
@@ -389,7 +407,7 @@ class FleetActivities:
                 activity.logger.warning("%s did not answer its status (%s): counted as visibility shows it", wf.id, err)
             return OpenIncident(
                 incident_id=wf.id,
-                run_id=wf.raw_info.first_run_id or wf.run_id,
+                run_id=await first_run_id(client, wf, asking),
                 placement=await self._placement(node),
                 stage=Stage(stage),
                 contained=contained,

@@ -7,12 +7,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
 from gpuheal.cli.fleet import _update
 from gpuheal.clients.slurm import SlurmBackend, SlurmError, build_slurm
+from gpuheal.clients.temporal import connect
 from gpuheal.core import ids, policy
 from gpuheal.core.fleet.models import NodeReturn
-from gpuheal.core.messages import FLEET_RETURN_NODE
+from gpuheal.core.messages import FLEET_RETURN_NODE, INCIDENT
 from gpuheal.core.models.base import check_node_name
+from gpuheal.core.search_attributes import STAGE
 from gpuheal.core.settings import Settings
 
 
@@ -44,6 +49,12 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     if before.drained and policy.failed_validation_detail(before.reason, incident) is not None and not args.force:
         print(f"{node} failed its GPU validation ({before.reason!r}): it is for the vendor; --force to return it")
         return 1
+    if (stage := await _open(settings, incident)) is not None:  # read from Temporal, not the books
+        print(
+            f"{node}: its incident {incident} is open ({stage}): abort or finish it, not return its node",
+            file=sys.stderr,
+        )
+        return 1
     code = await _update(settings, FLEET_RETURN_NODE, ret)  # refused (raises) if an open incident has it
     if not before.drained:
         return code
@@ -59,6 +70,21 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
         return await _say_after_failure(slurm, node, err)
     print(f"{node} not resumed: Slurm's drain changed meanwhile ({now.reason!r})", file=sys.stderr)
     return 1
+
+
+async def _open(settings: Settings, incident: str) -> str | None:
+    """The stage of `incident` if it is running, else None. The coordinator's books may lag the
+    incidents (a recreated one rebuilds from visibility): a node whose incident is open is that
+    incident's to give back, whatever the books say (issue 37's hour returned two such nodes)."""
+    try:
+        described = await INCIDENT.handle(await connect(settings.temporal), incident).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    if described.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    return described.typed_search_attributes.get(STAGE) or "running"
 
 
 async def _say_after_failure(slurm: SlurmBackend, node: str, err: BaseException) -> int:

@@ -141,16 +141,21 @@ def cordoned_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viol
 
 
 def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Violation]:
-    """A job requeued more than once while one incident of its node was open (a continue-as-new
-    chain of runs is one incident). The log does not say who asked for a requeue: one during an
+    """A job requeued more than once from a node while one incident of that node was open (a
+    continue-as-new chain of runs is one incident), without starting on that node again between:
+    the second requeue then acted on what the first had done. (A job the first requeue put back on
+    the same node, an application restart's, that a later failure's run requeues again is a new
+    stay: issue 37's hour, east gpu17.) The log does not say who asked for a requeue: one during an
     incident of the job's node counts as gpuheal's (the soak stops no slurmd, so Slurm requeues
     nothing on its own there)."""
     found: list[Violation] = []
     on: dict[tuple[str, int], str] = {}  # (cluster, job) -> the node it last started on
-    seen: set[tuple[str, str, int]] = set()  # (cluster, incident, job)
+    seen: dict[tuple[str, str, int], str] = {}  # (cluster, incident, job) -> the node it was requeued from
     for e in events:
         if e.kind == "allocate":
             on[(e.cluster, e.job)] = e.node
+            for key in [k for k, node in seen.items() if k[0] == e.cluster and k[2] == e.job and node == e.node]:
+                del seen[key]  # started there again: a requeue from there is of a new stay
         elif e.kind == "requeue" and (node := on.get((e.cluster, e.job))):
             run = run_at(runs, e.cluster, node, e.at)
             if run is None:
@@ -158,7 +163,7 @@ def requeued_twice(events: Sequence[LogEvent], runs: Sequence[Run]) -> list[Viol
             key = (e.cluster, run.incident, e.job)
             if key in seen:
                 found.append(Violation(TWICE, e.cluster, e.at, run.key, f"job {e.job} requeued again from {node}"))
-            seen.add(key)
+            seen[key] = node
     return found
 
 

@@ -549,7 +549,7 @@ async def test_a_node_returned_with_the_printed_command_lets_the_held_incident_g
         again = await gpuheal(slurm, settings, *argv)  # gpu02's node is its open incident's, not returnable
         assert again.returncode == 0 and "was not counted as left drained" in again.stdout
         refused = await gpuheal(slurm, settings, "return", "gpu02", "--operator", "bob", "--reason", "oops")
-        assert refused.returncode != 0 and "held by open incident" in refused.stderr
+        assert refused.returncode != 0 and "its incident gpuheal-" in refused.stderr and "is open" in refused.stderr
         assert slurm.nodes()["gpu02"].drained, "an open incident's node was resumed"
         await gpuheal(slurm, settings, "abort", "gpu02", "--operator", "bob", "--reason", "test over")
         await asyncio.wait_for(second.result(), 60)
