@@ -20,6 +20,10 @@ from gpuheal.core.models.base import check_node_name
 from gpuheal.core.search_attributes import STAGE
 from gpuheal.core.settings import Settings
 
+# What a Slurm call may raise when Slurm refuses, does not know the node, or does not answer (the
+# clients' own timeouts are SlurmErrors; a command that cannot be started is an OSError).
+SLURM_FAILED = (SlurmError, LookupError, OSError, TimeoutError)
+
 
 async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     """Return a node an incident left drained (it printed this command): tell the coordinator,
@@ -34,7 +38,7 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
     slurm = build_slurm(settings.slurm)
     try:
         before = await slurm.node(node)
-    except (SlurmError, LookupError, OSError, TimeoutError) as err:
+    except SLURM_FAILED as err:
         print(f"{node}: Slurm did not say how it is ({err}): nothing done", file=sys.stderr)
         return 1
     incident = ids.incident_id(settings.require_cluster(), node)
@@ -64,7 +68,7 @@ async def return_node(settings: Settings, args: argparse.Namespace) -> int:
             await slurm.update_node(node, "resume")
             print(f"{node} resumed in Slurm")
             return code
-    except (SlurmError, LookupError, OSError, TimeoutError) as err:
+    except SLURM_FAILED as err:
         # Refused, gone, or no answer in time (the clients' timeouts are SlurmErrors): what Slurm
         # shows now says which; the resume may have landed though its answer did not.
         return await _say_after_failure(slurm, node, err)
@@ -90,7 +94,7 @@ async def _open(settings: Settings, incident: str) -> str | None:
 async def _say_after_failure(slurm: SlurmBackend, node: str, err: BaseException) -> int:
     try:
         after = await slurm.node(node)
-    except (SlurmError, LookupError, OSError, TimeoutError) as again:
+    except SLURM_FAILED as again:
         print(
             f"{node}: Slurm did not answer ({err}; {again}): `gpuheal status {node}`, and again if drained",
             file=sys.stderr,

@@ -277,6 +277,11 @@ def not_drained_as_read(node: NodeInfo, incident_id: str) -> NodeAt:
     return NodeAt(NodeState.UNTOUCHED, f"untouched; drained by someone else ({node.reason!r}): theirs to resume")
 
 
+def not_drained_unread(why: str) -> NodeAt:
+    """The node of an action that needed no drain, when Slurm did not answer at the close."""
+    return NodeAt(NodeState.UNTOUCHED, f"untouched; Slurm did not say how it is ({why})")
+
+
 def aborted_node_state(node: str, drain: DrainResult | None) -> NodeAt:
     if drain is None or not drain.drained_by_us:
         return UNTOUCHED

@@ -19,7 +19,7 @@ from gpuheal.workflows.incident.timeline import set_action
 with workflow.unsafe.imports_passed_through():
     from gpuheal.activities import interface as act
     from gpuheal.core import policy, render
-    from gpuheal.core.models.base import ActionClass, NodeAt, NodeState
+    from gpuheal.core.models.base import ActionClass, NodeAt
     from gpuheal.core.models.incident import KubernetesPolicy
     from gpuheal.core.models.kubernetes import (
         CordonRequest,
@@ -239,7 +239,7 @@ async def not_drained(s: IncidentState) -> NodeAt:
     try:
         found = await act_run(act.LOOK_UP_SLURM_NODE, s.ref, summary=f"is {s.ref.node} drained?", attempts=3)
     except ActivityError as err:
-        return NodeAt(NodeState.UNTOUCHED, f"untouched; Slurm did not say how it is ({err.cause or err})")
+        return render.not_drained_unread(str(err.cause or err))
     return render.not_drained_as_read(found, s.ref.incident_id)
 
 
