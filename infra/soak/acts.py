@@ -29,14 +29,17 @@ from gpuheal.core.messages import FLEET_VIEW, INCIDENT
 from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox.processes import BIN
 from infra.soak import faults as faulting
-from infra.soak.load import Failure
+from infra.soak.load import HARDWARE_KINDS, Failure
 from infra.soak.world import POLICY, World, slurmctld_pid
 
 OPERATOR = "soak-operator"
 ROUND_S = 15.0  # the operator looks at each cluster this often
 TRIPPED_FOR_S = 120.0  # and resumes a breaker tripped this long (after a look at why)
-ABORT_SHARE = 0.25  # of the incidents waiting for approval, it aborts about this share
-HARDWARE_KINDS = frozenset({"hardware", "repeat", "rack"})
+ABORTS_EVERY = 4  # of the incidents waiting for approval it aborts the first, then one in this many
+# A node whose incident the operator aborted (left drained, not replaced) fails again this soon,
+# on another GPU, once per node: a new incident on a node gpuheal already drained, which must read
+# the node and not drain it again (infra/soak/breaks/double-drain.patch is caught by it).
+RELAPSE_AFTER_S = 5.0
 FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
 AGAIN = frozenset({"duplicate", "resend"})
 KILL_WAIT_S = 30.0  # a worker is killed while it runs an activity, if one starts within this
@@ -48,6 +51,9 @@ class Acts:
         self.rng = random.Random(seed ^ 0x5EED)
         self.path = world.root / "acts.jsonl"
         self.sent_to: dict[tuple[str, str, float], str] = {}  # (cluster, slot, first sent) -> the node
+        self.approvals = 0  # incidents the operator has decided on, for ABORTS_EVERY
+        self.relapsed: set[tuple[str, str]] = set()  # (cluster, node) failed again after an abort
+        self.gpus_sent: dict[tuple[str, str], set[int]] = {}  # (cluster, node) -> GPUs reported failed
 
     def record(self, kind: str, **fields: Any) -> None:
         with self.path.open("a") as f:
@@ -85,9 +91,19 @@ class Acts:
             starts_at=datetime.fromtimestamp(self.begun + f.first_s, UTC),
         )
         status = post(c.webhook_url, c.sb.webhook_token, payload)
+        self.gpus_sent.setdefault((f.cluster, node), set()).add(f.gpu)
         self.record(
             "failure", cluster=f.cluster, node=node, slot=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status
         )
+
+    async def relapse(self, cluster: str, node: str) -> None:
+        """The aborted incident's node fails again, on another GPU (a new failure, not a re-send),
+        before the operator has returned it."""
+        await asyncio.sleep(RELAPSE_AFTER_S)
+        now = time.time() - self.begun
+        sent = self.gpus_sent.get((cluster, node), set())
+        gpu = min(set(range(8)) - sent, default=7)  # not one reported before: a duplicate it is not
+        await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, 79, "relapse", now))
 
     def in_service(self, cluster: str, slot: str) -> str:
         """The node now in the place the load names: one the fleet replaced is followed to its
@@ -227,7 +243,8 @@ class Acts:
 
     async def operate(self, until: float) -> None:
         """Rounds until `until` (epoch): a breaker tripped for a while is resumed; what waits for
-        approval approved (or, about one in four, aborted); a left node returned."""
+        approval approved (or, the first and one in four after it, aborted, its node then failing
+        again); a left node returned."""
         while time.time() < until:
             for name in self.world.clusters:
                 try:
@@ -253,11 +270,15 @@ class Acts:
             self.record("operator", cluster=cluster, act="resume", rc=done.returncode)
         async for w in self.client.list_workflows(open_incidents(cluster, queries.eq(sa.STAGE, "approval"))):
             node = w.id[len(ids.incident_prefix(cluster)) :]
-            verb = "abort" if self.rng.random() < ABORT_SHARE else "approve"
+            verb = "abort" if self.approvals % ABORTS_EVERY == 0 else "approve"
+            self.approvals += 1
             done = await asyncio.to_thread(
                 self.gpuheal, cluster, verb, node, "--operator", OPERATOR, "--reason", f"soak: {verb}d after a look"
             )
             self.record("operator", cluster=cluster, act=verb, node=node, rc=done.returncode)
+            if verb == "abort" and done.returncode == 0 and (cluster, node) not in self.relapsed:
+                self.relapsed.add((cluster, node))
+                await self.relapse(cluster, node)
         for line in view.left_nodes:
             done = await asyncio.to_thread(
                 self.gpuheal, cluster, "return", line.node, "--operator", OPERATOR, "--reason", "soak: repaired"

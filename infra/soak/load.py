@@ -15,7 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["hardware", "application", "informational", "repeat", "duplicate", "resend", "rack", "false_alarm"]
+Kind = Literal[
+    "hardware", "application", "informational", "repeat", "duplicate", "resend", "rack", "false_alarm", "relapse"
+]
+# The kinds that are a GPU failing (the node's jobs stop stepping): "relapse" is the operator's
+# scene (infra.soak.acts), another GPU of a node whose incident it has just aborted.
+HARDWARE_KINDS: frozenset[Kind] = frozenset({"hardware", "repeat", "rack", "relapse"})
 PER_HOUR = 500  # new failures an hour across the clusters (the soak: about 500 incidents)
 # XIDs by what gpuheal should do with them (gpuheal.core.policy.XID_ACTIONS), each with a weight:
 # GPUs falling off the bus and ECC errors lead, as in the field.

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from infra.soak.invariants import INVARIANTS, Records, Violation
+from infra.soak.load import HARDWARE_KINDS
 from infra.soak.records import Run
 
 
@@ -28,14 +29,11 @@ def fault_before(at: float, cluster: str, acts: Sequence[Mapping[str, Any]], beg
     return f"{last['fault']} {last.get('cluster') or 'shared'} at {_t(last['began'], begun)}"
 
 
-HARDWARE = frozenset({"hardware", "repeat", "rack"})
-
-
 def recoveries(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[float]:
     """Failure to training again, per hardware failure that hit a job: from the soak's injection to
     the job's first progress line after its restart (slurmctld's log: its comment, restart=N+1)."""
     moments: list[tuple[float, int, Any]] = [(e.at, 1, e) for e in records.events if e.kind in ("allocate", "progress")]
-    moments += [(a["at"], 0, a) for a in acts if a["kind"] == "failure" and a["load"] in HARDWARE]
+    moments += [(a["at"], 0, a) for a in acts if a["kind"] == "failure" and a["load"] in HARDWARE_KINDS]
     on: dict[tuple[str, str], int] = {}
     restarts: dict[tuple[str, int], int] = {}
     waiting: dict[tuple[str, int], tuple[float, int]] = {}  # job -> (failed at, its restarts then)
