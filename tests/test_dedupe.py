@@ -108,6 +108,14 @@ ROWS: list[tuple[str, list[PastIncident], bool | None, HealthReport, float, tupl
         WINDOW,
         ("duplicate", "same_failure", "r1"),
     ),
+    (  # the soak's relapse (infra.soak.acts): its new run must find the node drained, not drain again
+        "XID 79 aborted on GPU 0, node still drained, XID 79 on GPU 1",
+        [ABORTED_79],
+        False,
+        report(79, gpu=1, key="xid79@2"),
+        WINDOW,
+        ("new", None, None),
+    ),
     (
         "XID 79 aborted, the same alert re-sent",
         [ABORTED_79],

@@ -105,12 +105,13 @@ in_use() {  # in_use DIR: a sandbox any of whose daemons still runs (its slurmct
 user_token() { printf '%s' "$DIR" | md5sum | cut -c1-16; }
 
 bind_into_root() {  # bind_into_root HOST_PATH [ro]
-  local target="$ROOT$1"
+  local target="$ROOT$1" tree
   mkdir -p "$target"
+  tree=$(stat -c %d:%i -- "$1") || return 1
   if mountpoint -q "$target"; then
     # Reused only if it is this path's tree: a run killed before it stopped leaves its bind of a
     # tree since deleted, and a new tree at the same path (a fresh clone) must not see the old one.
-    [ "$(stat -c %d:%i "$1")" = "$(stat -c %d:%i "$target")" ] && return 0
+    [ "$tree" = "$(stat -c %d:%i -- "$target")" ] && return 0
     umount -l "$target"
   fi
   mount --bind "$1" "$target"

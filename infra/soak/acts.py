@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.core import ids, queries
@@ -36,10 +36,15 @@ OPERATOR = "soak-operator"
 ROUND_S = 15.0  # the operator looks at each cluster this often
 TRIPPED_FOR_S = 120.0  # and resumes a breaker tripped this long (after a look at why)
 ABORTS_EVERY = 4  # of the incidents waiting for approval it aborts the first, then one in this many
-# A node whose incident the operator aborted (left drained, not replaced) fails again this soon,
-# on another GPU, once per node: a new incident on a node gpuheal already drained, which must read
-# the node and not drain it again (infra/soak/breaks/double-drain.patch is caught by it).
-RELAPSE_AFTER_S = 5.0
+# A node whose incident the operator aborted (left drained, not replaced) fails again, once per
+# node: a new incident on a node gpuheal already drained, which must read the node and not drain
+# it again (infra/soak/breaks/double-drain.patch is caught by it). Sent this soon after the
+# aborted run has closed (an open run would take the report in; its close may wait on refused
+# notices), waiting at most RELAPSE_WAIT_S for that; the operator returns the node only after.
+RELAPSE_AFTER_S, RELAPSE_WAIT_S = 5.0, 300.0
+RELAPSE_LATELY_S = int(str(POLICY["duplicate_window_s"])) + 300.0  # past the policy's duplicate window
+RELAPSE_XIDS = (79, 48)  # each drains the node; a (GPU, XID) not sent to it lately, so no duplicate
+RELAPSE_TOOK = "new run"  # what a relapse act says when a new run took it (infra.soak.breaking counts them)
 FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
 AGAIN = frozenset({"duplicate", "resend"})
 KILL_WAIT_S = 30.0  # a worker is killed while it runs an activity, if one starts within this
@@ -53,7 +58,8 @@ class Acts:
         self.sent_to: dict[tuple[str, str, float], str] = {}  # (cluster, slot, first sent) -> the node
         self.approvals = 0  # incidents the operator has decided on, for ABORTS_EVERY
         self.relapsed: set[tuple[str, str]] = set()  # (cluster, node) failed again after an abort
-        self.gpus_sent: dict[tuple[str, str], set[int]] = {}  # (cluster, node) -> GPUs reported failed
+        self.relapsing: dict[tuple[str, str], asyncio.Task[None]] = {}  # not yet sent: not returned
+        self.sent: dict[tuple[str, str], list[tuple[float, int, int]]] = {}  # node -> (at, GPU, XID)
 
     def record(self, kind: str, **fields: Any) -> None:
         with self.path.open("a") as f:
@@ -91,19 +97,45 @@ class Acts:
             starts_at=datetime.fromtimestamp(self.begun + f.first_s, UTC),
         )
         status = post(c.webhook_url, c.sb.webhook_token, payload)
-        self.gpus_sent.setdefault((f.cluster, node), set()).add(f.gpu)
+        self.sent.setdefault((f.cluster, node), []).append((time.time(), f.gpu, f.xid))
         self.record(
             "failure", cluster=f.cluster, node=node, slot=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status
         )
 
-    async def relapse(self, cluster: str, node: str) -> None:
-        """The aborted incident's node fails again, on another GPU (a new failure, not a re-send),
-        before the operator has returned it."""
+    async def relapse(self, cluster: str, node: str, aborted: str, run_id: str) -> None:
+        """The aborted incident's node fails again, with a failure not reported on it within the
+        duplicate window (a new failure, not a re-send), before the operator has returned it; the
+        act says whether a new run took it."""
+        try:
+            said = await self._relapse(cluster, node, aborted, run_id)
+        except RPCError as err:  # Temporal restarting as it was sent: said, as a fault not carried out
+            said = f"could not: {err}"
+        finally:
+            self.relapsing.pop((cluster, node), None)
+        self.record("operator", cluster=cluster, act="relapse", node=node, said=said)
+
+    async def _relapse(self, cluster: str, node: str, aborted: str, run_id: str) -> str:
+        deadline = time.time() + RELAPSE_WAIT_S
+        while await self._running(aborted, run_id):
+            if time.time() > deadline:
+                return f"not sent: the aborted run still open after {RELAPSE_WAIT_S:.0f} s"
+            await asyncio.sleep(2)
         await asyncio.sleep(RELAPSE_AFTER_S)
+        lately = {(g, x) for at, g, x in self.sent.get((cluster, node), []) if at > time.time() - RELAPSE_LATELY_S}
+        gpu, xid = next(((g, x) for x in RELAPSE_XIDS for g in range(8) if (g, x) not in lately), (7, 79))
         now = time.time() - self.begun
-        sent = self.gpus_sent.get((cluster, node), set())
-        gpu = min(set(range(8)) - sent, default=7)  # not one reported before: a duplicate it is not
-        await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, 79, "relapse", now))
+        await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, xid, "relapse", now))
+        await asyncio.sleep(RELAPSE_AFTER_S)
+        latest = await self.client.get_workflow_handle(aborted).describe()
+        took = latest.run_id != run_id and latest.status == WorkflowExecutionStatus.RUNNING
+        return f"XID {xid} GPU {gpu}: " + (f"{RELAPSE_TOOK} {latest.run_id}" if took else "no new run")
+
+    async def _running(self, workflow_id: str, run_id: str) -> bool:
+        try:
+            described = await self.client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+        except RPCError:
+            return True  # no answer (Temporal restarting): asked again
+        return described.status == WorkflowExecutionStatus.RUNNING
 
     def in_service(self, cluster: str, slot: str) -> str:
         """The node now in the place the load names: one the fleet replaced is followed to its
@@ -245,6 +277,14 @@ class Acts:
         """Rounds until `until` (epoch): a breaker tripped for a while is resumed; what waits for
         approval approved (or, the first and one in four after it, aborted, its node then failing
         again); a left node returned."""
+        try:
+            await self._rounds(until)
+        except asyncio.CancelledError:  # the soak is over: no relapse is sent into a world stopping
+            for task in list(self.relapsing.values()):
+                task.cancel()
+            raise
+
+    async def _rounds(self, until: float) -> None:
         while time.time() < until:
             for name in self.world.clusters:
                 try:
@@ -271,15 +311,17 @@ class Acts:
         async for w in self.client.list_workflows(open_incidents(cluster, queries.eq(sa.STAGE, "approval"))):
             node = w.id[len(ids.incident_prefix(cluster)) :]
             verb = "abort" if self.approvals % ABORTS_EVERY == 0 else "approve"
-            self.approvals += 1
             done = await asyncio.to_thread(
                 self.gpuheal, cluster, verb, node, "--operator", OPERATOR, "--reason", f"soak: {verb}d after a look"
             )
             self.record("operator", cluster=cluster, act=verb, node=node, rc=done.returncode)
+            self.approvals += done.returncode == 0  # one not done is decided again, as it was
             if verb == "abort" and done.returncode == 0 and (cluster, node) not in self.relapsed:
                 self.relapsed.add((cluster, node))
-                await self.relapse(cluster, node)
+                self.relapsing[(cluster, node)] = asyncio.create_task(self.relapse(cluster, node, w.id, w.run_id))
         for line in view.left_nodes:
+            if (cluster, line.node) in self.relapsing:
+                continue  # its relapse first
             done = await asyncio.to_thread(
                 self.gpuheal, cluster, "return", line.node, "--operator", OPERATOR, "--reason", "soak: repaired"
             )

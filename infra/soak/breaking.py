@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.soak.acts import RELAPSE_TOOK, acts
 from infra.soak.invariants import BREAKER, LEAKS, TWICE
 
 HERE = Path(__file__).parent
@@ -38,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temporal", choices=["cluster", "dev"], default="cluster")
     ap.add_argument("--ports", choices=["soak", "soak-long"], default="soak")
     args = ap.parse_args(argv)
-    # A path of its own each time: a Slurm root another sandbox still uses keeps its bind mount
-    # of the last copy at the same path (infra/slurm/sandbox.sh), dead once that copy is removed.
+    # A path of its own each time, so no Slurm root holds a mount of an earlier copy at it.
     copy = copy_with(args.name, Path(f"/tmp/gpuheal-break-{args.name}-{os.getpid()}"))
     root = Path(f"/tmp/gpuheal-soak-{args.name}")
     try:
@@ -53,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     wanted = BREAKS[args.name]
     caught = verdicts.get(wanted, 0) > 0 and done.returncode == 1
     others = {k: n for k, n in verdicts.items() if n and k != wanted}
+    # The double drain's scene: a new run on a node an aborted run left drained (infra.soak.acts).
+    relapses = [a for a in acts(root / "acts.jsonl") if a.get("act") == "relapse"]
+    scenes = f"; relapses taken by a new run: {sum(RELAPSE_TOOK in a['said'] for a in relapses)} of {len(relapses)}"
     print(
         f"{args.name}: {wanted!r} {'caught' if caught else 'NOT CAUGHT'} ({verdicts.get(wanted, 0)} violations); "
-        f"other invariants broken with it: {others or 'none'}; report {root / 'soak.md'}"
+        f"other invariants broken with it: {others or 'none'}{scenes}; report {root / 'soak.md'}"
     )
     return 0 if caught else 1
 
