@@ -186,8 +186,8 @@ class GpuRemediationWorkflow:
         return await self._close(*await holding.never_granted(self._s))
 
     async def _approval_gate(self, action: ActionClass) -> RecordedDecision:
-        if policy.plan_for(action).drain:
-            await self._drain("contained while awaiting approval")
+        if policy.plan_for(action).drain:  # the failure named: a drain for another is seen as one
+            await self._drain(f"contained while awaiting approval: {self._s.reason()}")
         return await self._await_decision()
 
     async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:

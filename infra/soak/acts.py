@@ -43,7 +43,10 @@ ABORTS_EVERY = 4  # of the incidents waiting for approval it aborts the first, t
 # notices), waiting at most RELAPSE_WAIT_S for that; the operator returns the node only after.
 RELAPSE_AFTER_S, RELAPSE_WAIT_S = 5.0, 300.0
 RELAPSE_LATELY_S = int(str(POLICY["duplicate_window_s"])) + 300.0  # past the policy's duplicate window
-RELAPSE_XIDS = (79, 48)  # each drains the node; a (GPU, XID) not sent to it lately, so no duplicate
+# Each drains the node. The relapse takes one not sent to the node lately, on a GPU not either: no
+# duplicate, and a drain reason unlike the aborted run's (Slurm logs nothing for a node drained
+# again with the same reason: no change, and nothing the checker could see).
+RELAPSE_XIDS = (48, 95, 79)
 RELAPSE_TOOK = "new run"  # what a relapse act says when a new run took it (infra.soak.breaking counts them)
 FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
 AGAIN = frozenset({"duplicate", "resend"})
@@ -121,8 +124,9 @@ class Acts:
                 return f"not sent: the aborted run still open after {RELAPSE_WAIT_S:.0f} s"
             await asyncio.sleep(2)
         await asyncio.sleep(RELAPSE_AFTER_S)
-        lately = {(g, x) for at, g, x in self.sent.get((cluster, node), []) if at > time.time() - RELAPSE_LATELY_S}
-        gpu, xid = next(((g, x) for x in RELAPSE_XIDS for g in range(8) if (g, x) not in lately), (7, 79))
+        lately = [(g, x) for at, g, x in self.sent.get((cluster, node), []) if at > time.time() - RELAPSE_LATELY_S]
+        xid = next((x for x in RELAPSE_XIDS if x not in {x for _, x in lately}), RELAPSE_XIDS[0])
+        gpu = next((g for g in range(8) if g not in {g for g, _ in lately}), 7)
         now = time.time() - self.begun
         await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, xid, "relapse", now))
         await asyncio.sleep(RELAPSE_AFTER_S)
