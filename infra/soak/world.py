@@ -26,6 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from gpuheal.core import envvars
+from gpuheal.core.models.incident import JobRecoverySettings
+from gpuheal.workflows.incident.jobs import ANSWER_MARGIN_S
 from infra.sandbox import HOST_SLURM, NEWEST_SLURM, processes
 from infra.sandbox.kube import KubeSandbox, binaries_built
 from infra.sandbox.stack import PORTS, Sandbox
@@ -52,7 +55,7 @@ POLICY = {
     "duplicate_window_s": 600,
 }
 CAPACITY_WAIT_S = 900  # an incident with no spare tries this long (GPUHEAL_CAPACITY_WAIT_S)
-STEPS_S = 600  # the rest of an incident's steps at most: drain, checkpoint, replace, burn-in, verify
+STEPS_S = 600  # the rest of an incident's steps at most: drain, checkpoint, replace, burn-in
 CLUSTERS = {"east": HOST_SLURM, "west": NEWEST_SLURM}
 KUBE_CLUSTER = "west"
 # The Kubernetes cluster's inference pool: a spare-less incident borrows one of its nodes, never
@@ -84,10 +87,20 @@ def topology() -> str:
 
 def incident_bound_s(policy: dict[str, object] = POLICY) -> float:
     """The longest an incident may stay open in a soak cluster, from its chain's start: its hold
-    for a grant, its wait for a person's approval, its wait for a spare, and its steps."""
+    for a grant, its wait for a person's approval, its wait for a spare, its wait for its jobs to
+    train again (verify_resume: gpuheal's own bound, the hour on 3ce428e waited 22 minutes), and
+    its steps."""
     approval = policy["approval"]
     assert isinstance(approval, dict)
-    return float(str(policy["max_hold_s"])) + float(approval["timeout_s"]) + CAPACITY_WAIT_S + STEPS_S
+    waits = float(str(policy["max_hold_s"])) + float(approval["timeout_s"]) + CAPACITY_WAIT_S
+    return waits + verify_wait_s() + STEPS_S
+
+
+def verify_wait_s() -> float:
+    """How long an incident's verify_resume waits for its jobs' answers, as gpuheal declares it
+    (gpuheal.workflows.incident.jobs.verify_resume; the soak sets none of these)."""
+    jobs = envvars.load(JobRecoverySettings, os.environ)
+    return jobs.verify_timeout_s + jobs.gather_s + ANSWER_MARGIN_S
 
 
 class Notices:
