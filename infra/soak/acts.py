@@ -29,7 +29,7 @@ from gpuheal.core.messages import FLEET_VIEW, INCIDENT
 from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox.processes import BIN
 from infra.soak import faults as faulting
-from infra.soak.load import HARDWARE_KINDS, Failure
+from infra.soak.load import GPUS, HARDWARE_KINDS, Failure
 from infra.soak.world import POLICY, World, slurmctld_pid
 
 OPERATOR = "soak-operator"
@@ -126,7 +126,7 @@ class Acts:
         await asyncio.sleep(RELAPSE_AFTER_S)
         lately = [(g, x) for at, g, x in self.sent.get((cluster, node), []) if at > time.time() - RELAPSE_LATELY_S]
         xid = next((x for x in RELAPSE_XIDS if x not in {x for _, x in lately}), RELAPSE_XIDS[0])
-        gpu = next((g for g in range(8) if g not in {g for g, _ in lately}), 7)
+        gpu = next((g for g in range(GPUS) if g not in {g for g, _ in lately}), GPUS - 1)
         now = time.time() - self.begun
         await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, xid, "relapse", now))
         await asyncio.sleep(RELAPSE_AFTER_S)

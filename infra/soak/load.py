@@ -36,6 +36,7 @@ MIX: dict[Kind, float] = {"hardware": 0.70, "application": 0.15, "informational"
 DUPLICATE_P, DUPLICATE_WITHIN_S = 0.3, 10.0  # Alertmanager's group re-sent at once (an HA pair)
 RESEND_P, RESEND_AFTER_S = 0.1, (300.0, 900.0)  # and at its repeat interval, still firing
 RACK_BURSTS_PER_HOUR, FALSE_ALARMS_PER_HOUR = 2, 1
+GPUS = 8  # GPUs per node in the soak's fleet
 BURST_WITHIN_S = 3.0  # a rack's or a cluster's reports all arrive within this
 
 
@@ -57,7 +58,7 @@ class Shape:
     minutes: float
     nodes: Mapping[str, Sequence[str]]
     racks: Mapping[str, Sequence[Sequence[str]]]
-    gpus: int = 8
+    gpus: int = GPUS
 
     def __post_init__(self) -> None:
         if not self.nodes or not all(self.nodes.values()):
