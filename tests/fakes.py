@@ -109,6 +109,7 @@ class FakeCluster:
         self.requests: list[CapacityRequest] = []
         self.gone = gone  # nodes Slurm has not (in service)
         self.drain_reasons: dict[str, str] = {}  # nodes Slurm shows drained (from the start), with the reason
+        self.drain_reasons_sent: list[str] = []  # each drain asked for, with its reason
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
         self.notes: list[Notification] = []
         self.notices_down = False
@@ -242,6 +243,7 @@ class FakeCluster:
         @implements(act.DRAIN_SLURM_NODE)
         async def drain(req: DrainRequest) -> DrainResult:
             c.calls.append("drain")
+            c.drain_reasons_sent.append(req.reason)
             c.draining.set()
             if c.drain_gate is not None:  # a test holds the drain open (something happens meanwhile)
                 await c.drain_gate.wait()

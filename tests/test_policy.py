@@ -3,6 +3,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuheal.core import policy
 from gpuheal.core.models.base import ActionClass as A
@@ -148,3 +150,16 @@ def test_the_incident_a_drain_is_in_the_name_of() -> None:
     assert policy.draining_incident("gpuheal-other-gpu01: XID 79", prefix) is None  # another cluster's
     assert policy.draining_incident("hw check by ops: see gpuheal-prod-gpu01", prefix) is None  # a person's
     assert policy.draining_incident("Kill task failed", prefix) is None
+
+
+@given(st.lists(st.text(alphabet="abcdefgh:()0123456789", min_size=1, max_size=30), min_size=1, max_size=40))
+def test_a_drain_reason_is_cut_at_a_word_and_says_so(words: list[str]) -> None:
+    """sinfo and scontrol show 200 characters: a longer reason keeps whole words, and says it was cut."""
+    why = " ".join(words)
+    reason, whole = policy.drain_reason("gpu-east-gpu01", why), f"gpu-east-gpu01: {why}"
+    assert len(reason) <= policy.DRAIN_REASON_MAX and policy.is_our_drain(reason, "gpu-east-gpu01")
+    if len(whole) <= policy.DRAIN_REASON_MAX:
+        assert reason == whole
+    else:
+        kept = reason.removesuffix("...")
+        assert reason.endswith("...") and whole.startswith(kept + " ")

@@ -11,9 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gpuheal.core import policy
 from infra.soak import faults, load
 
 SHAPE = load.Shape(
@@ -119,3 +120,37 @@ def test_an_incidents_bound_counts_every_wait_gpuheal_declares(monkeypatch: pyte
     before = world.incident_bound_s()
     monkeypatch.setenv("GPUHEAL_VERIFY_TIMEOUT_S", "3600")
     assert world.incident_bound_s() == before + 1800.0
+
+
+# What a node may have been sent before its relapse: the load's XIDs and the relapse's own.
+SENT = st.lists(
+    st.tuples(st.floats(0, 7200), st.integers(0, load.GPUS - 1), st.sampled_from((*load.RELAPSE_XIDS, 74, 13, 63))),
+    max_size=60,
+)
+
+
+# The aborted run's failure sent long before it began (its chain held an hour); every GPU and
+# XID sent since: it is the one left that a choice among recent failures would take again.
+LONG_AGO = [(0.0, 0, 48)] + [(100.0, g, x) for g in range(1, load.GPUS) for x in load.RELAPSE_XIDS[1:]]
+
+
+@given(SENT, st.floats(0, 7200))
+@example(LONG_AGO, 50.0)
+def test_a_relapse_is_a_failure_never_sent_to_its_node_that_drains_it(
+    sent: list[tuple[float, int, int]], since: float
+) -> None:
+    """Dedupe's window runs from the aborted run's close, so a failure sent to the node an hour
+    before is still a duplicate of it: the relapse is none of them. Its XID is not one sent since
+    the aborted run began, while one is left, so its drain reason is not the node's (Slurm logs no
+    drain with the reason the node has)."""
+    gpu, xid = load.relapse_failure(sent, since)
+    assert (gpu, xid) not in {(g, x) for _, g, x in sent}
+    recent = {x for at, _, x in sent if at >= since}
+    assert xid not in recent or recent >= set(load.RELAPSE_XIDS)
+    assert policy.plan_for(policy.XID_ACTIONS[xid][0]).drain
+
+
+def test_a_node_sent_every_relapse_failure_has_none_left() -> None:
+    every = [(0.0, g, x) for x in load.RELAPSE_XIDS for g in range(load.GPUS)]
+    with pytest.raises(ValueError, match="sent to the node already"):
+        load.relapse_failure(every, since=0.0)

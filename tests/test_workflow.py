@@ -88,6 +88,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 # How long a test waits for what a workflow does next: generous, for a loaded machine (a wait
 # of 10 s failed beside a full suite run and a storm benchmark).
 WAIT_S = 60.0
+XID_79 = f"XID 79: {policy.XID_ACTIONS[79][1]}"  # the failure, as a drain reason names it
 
 
 async def until_true(check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str) -> None:
@@ -181,6 +182,8 @@ async def test_approve_by_update(env: WorkflowEnvironment) -> None:
         # contained while waiting: drained, nothing requeued yet
         assert fake.calls[-2:] == ["drain", "notify:approval_needed"]
         assert "requeue:7" not in fake.calls
+        # the failure named: a later run's drain for another failure reads as a change in Slurm
+        assert fake.drain_reasons_sent == [f"{handle.id}: contained while awaiting approval: {XID_79}"]
         answer = await handle.execute_update(
             GpuRemediationWorkflow.approve, Decision(operator="alice", reason="RMA ticket 42")
         )
@@ -343,6 +346,7 @@ async def test_held_incident_is_contained_then_goes_when_granted(env: WorkflowEn
         await wait_for_stage(handle, Stage.HELD)
         await until_true(lambda: "notify:held" in fake.calls and "drain" in fake.calls, "contained: drained")
         assert "replace" not in fake.calls and "checkpoint" not in fake.calls
+        assert fake.drain_reasons_sent == [f"{handle.id}: contained while held (nothing new lands on it): {XID_79}"]
         status = await handle.query(GpuRemediationWorkflow.status)
         assert status.held is not None and "test: held" in status.held
         await INCIDENT_CAPACITY.send(handle, GrantNotice(granted=True, reason="granted: a grant was released"))

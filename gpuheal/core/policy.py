@@ -179,10 +179,17 @@ def as_admitted(action: ActionClass, repeat_offender: str | None) -> ActionClass
     return A.REPLACE_NODE if repeat_offender and action in REPLACED_WHEN_REPEATED else action
 
 
+DRAIN_REASON_MAX = 200  # characters: what sinfo and scontrol show whole
+
+
 def drain_reason(incident_id: str, why: str) -> str:
     # Slurm shows the reason in sinfo/scontrol; it names the incident so an operator can find it,
-    # and it is how we later recognise a drain as ours (never undrain someone else's).
-    return f"{incident_id}: {why}"[:200]
+    # and it is how we later recognise a drain as ours (never undrain someone else's). A longer
+    # one is cut at a word, marked as cut.
+    reason = f"{incident_id}: {why}"
+    if len(reason) <= DRAIN_REASON_MAX:
+        return reason
+    return reason[: DRAIN_REASON_MAX - 3].rsplit(" ", 1)[0] + "..."
 
 
 def is_our_drain(reason: str, incident_id: str) -> bool:

@@ -29,7 +29,7 @@ from gpuheal.core.messages import FLEET_VIEW, INCIDENT
 from gpuheal.triggers.alertmanager import firing_payload
 from infra.sandbox.processes import BIN
 from infra.soak import faults as faulting
-from infra.soak.load import GPUS, HARDWARE_KINDS, Failure
+from infra.soak.load import HARDWARE_KINDS, Failure, relapse_failure
 from infra.soak.world import POLICY, World, slurmctld_pid
 
 OPERATOR = "soak-operator"
@@ -42,11 +42,6 @@ ABORTS_EVERY = 4  # of the incidents waiting for approval it aborts the first, t
 # aborted run has closed (an open run would take the report in; its close may wait on refused
 # notices), waiting at most RELAPSE_WAIT_S for that; the operator returns the node only after.
 RELAPSE_AFTER_S, RELAPSE_WAIT_S = 5.0, 300.0
-RELAPSE_LATELY_S = int(str(POLICY["duplicate_window_s"])) + 300.0  # past the policy's duplicate window
-# Each drains the node. The relapse takes one not sent to the node lately, on a GPU not either: no
-# duplicate, and a drain reason unlike the aborted run's (Slurm logs nothing for a node drained
-# again with the same reason: no change, and nothing the checker could see).
-RELAPSE_XIDS = (48, 95, 79)
 RELAPSE_TOOK = "new run"  # what a relapse act says when a new run took it (infra.soak.breaking counts them)
 FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
 AGAIN = frozenset({"duplicate", "resend"})
@@ -105,28 +100,26 @@ class Acts:
             "failure", cluster=f.cluster, node=node, slot=f.node, xid=f.xid, gpu=f.gpu, load=f.kind, status=status
         )
 
-    async def relapse(self, cluster: str, node: str, aborted: str, run_id: str) -> None:
-        """The aborted incident's node fails again, with a failure not reported on it within the
-        duplicate window (a new failure, not a re-send), before the operator has returned it; the
+    async def relapse(self, cluster: str, node: str, aborted: str, run_id: str, started: float) -> None:
+        """The aborted incident's node fails again, with a failure never reported on it (a new
+        failure, not a re-send: load.relapse_failure), before the operator has returned it; the
         act says whether a new run took it."""
         try:
-            said = await self._relapse(cluster, node, aborted, run_id)
-        except RPCError as err:  # Temporal restarting as it was sent: said, as a fault not carried out
+            said = await self._relapse(cluster, node, aborted, run_id, started)
+        except (RPCError, ValueError) as err:  # Temporal restarting as it was sent, or no failure left
             said = f"could not: {err}"
         finally:
             self.relapsing.pop((cluster, node), None)
         self.record("operator", cluster=cluster, act="relapse", node=node, said=said)
 
-    async def _relapse(self, cluster: str, node: str, aborted: str, run_id: str) -> str:
+    async def _relapse(self, cluster: str, node: str, aborted: str, run_id: str, started: float) -> str:
         deadline = time.time() + RELAPSE_WAIT_S
         while await self._running(aborted, run_id):
             if time.time() > deadline:
                 return f"not sent: the aborted run still open after {RELAPSE_WAIT_S:.0f} s"
             await asyncio.sleep(2)
         await asyncio.sleep(RELAPSE_AFTER_S)
-        lately = [(g, x) for at, g, x in self.sent.get((cluster, node), []) if at > time.time() - RELAPSE_LATELY_S]
-        xid = next((x for x in RELAPSE_XIDS if x not in {x for _, x in lately}), RELAPSE_XIDS[0])
-        gpu = next((g for g in range(GPUS) if g not in {g for g, _ in lately}), GPUS - 1)
+        gpu, xid = relapse_failure(self.sent.get((cluster, node), []), since=started)
         now = time.time() - self.begun
         await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, xid, "relapse", now))
         await asyncio.sleep(RELAPSE_AFTER_S)
@@ -322,7 +315,9 @@ class Acts:
             self.approvals += done.returncode == 0  # one not done is decided again, as it was
             if verb == "abort" and done.returncode == 0 and (cluster, node) not in self.relapsed:
                 self.relapsed.add((cluster, node))
-                self.relapsing[(cluster, node)] = asyncio.create_task(self.relapse(cluster, node, w.id, w.run_id))
+                self.relapsing[(cluster, node)] = asyncio.create_task(
+                    self.relapse(cluster, node, w.id, w.run_id, w.start_time.timestamp())
+                )
         for line in view.left_nodes:
             if (cluster, line.node) in self.relapsing:
                 continue  # its relapse first

@@ -135,3 +135,22 @@ def _false_alarm(rng: random.Random, t: float, shape: Shape, clusters: list[str]
     return [
         Failure(t + rng.uniform(0, BURST_WITHIN_S), cluster, n, 0, 48, "false_alarm", t) for n in shape.nodes[cluster]
     ]
+
+
+# A relapse's XIDs, in the order it takes them: each drains the node (resets, which the soak's
+# policy does without approval, then a lost GPU).
+RELAPSE_XIDS = (48, 95, 64, 119, 140, 143, 32, 79)
+
+
+def relapse_failure(sent: Sequence[tuple[float, int, int]], since: float) -> tuple[int, int]:
+    """(GPU, XID) of a node's relapse, given what was sent to it as (when, GPU, XID). Never a
+    failure sent to it before: the aborted run may have taken any of them in, and dedupe's window
+    runs from its close, so any could be a duplicate. An XID not sent since `since` (the aborted
+    run's start) where one is left: its drain reason unlike the node's, since Slurm logs nothing
+    for a drain with the reason a node has. Then one not sent at all, on a GPU not sent to."""
+    pairs = {(g, x) for _, g, x in sent}
+    recent, ever, gpus = {x for at, _, x in sent if at >= since}, {x for _, _, x in sent}, {g for _, g, _ in sent}
+    left = [(g, x) for x in RELAPSE_XIDS for g in range(GPUS) if (g, x) not in pairs]
+    if not left:
+        raise ValueError(f"every relapse failure was sent to the node already ({len(pairs)} of them)")
+    return min(left, key=lambda p: (p[1] in recent, p[1] in ever, p[0] in gpus))

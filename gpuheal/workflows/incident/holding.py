@@ -31,8 +31,8 @@ async def granted(s: IncidentState, decision: CapacityDecision, drain: Callable[
         contain, why = await capacity.contained_while_held(s, decision)
         s.held_for += f"; {why}" if why and not contain else ""
         await notify(s, "held", "warning", render.held(s.first_report, s.held_for))
-        if contain:
-            await drain(why)
+        if contain:  # the failure named, as every drain does: a later run's drain reads as another
+            await drain(f"{why}: {s.reason()}")
             s.stage = Stage.HELD
         notice = await capacity.wait_for_grant(s, limit, decision.position)
         rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"
