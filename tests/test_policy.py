@@ -10,7 +10,8 @@ from gpuheal.core import policy
 from gpuheal.core.models.base import ActionClass as A
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import ResumedJob
-from gpuheal.core.models.slurm import RequeueResult
+from gpuheal.core.models.slurm import NodeRef, RequeueResult
+from gpuheal.workflows.incident.state import IncidentState
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -163,3 +164,24 @@ def test_a_drain_reason_is_cut_at_a_word_and_says_so(words: list[str]) -> None:
     else:
         kept = reason.removesuffix("...")
         assert reason.endswith("...") and whole.startswith(kept + " ")
+
+
+DRAINING = [x for x, (action, _) in policy.XID_ACTIONS.items() if policy.plan_for(action).drain]
+
+
+@given(st.sampled_from(DRAINING), st.sampled_from(DRAINING), st.sampled_from(["repeat", "burn-in", None]))
+def test_a_drain_for_another_failure_reads_as_another_in_slurm(first: int, then: int, context: str | None) -> None:
+    """Slurm logs nothing for a drain with the reason a node has: two failures of one incident id
+    (a long one, a repeat offender named by GPU UUIDs) give two reasons, each cut at Slurm's length."""
+    incident = "gpuheal-us-west-2-prod-a100-rack12-node-0123"
+    why = {
+        "repeat": "repeat offender: 4 incidents on GPU-" + "0123456789abcdef" * 4 + " within 30 days",
+        "burn-in": "burn-in: application faults one too many on GPU-" + "fedcba9876543210" * 4,
+        None: None,
+    }[context]
+    reasons = []
+    for xid in (first, then):
+        s = IncidentState(ref=NodeRef(cluster="c1", node="gpu01", incident_id=incident), reports=[report(xid)])
+        s.repeat, s.burn_in = (why, None) if context == "repeat" else (None, why)
+        reasons.append(policy.drain_reason(incident, f"contained while awaiting approval: {s.drain_why()}"))
+    assert (reasons[0] == reasons[1]) == (first == then)

@@ -230,7 +230,7 @@ def failed_validation_detail(reason: str, incident_id: str) -> str | None:
     """The detail of this incident's failed validation, if Slurm's drain reason is that one;
     None for any other reason, ours or not."""
     head = drain_reason(incident_id, FAILED_VALIDATION)  # cut at the same length as the reason, if ever
-    return reason.removeprefix(head).removeprefix(": ") if reason.startswith(head) else None
+    return reason.removeprefix(head).removeprefix(":").lstrip() if reason.startswith(head) else None
 
 
 def unrequeueable_reason(requeueable: bool, state: str, abnormal_ends: frozenset[str] = frozenset()) -> str | None:

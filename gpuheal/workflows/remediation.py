@@ -102,7 +102,7 @@ class GpuRemediationWorkflow:
             if (ended := await self._go(capacity.request)) is not None:  # a drain takes a grant, however it came
                 return ended
         if plan.drain and s.drain is None:
-            await self._drain(s.reason())
+            await self._drain(s.drain_why())
         if plan.requeue:
             await self._requeue(plan.avoid_failed_node)
         if s.kube is not None and plan.drain and (aborted := await self._evict_pods()) is not None:
@@ -187,7 +187,7 @@ class GpuRemediationWorkflow:
 
     async def _approval_gate(self, action: ActionClass) -> RecordedDecision:
         if policy.plan_for(action).drain:  # the failure named: a drain for another is seen as one
-            await self._drain(f"contained while awaiting approval: {self._s.reason()}")
+            await self._drain(f"contained while awaiting approval: {self._s.drain_why()}")
         return await self._await_decision()
 
     async def _close_aborted(self, decision: RecordedDecision) -> RemediationResult:
@@ -211,7 +211,7 @@ class GpuRemediationWorkflow:
         # that cordon waits for the checkpoints. A drain and a NoSchedule cordon go beside them.
         k8s = s.settings.kubernetes
         cordon_after = k8s is not None and k8s.no_execute
-        drains = [self._drain(s.reason(), cordon=not cordon_after)] if drain and s.drain is None else []
+        drains = [self._drain(s.drain_why(), cordon=not cordon_after)] if drain and s.drain is None else []
         await side_by_side(self._notify_remediating(), *drains, self._protect_progress())
         if drains and cordon_after:
             await self._cordon()

@@ -42,6 +42,7 @@ ABORTS_EVERY = 4  # of the incidents waiting for approval it aborts the first, t
 # aborted run has closed (an open run would take the report in; its close may wait on refused
 # notices), waiting at most RELAPSE_WAIT_S for that; the operator returns the node only after.
 RELAPSE_AFTER_S, RELAPSE_WAIT_S = 5.0, 300.0
+STARTS_WITHIN_S = 120.0  # an alert's run starts this soon after it is sent, through a Temporal restart
 RELAPSE_TOOK = "new run"  # what a relapse act says when a new run took it (infra.soak.breaking counts them)
 FOLLOWS_THE_FLEET = frozenset({"hardware", "application", "informational", "repeat", "false_alarm"})
 AGAIN = frozenset({"duplicate", "resend"})
@@ -106,7 +107,7 @@ class Acts:
         act says whether a new run took it."""
         try:
             said = await self._relapse(cluster, node, aborted, run_id, started)
-        except (RPCError, ValueError) as err:  # Temporal restarting as it was sent, or no failure left
+        except RPCError as err:  # Temporal restarting as it was sent: said, as a fault not carried out
             said = f"could not: {err}"
         finally:
             self.relapsing.pop((cluster, node), None)
@@ -119,13 +120,26 @@ class Acts:
                 return f"not sent: the aborted run still open after {RELAPSE_WAIT_S:.0f} s"
             await asyncio.sleep(2)
         await asyncio.sleep(RELAPSE_AFTER_S)
-        gpu, xid = relapse_failure(self.sent.get((cluster, node), []), since=started)
+        since = await self._chain_began(aborted, run_id, started) - STARTS_WITHIN_S
+        try:
+            gpu, xid = relapse_failure(self.sent.get((cluster, node), []), since=since)
+        except ValueError as err:
+            return f"not sent: {err}"
         now = time.time() - self.begun
         await asyncio.to_thread(self._send_one, Failure(now, cluster, node, gpu, xid, "relapse", now))
         await asyncio.sleep(RELAPSE_AFTER_S)
         latest = await self.client.get_workflow_handle(aborted).describe()
         took = latest.run_id != run_id and latest.status == WorkflowExecutionStatus.RUNNING
         return f"XID {xid} GPU {gpu}: " + (f"{RELAPSE_TOOK} {latest.run_id}" if took else "no new run")
+
+    async def _chain_began(self, workflow_id: str, run_id: str, started: float) -> float:
+        """When the aborted run's chain began (`started`: the run's own start): a follow-up run,
+        continued as new, carries the report its first run was started with."""
+        described = await self.client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+        first = described.raw_description.workflow_execution_info.first_run_id
+        if not first or first == run_id:
+            return started
+        return (await self.client.get_workflow_handle(workflow_id, run_id=first).describe()).start_time.timestamp()
 
     async def _running(self, workflow_id: str, run_id: str) -> bool:
         try:

@@ -32,7 +32,7 @@ async def granted(s: IncidentState, decision: CapacityDecision, drain: Callable[
         s.held_for += f"; {why}" if why and not contain else ""
         await notify(s, "held", "warning", render.held(s.first_report, s.held_for))
         if contain:  # the failure named, as every drain does: a later run's drain reads as another
-            await drain(f"{why}: {s.reason()}")
+            await drain(f"{why}: {s.drain_why()}")
             s.stage = Stage.HELD
         notice = await capacity.wait_for_grant(s, limit, decision.position)
         rec.outcome = notice.reason if notice is not None else f"not granted within {limit:g} s: {s.held_for}"

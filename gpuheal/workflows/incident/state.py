@@ -109,3 +109,12 @@ class IncidentState:
         if self.repeat and verdict.action != ActionClass.IGNORE:
             return f"{self.repeat} (this time: {verdict.reason})"
         return verdict.reason
+
+    def drain_why(self) -> str:
+        """The reason as a drain gives it to Slurm: the failure first, then why it is handled as
+        it is. A reason is cut at Slurm's length (policy.drain_reason), and Slurm logs nothing for
+        a drain with the reason the node has: what tells this failure from the node's last comes
+        before any cut."""
+        verdict = policy.triage_all(self.reports)
+        why = self.burn_in or (self.repeat if verdict.action != ActionClass.IGNORE else None)
+        return f"{verdict.reason}; {why}" if why else verdict.reason
