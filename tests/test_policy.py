@@ -185,3 +185,5 @@ def test_a_drain_for_another_failure_reads_as_another_in_slurm(first: int, then:
         s.repeat, s.burn_in = (why, None) if context == "repeat" else (None, why)
         reasons.append(policy.drain_reason(incident, f"contained while awaiting approval: {s.drain_why()}"))
     assert (reasons[0] == reasons[1]) == (first == then)
+    tag = {"repeat": "repeat offender: ", "burn-in": "burn-in: ", None: ""}[context]  # why it is out, first
+    assert all(r.startswith(f"{incident}: contained while awaiting approval: {tag}XID ") for r in reasons)

@@ -179,6 +179,7 @@ def as_admitted(action: ActionClass, repeat_offender: str | None) -> ActionClass
     return A.REPLACE_NODE if repeat_offender and action in REPLACED_WHEN_REPEATED else action
 
 
+REPEAT_OFFENDER = "repeat offender"  # how a repeat offender's reason begins (core.fleet), and its drain's
 DRAIN_REASON_MAX = 200  # characters: what sinfo and scontrol show whole
 
 

@@ -134,12 +134,16 @@ class Acts:
 
     async def _chain_began(self, workflow_id: str, run_id: str, started: float) -> float:
         """When the aborted run's chain began (`started`: the run's own start): a follow-up run,
-        continued as new, carries the report its first run was started with."""
-        described = await self.client.get_workflow_handle(workflow_id, run_id=run_id).describe()
-        first = described.raw_description.workflow_execution_info.first_run_id
-        if not first or first == run_id:
+        continued as new, carries the report its first run was started with. Temporal restarting:
+        the run's own start (the choice prefers, it does not refuse)."""
+        try:
+            described = await self.client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+            first = described.raw_description.workflow_execution_info.first_run_id
+            if not first or first == run_id:
+                return started
+            return (await self.client.get_workflow_handle(workflow_id, run_id=first).describe()).start_time.timestamp()
+        except RPCError:
             return started
-        return (await self.client.get_workflow_handle(workflow_id, run_id=first).describe()).start_time.timestamp()
 
     async def _running(self, workflow_id: str, run_id: str) -> bool:
         try:

@@ -12,6 +12,7 @@ from gpuheal.core.fleet import index
 from gpuheal.core.fleet.models import Arrival, DomainIncident, FleetState, Placement
 from gpuheal.core.fleet.policy import RepeatPolicy
 from gpuheal.core.fleet.windows import within
+from gpuheal.core.policy import REPEAT_OFFENDER
 
 
 def escalated_domain(state: FleetState, placement: Placement) -> DomainIncident | None:
@@ -73,14 +74,14 @@ def repeat_offender(
         on_board = {(a.incident_id, a.run_id) for a in recent if serial in a.gpu_serials}
         if len(on_board) >= policy.incidents:
             return (
-                f"repeat offender: {len(on_board)} incidents on GPU serial {serial}"
+                f"{REPEAT_OFFENDER}: {len(on_board)} incidents on GPU serial {serial}"
                 f" within {policy.window_s / 86400:g} days"
             )
     on_node = {(a.incident_id, a.run_id) for a in recent if a.node == node}
     if not serials and len(on_node) >= policy.incidents:
-        return f"repeat offender: {len(on_node)} incidents on {node} within {policy.window_s / 86400:g} days"
+        return f"{REPEAT_OFFENDER}: {len(on_node)} incidents on {node} within {policy.window_s / 86400:g} days"
     for uuid in gpu_uuids:
         on_gpu = {(a.incident_id, a.run_id) for a in recent if uuid in a.gpu_uuids}
         if len(on_gpu) >= policy.incidents:
-            return f"repeat offender: {len(on_gpu)} incidents on GPU {uuid} within {policy.window_s / 86400:g} days"
+            return f"{REPEAT_OFFENDER}: {len(on_gpu)} incidents on GPU {uuid} within {policy.window_s / 86400:g} days"
     return None

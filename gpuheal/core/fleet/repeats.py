@@ -18,6 +18,7 @@ from gpuheal.core.fleet import index
 from gpuheal.core.fleet.keys import keys, named, uuid_key
 from gpuheal.core.fleet.models import Arrival, FleetState
 from gpuheal.core.fleet.policy import FleetPolicy
+from gpuheal.core.policy import REPEAT_OFFENDER
 
 RUN_KEY_CHARS = 12  # of a run id's tail: random in UUIDv4 and v7 alike (v7's head is its time)
 SHED_S = 86400  # what a state too big to carry forgets at a time: the oldest day
@@ -132,5 +133,5 @@ def repeat_offender(
     for key, what in order:
         n = count(s, key, now, p.window_s)
         if n >= p.incidents:
-            return f"repeat offender: {n} incidents on {what} within {p.window_s / 86400:g} days"
+            return f"{REPEAT_OFFENDER}: {n} incidents on {what} within {p.window_s / 86400:g} days"
     return None

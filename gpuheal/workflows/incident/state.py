@@ -114,7 +114,12 @@ class IncidentState:
         """The reason as a drain gives it to Slurm: the failure first, then why it is handled as
         it is. A reason is cut at Slurm's length (policy.drain_reason), and Slurm logs nothing for
         a drain with the reason the node has: what tells this failure from the node's last comes
-        before any cut."""
+        before any cut, after a word that says why it is out (one kept for a burn-in, or as a
+        repeat offender, is not the application's to resume)."""
         verdict = policy.triage_all(self.reports)
-        why = self.burn_in or (self.repeat if verdict.action != ActionClass.IGNORE else None)
-        return f"{verdict.reason}; {why}" if why else verdict.reason
+        if self.burn_in:
+            return f"burn-in: {verdict.reason}; {self.burn_in}"
+        if self.repeat and verdict.action != ActionClass.IGNORE:
+            tag = policy.REPEAT_OFFENDER
+            return f"{tag}: {verdict.reason}; {self.repeat.removeprefix(f'{tag}: ')}"
+        return verdict.reason
