@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuheal.core import policy
+from gpuheal.core import policy, render
 from gpuheal.core.models.base import ActionClass as A
 from gpuheal.core.models.report import HealthReport
 from gpuheal.core.models.result import ResumedJob
@@ -172,11 +172,13 @@ DRAINING = [x for x, (action, _) in policy.XID_ACTIONS.items() if policy.plan_fo
 @given(st.sampled_from(DRAINING), st.sampled_from(DRAINING), st.sampled_from(["repeat", "burn-in", None]))
 def test_a_drain_for_another_failure_reads_as_another_in_slurm(first: int, then: int, context: str | None) -> None:
     """Slurm logs nothing for a drain with the reason a node has: two failures of one incident id
-    (a long one, a repeat offender named by GPU UUIDs) give two reasons, each cut at Slurm's length."""
+    (a long one, a repeat offender named by its GPU's UUID, a burn-in's jobs) give two reasons,
+    each cut at Slurm's length, each saying first why the node is out."""
     incident = "gpuheal-us-west-2-prod-a100-rack12-node-0123"
-    why = {
-        "repeat": "repeat offender: 4 incidents on GPU-" + "0123456789abcdef" * 4 + " within 30 days",
-        "burn-in": "burn-in: application faults one too many on GPU-" + "fedcba9876543210" * 4,
+    uuid = "GPU-" + "0123456789abcdef" * 2
+    why = {  # as core.fleet.breaker and render.burn_in_due write them
+        "repeat": f"{policy.REPEAT_OFFENDER}: 4 incidents on GPU {uuid} within 30 days",
+        "burn-in": render.burn_in_due(report(13), [4812345, 4812346, 4812399], 30 * 86400),
         None: None,
     }[context]
     reasons = []
@@ -185,5 +187,6 @@ def test_a_drain_for_another_failure_reads_as_another_in_slurm(first: int, then:
         s.repeat, s.burn_in = (why, None) if context == "repeat" else (None, why)
         reasons.append(policy.drain_reason(incident, f"contained while awaiting approval: {s.drain_why()}"))
     assert (reasons[0] == reasons[1]) == (first == then)
-    tag = {"repeat": "repeat offender: ", "burn-in": "burn-in: ", None: ""}[context]  # why it is out, first
+    tag = {"repeat": "repeat offender: ", "burn-in": "burn-in: ", None: ""}[context]
     assert all(r.startswith(f"{incident}: contained while awaiting approval: {tag}XID ") for r in reasons)
+    assert all(r.count(policy.REPEAT_OFFENDER) == (context == "repeat") for r in reasons)  # said once

@@ -111,11 +111,11 @@ class IncidentState:
         return verdict.reason
 
     def drain_why(self) -> str:
-        """The reason as a drain gives it to Slurm: the failure first, then why it is handled as
-        it is. A reason is cut at Slurm's length (policy.drain_reason), and Slurm logs nothing for
-        a drain with the reason the node has: what tells this failure from the node's last comes
-        before any cut, after a word that says why it is out (one kept for a burn-in, or as a
-        repeat offender, is not the application's to resume)."""
+        """The reason as a drain gives it to Slurm: a word for why the node is out where it is
+        more than the failure (one kept for a burn-in, or as a repeat offender, is not the
+        application's to resume), the failure, then the rest. A reason is cut at Slurm's length
+        (policy.drain_reason), and Slurm logs nothing for a drain with the reason the node has:
+        what tells this failure from the node's last comes before any cut."""
         verdict = policy.triage_all(self.reports)
         if self.burn_in:
             return f"burn-in: {verdict.reason}; {self.burn_in}"
