@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from gpuheal.activities.interface import WAIT_FOR_JOB_RESUME
 from gpuheal.clients.slurm.hostlist import expand
 from gpuheal.core.fleet.policy import BudgetPolicy
 from gpuheal.core.models.base import ActionClass, Stage
@@ -106,7 +107,7 @@ async def test_owners_hear_once_per_job_per_stage_across_a_worker_kill(
         worker = slurm.start_worker()
         slurm.inject_gpu_fault(node)
         handle = await start_or_join(client, settings, report(settings, node))
-        recovery = await wait_for_recovery_stage(client, handle, "verifying")
+        recovery = await wait_for_recovery_stage(client, handle, "verifying", running=WAIT_FOR_JOB_RESUME.name)
         worker.send_signal(9)
         worker.wait()
         worker = slurm.start_worker()

@@ -12,8 +12,10 @@ import urllib.request
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowFailureError
 
+from gpuheal.activities.interface import WAIT_FOR_JOB_RESUME
 from gpuheal.core import ids, queries
 from gpuheal.core import search_attributes as sa
 from gpuheal.core.messages import INCIDENT, RECOVERY_STATUS
@@ -44,8 +46,12 @@ def alert_for(sb: Sandbox, settings: Settings, node: str, xid: int) -> dict[str,
     return sb.alertmanager_payload(node, xid, cluster=settings.cluster)
 
 
-async def wait_for_recovery_stage(client: Client, incident: Any, stage: str, timeout: float = 60) -> str:
-    """The id of the incident's (first) job recovery, once that recovery is at `stage`."""
+async def wait_for_recovery_stage(
+    client: Client, incident: Any, stage: str, timeout: float = 60, running: str | None = None
+) -> str:
+    """The id of the incident's (first) job recovery, once that recovery is at `stage` and, with
+    `running`, that activity has started on a worker (not only been scheduled: a worker killed
+    before it picks the activity up interrupts nothing, and the next one runs its first attempt)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         history = await incident.fetch_history()
@@ -53,12 +59,21 @@ async def wait_for_recovery_stage(client: Client, incident: Any, stage: str, tim
             if e.HasField("activity_task_completed_event_attributes"):
                 text = e.activity_task_completed_event_attributes.result.payloads[0].data.decode()
                 if '"recovery_id"' in text:
-                    recovery_id = json.loads(text)["recovery_id"]
-                    status = await RECOVERY_STATUS.ask(client.get_workflow_handle(recovery_id))
-                    if status.stage == stage:
-                        return str(recovery_id)
+                    recovery = client.get_workflow_handle(json.loads(text)["recovery_id"])
+                    status = await RECOVERY_STATUS.ask(recovery)
+                    if status.stage == stage and (running is None or await started(recovery, running)):
+                        return str(recovery.id)
         await asyncio.sleep(0.1)
-    raise AssertionError(f"no job recovery reached {stage}")
+    raise AssertionError(f"no job recovery reached {stage}" + (f" with {running} started" if running else ""))
+
+
+async def started(handle: Any, activity: str) -> bool:
+    """Whether `activity` of the workflow is started on a worker now."""
+    pending = (await handle.describe()).raw_description.pending_activities
+    return any(
+        a.activity_type.name == activity and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        for a in pending
+    )
 
 
 async def count_incidents(client: Client, settings: Settings) -> int:
@@ -205,7 +220,7 @@ async def test_worker_killed_mid_remediation_finishes_without_repeating_actions(
         slurm.inject_gpu_fault(node)
         handle = await start_or_join(client, settings, report(settings, node))
         # Kill the worker while the job's recovery verifies its resume (an activity in flight).
-        recovery = await wait_for_recovery_stage(client, handle, "verifying")
+        recovery = await wait_for_recovery_stage(client, handle, "verifying", running=WAIT_FOR_JOB_RESUME.name)
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         worker = slurm.start_worker()
