@@ -26,7 +26,7 @@ from gpuheal.activities.jobs import JobActivities
 from gpuheal.clients.owners import OwnerDelivery
 from gpuheal.core import policy as gpuheal_policy
 from gpuheal.core.app_faults import AppFault, AppFaults, AppFaultsRequest
-from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.errors import NODE_NOT_IN_SERVICE, UNKNOWN_NODE
 from gpuheal.core.fleet.models import (
     Admission,
     AdmitAnswer,
@@ -108,6 +108,7 @@ class FakeCluster:
         self.admit_fails = False  # the admission is not answered (its attempts spent)
         self.requests: list[CapacityRequest] = []
         self.gone = gone  # nodes Slurm has not (in service)
+        self.joining: frozenset[str] = frozenset()  # nodes Slurm has, not yet in service (FUTURE)
         self.drain_reasons: dict[str, str] = {}  # nodes Slurm shows drained (from the start), with the reason
         self.drain_reasons_sent: list[str] = []  # each drain asked for, with its reason
         self.replaced = replaced  # what the incident history says: gpuheal replaced this node
@@ -217,6 +218,9 @@ class FakeCluster:
             c.calls.append("look_up")
             if ref.node in c.gone:
                 raise ApplicationError(f"node {ref.node!r} is not in service", type=UNKNOWN_NODE, non_retryable=True)
+            if ref.node in c.joining:  # in slurm.conf, State=FUTURE: a spare, or a replacement joining
+                why = f"node {ref.node!r} is not in service (State=FUTURE)"
+                raise ApplicationError(why, type=NODE_NOT_IN_SERVICE, non_retryable=True)
             if (reason := c.drain_reasons.get(ref.node)) is not None:
                 return NodeInfo(name=ref.node, state="drained", flags=("DRAIN",), reason=reason)
             return NodeInfo(name=ref.node, state="allocated")

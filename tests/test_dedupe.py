@@ -379,9 +379,11 @@ probes = st.sampled_from([None, True, False])
 
 
 def fresh_key(r: HealthReport, incidents: list[PastIncident]) -> bool:
-    """No incident that acted on this alert had it: one that ran to its close, and was granted."""
+    """No incident that acted on this alert had it: one that ran to its close, granted, on a node
+    in service."""
     return r.alert_key is None or all(
-        r.alert_key not in i.alert_keys or not i.completed or i.outcome == "not_granted" for i in incidents
+        r.alert_key not in i.alert_keys or not i.completed or i.outcome in ("not_granted", "not_in_service")
+        for i in incidents
     )
 
 

@@ -479,6 +479,22 @@ async def test_report_for_a_node_slurm_has_not_and_gpuheal_never_replaced_fails_
     assert fake.calls == ["look_up", "find_earlier_replacement"]
 
 
+async def test_a_report_from_a_node_not_yet_in_service_ends_named_and_touches_nothing(
+    env: WorkflowEnvironment,
+) -> None:
+    """A spare gpuheal claimed for a replacement whose join an outage stopped is in Slurm as
+    FUTURE; its agent may report from it. Not a failed run (the issue 37 hour: two FAILED on
+    one alert and its duplicate): a named ending, said, nothing held or touched, and news again
+    once the node is in service."""
+    fake, s = FakeCluster(), settings()
+    fake.joining = frozenset({"gpu01"})
+    async with worker(env, s, fake):
+        result = await (await start_or_join(env.client, s, report(79))).result()
+    assert result.outcome == "not_in_service" and "State=FUTURE" in result.reason
+    assert fake.calls == ["look_up", "find_earlier_replacement", "notify:closed_not_in_service", "metrics"]
+    assert result.node_state == NodeState.UNTOUCHED and result.jobs == []
+
+
 async def test_an_escalation_to_a_drain_asks_the_coordinator_before_draining(env: WorkflowEnvironment) -> None:
     """An application-class failure takes no capacity; when a second, more severe report comes
     while the incident protects its jobs, it is admitted again as the hardware failure it now is

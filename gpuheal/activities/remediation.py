@@ -20,7 +20,7 @@ from gpuheal.clients.notify import Notifier
 from gpuheal.clients.slurm import NodeOutOfService, SlurmBackend, UnknownNode
 from gpuheal.core import policy, queries
 from gpuheal.core import search_attributes as sa
-from gpuheal.core.errors import UNKNOWN_NODE
+from gpuheal.core.errors import NODE_NOT_IN_SERVICE, UNKNOWN_NODE
 from gpuheal.core.messages import INCIDENT
 from gpuheal.core.models.base import ActionClass
 from gpuheal.core.models.kubernetes import BorrowedNode
@@ -66,8 +66,12 @@ class RemediationActivities:
         """Fail fast on a node Slurm does not know, before anything is touched."""
         try:
             return await self._slurm.node(ref.node)
-        except (UnknownNode, NodeOutOfService) as err:
+        except UnknownNode as err:
             raise ApplicationError(f"cluster {ref.cluster!r}: {err}", type=UNKNOWN_NODE, non_retryable=True) from err
+        except NodeOutOfService as err:
+            raise ApplicationError(
+                f"cluster {ref.cluster!r}: {err}", type=NODE_NOT_IN_SERVICE, non_retryable=True
+            ) from err
 
     @implements(act.FIND_EARLIER_REPLACEMENT)
     async def find_earlier_replacement(self, ref: NodeRef) -> ReplacementLookup:

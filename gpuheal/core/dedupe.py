@@ -45,7 +45,8 @@ OUT_OF_SERVICE = frozenset(
 # drain, unknown) says the node is no longer out from any incident of ours.
 AS_FOUND = frozenset({NodeState.UNTOUCHED, NodeState.IN_SERVICE})
 # Incidents that ran to a close without acting on what they had: their alerts are news again.
-NOT_ACTED_ON: frozenset[Outcome] = frozenset({"not_granted"})
+# (A report on a node not yet in service is news again once it is.)
+NOT_ACTED_ON: frozenset[Outcome] = frozenset({"not_granted", "not_in_service"})
 
 
 class Failure(Frozen):

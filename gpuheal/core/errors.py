@@ -13,8 +13,11 @@ from pydantic import ValidationError
 
 # The node is not a node this cluster can remediate: retrying cannot help.
 UNKNOWN_NODE = "UnknownNode"
+# The node is in the cluster's configuration but not in service (Slurm's FUTURE: a spare, or a
+# replacement still joining): a report from it is said and nothing touched, not a failed run.
+NODE_NOT_IN_SERVICE = "NodeNotInService"
 
-NON_RETRYABLE = (UNKNOWN_NODE,)
+NON_RETRYABLE = (UNKNOWN_NODE, NODE_NOT_IN_SERVICE)
 
 
 class SettingsError(ValueError):

@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core import job_policy, policy, render
     from gpuheal.core import messages as m
     from gpuheal.core import search_attributes as sa
-    from gpuheal.core.errors import UNKNOWN_NODE
+    from gpuheal.core.errors import NODE_NOT_IN_SERVICE, UNKNOWN_NODE
     from gpuheal.core.fleet import budget
     from gpuheal.core.fleet.models import GrantNotice
     from gpuheal.core.jobs import JobRecoveryResult
@@ -79,6 +79,8 @@ class GpuRemediationWorkflow:
         if s.earlier is not None:
             s.node_at = render.replaced_earlier_state(s.earlier)
             return await self._close("already_replaced", render.replaced_earlier(s.earlier))
+        if s.not_in_service is not None:  # nothing held: it was not admitted
+            return await self._close("not_in_service", s.not_in_service)
         if action == ActionClass.IGNORE:
             s.planned = True
             return await self._close("ignored", s.reason())
@@ -148,11 +150,14 @@ class GpuRemediationWorkflow:
                     s.kube = await act_run(act.MAP_KUBE_NODE, req, summary="find the Kubernetes node")
             except ActivityError as err:
                 cause = err.cause if isinstance(err.cause, ApplicationError) else None
-                if cause is not None and cause.type == UNKNOWN_NODE:
+                if cause is not None and cause.type in (UNKNOWN_NODE, NODE_NOT_IN_SERVICE):
                     found = await act_run(act.FIND_EARLIER_REPLACEMENT, s.ref, summary="did gpuheal replace this node?")
                     s.earlier = found.earlier
                 if s.earlier is not None:  # a late report: a named outcome, nothing touched
                     rec.outcome = render.replaced_earlier(s.earlier)
+                    return s.current_action()
+                if cause is not None and cause.type == NODE_NOT_IN_SERVICE:  # a spare, or one joining
+                    s.not_in_service = rec.outcome = cause.message
                     return s.current_action()
                 msg = cause.message if cause is not None else str(err)
                 if capacity.may_hold_from_admission(s):  # granted or in line with it, maybe: given back

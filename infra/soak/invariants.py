@@ -38,6 +38,7 @@ OUTCOMES = frozenset(
         "escalated",
         "not_granted",
         "already_replaced",
+        "not_in_service",
         "failed_validation",
         "followed_up",
         "unvalidated",

@@ -62,6 +62,7 @@ Outcome = Literal[
     "escalated",
     "not_granted",
     "already_replaced",
+    "not_in_service",
     "failed_validation",
     "followed_up",
     "unvalidated",

@@ -57,6 +57,7 @@ class IncidentState:
     # its first request takes instead of asking again.
     admitted_decision: CapacityDecision | None = None
     capacity_asked: bool = False  # its admission asked for capacity (the worker may not have passed it on)
+    not_in_service: str | None = None  # Slurm has the node, not in service (FUTURE): why, as it said
     burn_in: str | None = None  # an application fault one too many for its GPU: why (ladder.py)
     burn_in_verdict: Literal["passed", "failed"] | None = None
     rma: RmaEvidence | None = None  # what goes to the vendor (gathered at the close)
