@@ -47,7 +47,8 @@ Verdict = Literal["approve", "abort"]
 # have done is in its history; nothing touched), escalated (its domain incident handles the
 # node with the rest of its domain), not_granted (held past the bound: the budget never freed),
 # already_replaced (a late report for a node gpuheal replaced earlier: the result names by which
-# node and in which incident; nothing touched), failed_validation (repaired, but its GPUs failed
+# node and in which incident; nothing touched), not_in_service (Slurm has the node, not in service:
+# a spare, or a replacement still joining; said, nothing touched), failed_validation (repaired, but its GPUs failed
 # the validation run before it would take jobs: drained and out, for the vendor), followed_up (a
 # more severe report came once its plan had left the node in service: a follow-up run of the same
 # incident, started as this one closed, acts on it), unvalidated (a burn-in gave no verdict: it
