@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuheal.core.models.report import HealthReport
     from gpuheal.core.models.result import RemediationResult, StageRecord
     from gpuheal.core.models.slurm import DrainResult, NodeRef, ValidationResult
+    from gpuheal.core.policy import Triage
     from gpuheal.core.rma import RmaEvidence
 
 
@@ -105,11 +106,8 @@ class IncidentState:
 
     def reason(self) -> str:
         verdict = policy.triage_all(self.reports)
-        if self.burn_in:
-            return f"{self.burn_in} (this time: {verdict.reason})"
-        if self.repeat and verdict.action != ActionClass.IGNORE:
-            return f"{self.repeat} (this time: {verdict.reason})"
-        return verdict.reason
+        kept = self._kept_out(verdict)
+        return f"{kept[1]} (this time: {verdict.reason})" if kept else verdict.reason
 
     def drain_why(self) -> str:
         """The reason as a drain gives it to Slurm: a word for why the node is out where it is
@@ -118,9 +116,18 @@ class IncidentState:
         (policy.drain_reason), and Slurm logs nothing for a drain with the reason the node has:
         what tells this failure from the node's last comes before any cut."""
         verdict = policy.triage_all(self.reports)
+        kept = self._kept_out(verdict)
+        if kept is None:
+            return verdict.reason
+        tag, why = kept
+        return f"{tag}: {verdict.reason}; {why.removeprefix(f'{tag}: ')}"
+
+    def _kept_out(self, verdict: Triage) -> tuple[str, str] | None:
+        """Why the node is out beyond this failure, as (a word for it, the whole why): its
+        burn-in, or its repeats (an ignored report makes no repeat offender). One rule for the
+        reason and the drain's."""
         if self.burn_in:
-            return f"burn-in: {verdict.reason}; {self.burn_in}"
+            return "burn-in", self.burn_in
         if self.repeat and verdict.action != ActionClass.IGNORE:
-            tag = policy.REPEAT_OFFENDER
-            return f"{tag}: {verdict.reason}; {self.repeat.removeprefix(f'{tag}: ')}"
-        return verdict.reason
+            return policy.REPEAT_OFFENDER, self.repeat
+        return None
