@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuheal.activities.borrowed import GOES_BACK
+from gpuheal.core.policy import GIVES_BACK, drain_reason
 from infra.soak import collect, report
 from infra.soak import invariants as inv
 from infra.soak.records import (
@@ -238,6 +240,52 @@ def test_one_node_over_the_bound_and_a_lost_job_are_caught(records: inv.Records)
         runs = [replace(r, job_fates={k: v for k, v in r.job_fates.items() if k != job}) for r in records.runs]
         ends = [replace(e, state="FAILED") if e.job == job else e for e in records.job_ends]
         assert caught(replace(records, runs=runs, job_ends=ends)) == {inv.JOB_LOST: 1}
+
+
+# gpuheal's give-back drains, as Slurm shows them: the incident's own, its release, the coordinator's
+GIVE_BACKS = [f"{GIVES_BACK} to inference", GIVES_BACK, GOES_BACK]
+
+
+@settings(max_examples=100, deadline=None)
+@given(worlds, st.data())
+def test_a_borrowed_node_given_back_is_left_out_of_the_bound_and_nothing_else(
+    records: inv.Records, data: st.DataObject
+) -> None:
+    """A give-back drains an inference node in its incident's name until it leaves Slurm: it ends
+    a loan, it takes no training capacity, and the budget grants nothing for it (the hour on
+    4a75ec5 counted one, 6 against 5). Only that is left out: a give-back's words on a training
+    node, or a failure's on an inference node, count."""
+    most = records.bounds[0].most
+    at = data.draw(st.sampled_from([i for i, s in enumerate(records.samples) if len(s.drained) == most]))
+    by = incident_workflow_id(CLUSTER, f"gpu{data.draw(st.integers(0, 3)):02d}")
+
+    def drained_too(node: str, why: str) -> inv.Records:
+        s = records.samples[at]
+        one = replace(s, drained={**s.drained, node: drain_reason(by, why)})
+        samples = [*records.samples[:at], one, *records.samples[at + 1 :]]
+        return replace(records, samples=samples, lendable=[(CLUSTER, "inf01"), ("other", "inf02")])
+
+    give_back = data.draw(st.sampled_from(GIVE_BACKS))
+    assert caught(drained_too("inf01", give_back)) == {}
+    assert caught(drained_too("gpu09", give_back)) == {inv.BOUND: 1}
+    assert caught(drained_too("inf02", give_back)) == {inv.BOUND: 1}  # another cluster's inference node
+    assert caught(drained_too("inf01", "XID 79: row remapping failed")) == {inv.BOUND: 1}
+
+
+def test_an_inference_node_drained_for_a_failure_counts_until_slurm_shows_it_back() -> None:
+    """A failure's drain on a borrowed node counts; a give-back's words written over it later (its
+    release marks it DOWN so) do not take it out of the count, and it ends only once it is out."""
+    by = incident_workflow_id(CLUSTER, "inf01")
+    failed, back = drain_reason(by, "XID 79: GPU fell off the bus"), drain_reason(by, f"{GIVES_BACK} to inference")
+    samples = [
+        NodeSample(1.0, CLUSTER, {"inf01": failed}),
+        NodeSample(2.0, CLUSTER, {"inf01": back}),
+        NodeSample(3.0, CLUSTER, {}, down={"inf01": back}),
+        NodeSample(4.0, CLUSTER, {}),
+        NodeSample(5.0, CLUSTER, {"inf01": back}),
+    ]
+    found = inv.over_the_bound(samples, [Bound(CLUSTER, 0.0, 0)], [(CLUSTER, "inf01")])
+    assert [v.at for v in found] == [1.0, 2.0, 3.0]
 
 
 def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:

@@ -34,7 +34,7 @@ from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import policy
 from gpuheal.core.models.kubernetes import BorrowedGiveBack
 
-GOES_BACK = "borrowed node goes back: its incident run ended without returning it"
+GOES_BACK = f"{policy.GIVES_BACK}: its incident run ended without returning it"
 
 
 class BorrowedNodes:

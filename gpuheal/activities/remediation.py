@@ -184,7 +184,7 @@ class RemediationActivities:
         """Out of Slurm again (its jobs were moved off first), for the inference side."""
         if node.node not in await self._slurm.nodes():
             return f"{node.node} already out of Slurm"
-        return await self._provider.release(node.node, policy.drain_reason(node.incident_id, "borrowed node goes back"))
+        return await self._provider.release(node.node, policy.drain_reason(node.incident_id, policy.GIVES_BACK))
 
     @implements(act.RECORD_INCIDENT_METRICS)
     async def record_incident_metrics(self, result: RemediationResult) -> None:

@@ -180,6 +180,7 @@ def as_admitted(action: ActionClass, repeat_offender: str | None) -> ActionClass
 
 
 REPEAT_OFFENDER = "repeat offender"  # how a repeat offender's reason begins (core.fleet), and its drain's
+GIVES_BACK = "borrowed node goes back"  # how every give-back drain's reason begins, after the incident id
 DRAIN_REASON_MAX = 200  # characters: what sinfo and scontrol show whole
 
 

@@ -32,7 +32,7 @@ from infra.soak.records import (
     parse_slurmctld,
     parse_spares,
 )
-from infra.soak.world import Cluster, World, bound, incident_bound_s
+from infra.soak.world import INFERENCE_NODES, Cluster, World, bound, incident_bound_s
 
 SAMPLE_S = 1.0
 
@@ -166,6 +166,7 @@ async def gather(
     events, runs, breaker, grants, spares, job_ends, reservations = [], [], [], [], [], [], []
     bounds: list[Bound] = []
     borrowed: list[tuple[str, str, str]] = []
+    lendable: list[tuple[str, str]] = []
     for c in world.clusters.values():
         events += read_log(c.sb.slurm_dir / "log" / "slurmctld.log", c.name, begun)
         jobcomp = c.sb.slurm_dir / "log" / "jobcomp.log"
@@ -177,6 +178,7 @@ async def gather(
             audit = c.kube.root / "audit.log"
             events += [e for e in parse_audit(audit.read_text().splitlines(), c.name) if e.at >= begun - 60]
             borrowed += still_borrowed(c)
+            lendable += [(c.name, node) for node in INFERENCE_NODES]
         bounds.append(Bound(c.name, 0.0, bound()))
         prefix = ids.incident_prefix(c.name)
         listing = queries.where(queries.of_type(INCIDENT), queries.eq(sa.CLUSTER, c.name))
@@ -221,6 +223,7 @@ async def gather(
         job_ends=job_ends,
         reservations=reservations,
         borrowed=borrowed,
+        lendable=lendable,
         begun=begun,
         clusters=list(world.clusters),
         quiet=quiet,

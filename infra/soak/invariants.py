@@ -9,7 +9,7 @@ all in the order the issue lists them.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -22,6 +22,7 @@ from infra.soak.records import (
     NodeSample,
     Run,
     SpareGiven,
+    gives_back,
     incident_workflow_id,
     ours,
 )
@@ -190,18 +191,41 @@ def bound_at(bounds: Sequence[Bound], cluster: str, t: float) -> int | None:
     return max(current, key=lambda b: b.at).most if current else None
 
 
-def over_the_bound(samples: Sequence[NodeSample], bounds: Sequence[Bound]) -> list[Violation]:
-    """A sample of Slurm with more nodes held out by gpuheal than the policy's budget plus
-    containment. Every node gpuheal drained counts until Slurm shows it back: from the first
-    sample that shows it drained with gpuheal's reason, while it stays drained or DOWN (whatever
-    its reason says by then: an operator may have written over it), until a sample shows it in
-    service or FUTURE (out of the cluster: replaced, or given back to inference)."""
-    found: list[Violation] = []
+def held_out(
+    samples: Sequence[NodeSample], lendable: Sequence[tuple[str, str]] = ()
+) -> Iterator[tuple[NodeSample, frozenset[str]]]:
+    """Each sample of Slurm, in time order, with the nodes held out by gpuheal then. Every node
+    gpuheal drained counts until Slurm shows it back: from the first sample that shows it drained
+    with gpuheal's reason, while it stays drained or DOWN (whatever its reason says by then: an
+    operator may have written over it), until a sample shows it in service or FUTURE (out of the
+    cluster: replaced, or given back to inference).
+
+    But for one kind of drain: an inference node (`lendable`: (cluster, node)) drained to give it
+    back. The budget bounds the training capacity gpuheal takes out; a borrowed node was never
+    that capacity, and its give-back drain only ends the loan, so the coordinator grants nothing
+    for it and the bound leaves it out. Any other drain of an inference node (a failure on it
+    while borrowed) counts, and keeps counting if a give-back's words replace it; so does a
+    give-back's reason on a training node."""
     counted: dict[str, set[str]] = defaultdict(set)  # cluster -> the nodes that count now
+    lent = set(lendable)
     for s in sorted(samples, key=lambda s: s.at):
         held = counted[s.cluster]
         held &= set(s.drained) | set(s.down)
-        held |= {node for node, reason in s.drained.items() if ours(reason, s.cluster)}
+        held |= {
+            node
+            for node, reason in s.drained.items()
+            if ours(reason, s.cluster) and not ((s.cluster, node) in lent and gives_back(reason, s.cluster))
+        }
+        yield s, frozenset(held)
+
+
+def over_the_bound(
+    samples: Sequence[NodeSample], bounds: Sequence[Bound], lendable: Sequence[tuple[str, str]] = ()
+) -> list[Violation]:
+    """A sample of Slurm with more nodes held out by gpuheal (`held_out`) than the policy's
+    budget plus containment."""
+    found: list[Violation] = []
+    for s, held in held_out(samples, lendable):
         most = bound_at(bounds, s.cluster, s.at)
         if most is not None and len(held) > most:
             nodes = ", ".join(sorted(held))
@@ -441,6 +465,7 @@ class Records:
     job_ends: Sequence[JobEnd] = ()
     reservations: Sequence[tuple[str, str]] = ()
     borrowed: Sequence[tuple[str, str, str]] = ()  # (cluster, node, run id): borrowed still, at the end
+    lendable: Sequence[tuple[str, str]] = ()  # (cluster, node): the world's inference nodes
     begun: float = 0.0  # when the load began (0: the samples are not checked for gaps)
     clusters: Sequence[str] = ()
     quiet: Sequence[tuple[str, float, float]] = ()  # (cluster, from, to): the soak stopped its slurmctld
@@ -454,7 +479,7 @@ def check(r: Records) -> dict[str, list[Violation]]:
         *drained_twice(r.events, r.runs, r.quiet),
         *requeued_twice(r.events, r.runs),
         *spares_twice(r.spares),
-        *over_the_bound(r.samples, r.bounds),
+        *over_the_bound(r.samples, r.bounds, r.lendable),
         *(unsampled(r.samples, r.quiet, r.clusters, r.begun, r.end) if r.begun else []),
         *breaker_reset_alone(r.breaker),
         *endings(r.runs, r.end),

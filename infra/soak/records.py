@@ -34,6 +34,17 @@ def ours(reason: str, cluster: str) -> bool:
     return bool(colon) and head.startswith(f"{ID_PREFIX}{cluster}-")
 
 
+# How gpuheal's give-back drains say why, after the incident id (gpuheal.core.policy.GIVES_BACK):
+# written here again on purpose, so a give-back gpuheal words otherwise later counts against the
+# bound until the checker is told of it.
+GIVES_BACK = "borrowed node goes back"
+
+
+def gives_back(reason: str, cluster: str) -> bool:
+    """A drain gpuheal wrote to give a borrowed node back to its pool."""
+    return ours(reason, cluster) and reason.partition(":")[2].strip().startswith(GIVES_BACK)
+
+
 LogKind = Literal["reason", "drain", "resume", "down", "requeue", "allocate", "progress", "end", "cordon", "uncordon"]
 
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.soak.invariants import INVARIANTS, Records, Violation
+from infra.soak.invariants import INVARIANTS, Records, Violation, held_out
 from infra.soak.load import HARDWARE_KINDS
-from infra.soak.records import Run
+from infra.soak.records import Run, gives_back
 
 
 def _t(at: float, begun: float) -> str:
@@ -122,26 +122,30 @@ def markdown(
         "",
         "## The books, from Slurm and Temporal",
         "",
-        "| cluster | most drained by gpuheal at once / bound | "
-        "breaker trips / operator resumes | spares given | drains / requeues in slurmctld's log |",
-        "|---|---|---|---|---|",
+        "| cluster | most held out by gpuheal at once / bound | borrowed nodes given back, most at once "
+        "(left out of the bound) | breaker trips / operator resumes | spares given | drains / requeues in "
+        "slurmctld's log |",
+        "|---|---|---|---|---|---|",
     ]
+    most: Counter[str] = Counter()
+    for s, held in held_out(records.samples, records.lendable):
+        most[s.cluster] = max(most[s.cluster], len(held))
+    back: Counter[str] = Counter()
+    for s in records.samples:
+        lent = {node for c, node in records.lendable if c == s.cluster}
+        now = sum(1 for node, r in s.drained.items() if node in lent and gives_back(r, s.cluster))
+        back[s.cluster] = max(back[s.cluster], now)
     for cluster in sorted({s.cluster for s in records.samples}):
-        most = max(
-            (
-                sum(1 for r in s.drained.values() if r.startswith(f"gpuheal-{cluster}-"))
-                for s in records.samples
-                if s.cluster == cluster
-            ),
-            default=0,
-        )
         bound = max((b.most for b in records.bounds if b.cluster == cluster), default=0)
         trips = sum(1 for c in records.breaker if c.cluster == cluster and c.tripped)
         resumes = sum(1 for c in records.breaker if c.cluster == cluster and not c.tripped and c.operator)
         spares = sum(1 for g in records.spares if g.cluster == cluster)
         drains = sum(1 for e in records.events if e.cluster == cluster and e.kind == "drain")
         requeues = sum(1 for e in records.events if e.cluster == cluster and e.kind == "requeue")
-        lines.append(f"| {cluster} | {most} / {bound} | {trips} / {resumes} | {spares} | {drains} / {requeues} |")
+        lines.append(
+            f"| {cluster} | {most[cluster]} / {bound} | {back[cluster]} | {trips} / {resumes} | {spares} "
+            f"| {drains} / {requeues} |"
+        )
     resolved = [r.closed - r.started for r in records.runs if r.outcome == "resolved" and r.closed]
     if resolved:
         q = statistics.quantiles(resolved, n=20, method="inclusive") if len(resolved) > 1 else [resolved[0]] * 19

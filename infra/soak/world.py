@@ -61,6 +61,7 @@ KUBE_CLUSTER = "west"
 # The Kubernetes cluster's inference pool: a spare-less incident borrows one of its nodes, never
 # taking its service below the floor (a PodDisruptionBudget keeps as many).
 INFERENCE, INFERENCE_FLOOR = 4, 3
+INFERENCE_NODES = tuple(f"inf{i:02d}" for i in range(1, INFERENCE + 1))
 RACK_LABEL = "gpuheal.io/rack"  # west's racks, as Kubernetes labels them (gpuheal's default domain label)
 
 
@@ -246,7 +247,7 @@ class World:
                 for i, rack in enumerate(c.racks):
                     for node in rack:
                         c.kube.label(node, {RACK_LABEL: f"rack{i + 1}"})
-                c.kube.serve_inference([f"inf{i:02d}" for i in range(1, INFERENCE + 1)], INFERENCE_FLOOR)
+                c.kube.serve_inference(list(INFERENCE_NODES), INFERENCE_FLOOR)
                 c.sb.extra_env.update(
                     {
                         "GPUHEAL_KUBECONFIG": str(c.kube.worker_kubeconfig),

@@ -82,7 +82,7 @@ async def give_back(s: IncidentState, hand_over: HandOver) -> str:
     borrowed = s.borrowed
     assert borrowed is not None
     ref = NodeRef(cluster=s.ref.cluster, node=borrowed.node, incident_id=s.ref.incident_id)
-    why = policy.drain_reason(s.ref.incident_id, "borrowed node goes back to inference")
+    why = policy.drain_reason(s.ref.incident_id, f"{policy.GIVES_BACK} to inference")
     await act_run(act.DRAIN_SLURM_NODE, DrainRequest(node=ref, reason=why), summary=f"drain {borrowed.node}")
     jobs = await act_run(act.LIST_JOBS_ON_NODE, ref, summary=f"jobs on {borrowed.node}")
     for job in jobs.jobs:
