@@ -10,19 +10,25 @@ import dataclasses
 import json
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from gpuheal.clients.temporal import connect
 from gpuheal.core.settings import Settings
 from infra.sandbox.temporal import TemporalKind
 from infra.soak import collect, faults, load, report
 from infra.soak.acts import Acts, acts, open_incidents
-from infra.soak.invariants import check
+from infra.soak.invariants import Records, check
 from infra.soak.world import KUBE_CLUSTER, World
 
 SETTLE_LOOK_S = 10.0
+# The records are read after an hour's run: a machine that stalls for a minute (the hour on
+# e06ed70: the VM's vCPUs starved, PostgreSQL timed out logins) must not lose them. Reading is
+# read-only, so it is tried again.
+GATHER_TRIES, GATHER_PAUSE_S = 5, 30.0
 
 
 def say(text: str) -> None:
@@ -66,7 +72,7 @@ async def soak(
         sampler.stop()
         done = acts(doing.path)
         quiet = [(a["cluster"], a["began"], a["at"]) for a in done if a.get("fault") == "stop_slurmctld"]
-        records = await collect.gather(world, client, begun, end, soak_cancelled=set(), quiet=quiet)
+        records = await gathered(lambda: collect.gather(world, client, begun, end, soak_cancelled=set(), quiet=quiet))
         found = check(records)
         (root / "records.json").write_text(json.dumps(dataclasses.asdict(records), default=str))
         (root / "verdicts.json").write_text(json.dumps({name: len(vs) for name, vs in found.items()}))
@@ -81,16 +87,38 @@ async def soak(
         world.notices.stop()
 
 
+async def gathered(read: Callable[[], Awaitable[Records]], pause_s: float = GATHER_PAUSE_S) -> Records:
+    """The records, read again after a failure (said) up to GATHER_TRIES times."""
+    for attempt in range(1, GATHER_TRIES + 1):
+        try:
+            return await read()
+        except Exception as err:  # Temporal, the apiserver or Slurm not answering in time
+            if attempt == GATHER_TRIES:
+                raise
+            say(f"reading the records failed ({type(err).__name__}: {err}); again in {pause_s:g} s")
+            await asyncio.sleep(pause_s)
+    raise AssertionError("unreachable")
+
+
 async def settled(world: World, client: Client, until: float) -> None:
-    """Until no incident is open but those waiting for a person, or `until`."""
+    """Until no incident is open but those waiting for a person, or `until`. A look that Temporal
+    does not answer (restarting, or the machine stalled) is said, and looked again."""
     while time.time() < until:
-        open_ = 0
-        for name in world.clusters:
-            async for w in client.list_workflows(open_incidents(name)):
-                described = await client.get_workflow_handle(w.id).describe()
-                stage = (described.search_attributes or {}).get("Stage") or [""]
-                open_ += 0 if stage[0] == "approval" else 1
-        if open_ == 0:
-            return
+        try:
+            if await still_open(world, client) == 0:
+                return
+        except RPCError as err:
+            say(f"settling: Temporal did not answer ({err}); looking again")
         await asyncio.sleep(SETTLE_LOOK_S)
     say("settling time over with incidents still open: the checker names them")
+
+
+async def still_open(world: World, client: Client) -> int:
+    """The incidents open now but those waiting for a person's approval."""
+    open_ = 0
+    for name in world.clusters:
+        async for w in client.list_workflows(open_incidents(name)):
+            described = await client.get_workflow_handle(w.id).describe()
+            stage = (described.search_attributes or {}).get("Stage") or [""]
+            open_ += 0 if stage[0] == "approval" else 1
+    return open_
