@@ -288,27 +288,6 @@ def test_an_inference_node_drained_for_a_failure_counts_until_slurm_shows_it_bac
     assert [v.at for v in found] == [1.0, 2.0, 3.0]
 
 
-def test_a_borrowed_node_left_drained_to_go_back_with_nothing_on_it_is_a_leak() -> None:
-    """The bound leaves a give-back out; a give-back that never ends is then a leak, unless its run
-    goes on, a job is still on the node (never killed to give it back), or the coordinator's next
-    look, which gives back a crashed run's node, has not come yet."""
-    wid = incident_workflow_id(CLUSTER, "gpu00")
-    back = {"inf01": drain_reason(wid, f"{GIVES_BACK} to inference")}
-    run = Run(CLUSTER, wid, "r1", "gpu00", 0.0, 100.0, "COMPLETED", "resolved")
-
-    def at_end(end: int, busy: frozenset[str] | None = frozenset(), runs: tuple[Run, ...] = (run,)) -> list[str]:
-        samples = [NodeSample(float(t), CLUSTER, back, busy=busy) for t in range(50, end + 1, 5)]
-        return [v.subject for v in inv.give_backs_unended(samples, runs, [(CLUSTER, "inf01")])]
-
-    assert at_end(800) == ["inf01"]  # drained to go back since +50, its run closed at +100
-    assert at_end(600) == []  # the coordinator's next look has not come
-    assert at_end(800, busy=frozenset({"inf01"})) == []  # a job on it: it waits, never kills
-    assert at_end(800, busy=None) == []  # squeue did not answer: not known
-    assert at_end(800, runs=(replace(run, closed=None, status="RUNNING"),)) == []  # its run goes on
-    lent_not = inv.give_backs_unended([NodeSample(800.0, CLUSTER, back, busy=frozenset())], [run], [])
-    assert lent_not == []  # not an inference node: the bound counts it instead
-
-
 def test_a_run_that_failed_or_waits_for_nobody_is_caught() -> None:
     wid = incident_workflow_id(CLUSTER, "gpu01")
     runs = [

@@ -117,8 +117,7 @@ def samples(path: Path) -> list[NodeSample]:
     for line in path.read_text().splitlines():
         s = json.loads(line)
         if "drained" in s:
-            busy = frozenset(first_node(nodes) for nodes in s["jobs"].values()) if "jobs" in s else None
-            out.append(NodeSample(s["at"], s["cluster"], s["drained"], s.get("down", {}), busy))
+            out.append(NodeSample(s["at"], s["cluster"], s["drained"], s.get("down", {})))
     return out
 
 

@@ -410,38 +410,6 @@ OWNED_DRAINED = LEFT_DRAINED | {"escalated"}
 GIVE_BACK_LOOK_S = 600.0  # a crashed run's borrowed node goes back at the coordinator's next look
 
 
-def give_backs_unended(
-    samples: Sequence[NodeSample], runs: Sequence[Run], lendable: Sequence[tuple[str, str]]
-) -> list[Violation]:
-    """At each cluster's last sample, an inference node drained to go back is on its way: a run
-    of the incident that drained it is open, a job still runs on it (it never goes back with one:
-    gpuheal waits, or keeps it for a person), or that drain is younger than the coordinator's
-    next look (a crashed run's node goes back then). Otherwise the loan never ended, and since
-    the bound leaves give-backs out (`held_out`), only this sees it."""
-    lent = set(lendable)
-    found: list[Violation] = []
-    for cluster, mine in _by_cluster(samples).items():
-        ordered = sorted(mine, key=lambda x: x.at)
-        last = ordered[-1]
-        for node, reason in sorted(last.drained.items()):
-            if (cluster, node) not in lent or not gives_back(reason, cluster):
-                continue
-            incident = reason.partition(":")[0]
-            if any(r.cluster == cluster and r.workflow_id == incident and r.open_at(last.at) for r in runs):
-                continue
-            if last.busy is None or node in last.busy:
-                continue  # a job on it (or not known): waiting for it is right
-            since = last.at
-            for s in reversed(ordered):
-                if not gives_back(s.drained.get(node, ""), cluster):
-                    break
-                since = s.at
-            if last.at - since >= GIVE_BACK_LOOK_S:
-                why = f"{node} drained to go back for {last.at - since:.0f} s, no job on it, no open run of {incident}"
-                found.append(Violation(LEAKS, cluster, last.at, node, why))
-    return found
-
-
 def borrowed_unowned(borrowed: Sequence[tuple[str, str, str]], runs: Sequence[Run], end: float) -> list[Violation]:
     """At the end, every inference node still borrowed (Kubernetes: gpuheal's borrowed-run
     annotation, (cluster, node, run id)) is held by its incident: a run of that chain still open,
@@ -518,7 +486,6 @@ def check(r: Records) -> dict[str, list[Violation]]:
         *leaks(r.runs, r.grants, r.samples, r.reservations, r.events),
         *drains_unowned(r.samples, r.runs),
         *borrowed_unowned(r.borrowed, r.runs, r.end),
-        *give_backs_unended(r.samples, r.runs, r.lendable),
         *cordoned_twice(r.events, r.runs),
     ]:
         found[v.invariant].append(v)

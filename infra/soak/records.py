@@ -74,7 +74,6 @@ class NodeSample:
     cluster: str
     drained: Mapping[str, str]
     down: Mapping[str, str] = field(default_factory=dict)
-    busy: frozenset[str] | None = None  # the nodes a job runs on (the soak's jobs take one each); None: unknown
 
 
 @dataclass(frozen=True)
