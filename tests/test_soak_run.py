@@ -18,25 +18,25 @@ from infra.soak.invariants import Records
 class Listing:
     """`client.list_workflows`' iterator: it fails when it is first read, as the SDK's does."""
 
-    def __init__(self, fail: bool) -> None:
-        self.fail = fail
+    def __init__(self, fail: bool, status: RPCStatusCode = RPCStatusCode.CANCELLED) -> None:
+        self.fail, self.status = fail, status
 
     def __aiter__(self) -> Listing:
         return self
 
     async def __anext__(self) -> Any:
         if self.fail:
-            raise RPCError("Timeout expired", RPCStatusCode.CANCELLED, b"")
+            raise RPCError("Timeout expired", self.status, b"")
         raise StopAsyncIteration
 
 
 class Client:
-    def __init__(self, failures: int) -> None:
-        self.failures, self.looks = failures, 0
+    def __init__(self, failures: int, status: RPCStatusCode = RPCStatusCode.CANCELLED) -> None:
+        self.failures, self.looks, self.status = failures, 0, status
 
     def list_workflows(self, query: str) -> Listing:
         self.looks += 1
-        return Listing(self.looks <= self.failures)
+        return Listing(self.looks <= self.failures, self.status)
 
 
 def test_settling_looks_again_after_temporal_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,6 +45,9 @@ def test_settling_looks_again_after_temporal_does_not_answer(monkeypatch: pytest
     world = SimpleNamespace(clusters={"east": None})
     asyncio.run(run.settled(world, client, time.time() + 30))  # type: ignore[arg-type]
     assert client.looks == 3  # two looks failed, the third found nothing open
+    refused = Client(failures=1, status=RPCStatusCode.INVALID_ARGUMENT)
+    with pytest.raises(RPCError):  # a query Temporal refuses is not waited out
+        asyncio.run(run.settled(world, refused, time.time() + 30))  # type: ignore[arg-type]
 
 
 def test_the_records_are_read_again_and_a_lasting_failure_is_raised() -> None:

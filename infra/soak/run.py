@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuheal.clients.temporal import connect
 from gpuheal.core.settings import Settings
@@ -29,6 +29,14 @@ SETTLE_LOOK_S = 10.0
 # e06ed70: the VM's vCPUs starved, PostgreSQL timed out logins) must not lose them. Reading is
 # read-only, so it is tried again.
 GATHER_TRIES, GATHER_PAUSE_S = 5, 30.0
+# What a look that may answer next time fails with (a client-side timeout reads CANCELLED); a
+# query Temporal refuses (INVALID_ARGUMENT, PERMISSION_DENIED) stops the soak instead.
+PASSING = {
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 def say(text: str) -> None:
@@ -108,6 +116,8 @@ async def settled(world: World, client: Client, until: float) -> None:
             if await still_open(world, client) == 0:
                 return
         except RPCError as err:
+            if err.status not in PASSING:
+                raise
             say(f"settling: Temporal did not answer ({err}); looking again")
         await asyncio.sleep(SETTLE_LOOK_S)
     say("settling time over with incidents still open: the checker names them")
