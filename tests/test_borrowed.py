@@ -51,17 +51,6 @@ class Slurm:
         return self.jobs[name]
 
 
-class Provider:
-    """The provider's `release`, as the incident's own give-back calls it: what Core had patched then."""
-
-    def __init__(self, core: Core) -> None:
-        self.core, self.released = core, list[tuple[str, str, list[str]]]()
-
-    async def release(self, node: str, reason: str) -> str:
-        self.released.append((node, reason, list(self.core.patched)))
-        return f"{node} left the cluster"
-
-
 @pytest.fixture(autouse=True)
 def crashed(monkeypatch: pytest.MonkeyPatch) -> None:
     async def run_crashed_out(client: Any, incident: str, run: str | None, asker: str) -> bool:
@@ -70,8 +59,8 @@ def crashed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(borrowed.runs, "run_crashed_out", run_crashed_out)
 
 
-async def give_back(core: Core, slurm: Slurm, provider: Provider | None = None) -> Any:
-    reaper = BorrowedNodes(slurm, None, LABEL, provider)  # type: ignore[arg-type]
+async def give_back(core: Core, slurm: Slurm) -> Any:
+    reaper = BorrowedNodes(slurm, None, LABEL)  # type: ignore[arg-type]
     reaper._core = core  # type: ignore[assignment]
     env = ActivityEnvironment(client=SimpleNamespace())  # type: ignore[arg-type]  (the fake run status needs none)
     return await env.run(reaper.give_back_borrowed_of_ended_runs, "c")
@@ -79,17 +68,12 @@ async def give_back(core: Core, slurm: Slurm, provider: Provider | None = None) 
 
 async def test_the_slurm_node_is_the_one_the_label_names_and_its_job_is_never_killed() -> None:
     core, slurm = Core(node("k8s-a", "crashed", "gpu05")), Slurm({"gpu05": [7], "k8s-a": []})
-    provider = Provider(core)
-    first = await give_back(core, slurm, provider)
+    first = await give_back(core, slurm)
     assert (first.given_back, first.waiting) == ((), ("k8s-a",))
     assert slurm.drained == ["gpu05"] and core.patched == []  # drained by its Slurm name; not relabelled
-    assert provider.released == []  # still in Slurm while its job runs
     slurm.jobs["gpu05"] = []
-    second = await give_back(core, slurm, provider)
+    second = await give_back(core, slurm)
     assert second.given_back == ("k8s-a",) and core.patched == ["k8s-a"]
-    # Out of Slurm, by its Slurm name, before it goes back to inference, as the incident's own
-    # give-back takes it (the reaper once left it drained in Slurm for good).
-    assert provider.released == [("gpu05", f"gpuheal-c-gpu01: {borrowed.GOES_BACK}", [])]
 
 
 async def test_a_node_whose_slurm_name_cannot_be_told_waits() -> None:

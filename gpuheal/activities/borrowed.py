@@ -8,8 +8,7 @@ would ever return it: the inference side stays a node short for good. So each lo
 coordinator lists the nodes labelled borrowed, asks Temporal whether the run written on each
 (`gpuheal.io/borrowed-run`, its first run) crashed out (gpuheal.clients.runs), and for those: drains the
 node in Slurm (in the incident's name, so no new job lands there), and, once Slurm shows no job
-on it, takes it out of Slurm as the incident's own give-back does (the provider's `release`) and
-returns it to its inference pool. A job still running there is never killed: the node
+on it, returns it to its inference pool. A job still running there is never killed: the node
 waits, drained, for the next look. Each step reads before it acts.
 """
 
@@ -34,21 +33,13 @@ from gpuheal.clients.kube import call
 from gpuheal.clients.slurm import SlurmBackend
 from gpuheal.core import policy
 from gpuheal.core.models.kubernetes import BorrowedGiveBack
-from gpuheal.providers.base import NodeProvider
 
 GOES_BACK = f"{policy.GIVES_BACK}: its incident run ended without returning it"
 
 
 class BorrowedNodes:
-    def __init__(
-        self,
-        slurm: SlurmBackend,
-        api: client.ApiClient | None,
-        node_label: str | None = None,
-        provider: NodeProvider | None = None,
-    ) -> None:
+    def __init__(self, slurm: SlurmBackend, api: client.ApiClient | None, node_label: str | None = None) -> None:
         self._slurm = slurm
-        self._provider = provider  # takes a node out of Slurm (None: it stays there, drained)
         self._core = client.CoreV1Api(api) if api is not None else None
         self._node_label = node_label  # GPUHEAL_K8S_NODE_LABEL: the Slurm name on the Node, else its name
 
@@ -74,10 +65,6 @@ class BorrowedNodes:
             if slurm_name is None or not await self._empty(slurm_name, incident, in_slurm):
                 waiting.append(name)  # (a Slurm name it cannot tell is never taken for "none runs there")
                 continue
-            if self._provider is not None and slurm_name in in_slurm:
-                # As the incident's own give-back does (RELEASE_BORROWED_NODE): out of Slurm first,
-                # then back to the inference side. The provider reads before it acts.
-                await self._provider.release(slurm_name, policy.drain_reason(incident, GOES_BACK))
             await return_node(self._core, name, annotations.get(BORROWED_FROM, ""))
             given.append(name)
         return BorrowedGiveBack(given_back=tuple(given), waiting=tuple(waiting))

@@ -122,7 +122,7 @@ def activity_list(settings: Settings) -> list[Callable[..., Any]]:
         cluster=settings.cluster,
     )
     k8s = settings.remediation.kubernetes
-    borrowed = BorrowedNodes(slurm, kube_api, k8s.node_label if k8s is not None else None, provider)
+    borrowed = BorrowedNodes(slurm, kube_api, k8s.node_label if k8s is not None else None)
     served: list[object] = [acts, jobs, fleet, validation, rma, borrowed, StatePacking()]
     if kube_api is not None:
         from gpuheal.activities.kubernetes import KubernetesActivities

@@ -283,9 +283,7 @@ async def test_a_borrowed_node_of_a_run_that_ended_goes_back_once_its_jobs_are_d
     await asyncio.to_thread(kube.wait, lambda: job_state(slurm, busy) == "RUNNING", "the job on gpu05 running")
     env = ActivityEnvironment(client=client)
     env.info = dataclasses.replace(env.info, workflow_id=open_run.id)  # (the asker: the coordinator)
-    reaper = BorrowedNodes(
-        SlurmCli(str(slurm.slurm_conf)), kube.api(kube.worker_kubeconfig), provider=provider(slurm, kube, 30)
-    )
+    reaper = BorrowedNodes(SlurmCli(str(slurm.slurm_conf)), kube.api(kube.worker_kubeconfig))
     try:
         first = await env.run(reaper.give_back_borrowed_of_ended_runs, "c")
         assert (first.given_back, first.waiting) == ((), ("gpu05",))
