@@ -37,6 +37,9 @@ async def test_a_question_costs_the_same_calls_whatever_the_queue(slurm: Sandbox
     before = backend.calls
     found = await backend.jobs([j.job_id for j in on_gpu02])
     assert {j.job_id for j in found} == {j.job_id for j in on_gpu02} and backend.calls - before <= 2
+    # A spare not in service (FUTURE) and a name Slurm does not have run nothing: squeue says so
+    # in its own words, which are not a failure to answer.
+    assert await backend.jobs_on_node("gpu04") == [] and await backend.jobs_on_node("gpu99") == []
 
 
 @pytest.mark.parametrize("slurm", [("rest", "26.05")], ids=["rest-26.05"], indirect=True)

@@ -33,6 +33,7 @@ from gpuheal.core.models.slurm import JobSnapshot, NodeInfo
 
 # Wrappers that join their arguments into a remote shell's command line.
 REMOTE_SHELLS = frozenset({"ssh", "autossh", "rsh"})
+NO_SUCH_NODE = "Invalid node name"  # what squeue -w says of a node not in service (22.05 to 26.05)
 
 
 def wrapped(wrapper: list[str], argv: tuple[str, ...]) -> list[str]:
@@ -139,8 +140,13 @@ class SlurmCli:
     async def jobs_on_node(self, node: str) -> list[JobSnapshot]:
         check_node_name(node)
         if await self._filters():
-            data = await self._json("squeue", "-w", node, check=False)  # exit 1: no such node in service
-            jobs = parse_jobs(data) if data else []
+            rc, out, err = await self.run("squeue", "-w", node, "--json", check=False)
+            # Exit 1 for a node not in service says none runs there; any other failure (the
+            # controller unreachable) says nothing, and "none" would let a caller take the node
+            # out of Slurm, and its jobs with it.
+            if rc != 0 and NO_SUCH_NODE not in err:
+                raise SlurmError(f"squeue -w {node} failed (exit {rc}): {err.strip()}")
+            jobs = parse_jobs(json.loads(out)) if rc == 0 and out.strip() else []
         else:
             jobs = parse_jobs(await self._json("squeue") or {})
         return [j for j in jobs if j.state in LIVE_JOB_STATES and node in expand(j.nodes)]
