@@ -191,6 +191,11 @@ def bound_at(bounds: Sequence[Bound], cluster: str, t: float) -> int | None:
     return max(current, key=lambda b: b.at).most if current else None
 
 
+def given_back(s: NodeSample, lent: set[tuple[str, str]]) -> set[str]:
+    """The inference nodes (`lent`: (cluster, node)) this sample shows drained to go back."""
+    return {node for node, reason in s.drained.items() if (s.cluster, node) in lent and gives_back(reason, s.cluster)}
+
+
 def held_out(
     samples: Sequence[NodeSample], lendable: Sequence[tuple[str, str]] = ()
 ) -> Iterator[tuple[NodeSample, frozenset[str]]]:
@@ -211,11 +216,7 @@ def held_out(
     for s in sorted(samples, key=lambda s: s.at):
         held = counted[s.cluster]
         held &= set(s.drained) | set(s.down)
-        held |= {
-            node
-            for node, reason in s.drained.items()
-            if ours(reason, s.cluster) and not ((s.cluster, node) in lent and gives_back(reason, s.cluster))
-        }
+        held |= {node for node, reason in s.drained.items() if ours(reason, s.cluster)} - given_back(s, lent)
         yield s, frozenset(held)
 
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.soak.invariants import INVARIANTS, Records, Violation, held_out
+from infra.soak.invariants import INVARIANTS, Records, Violation, given_back, held_out
 from infra.soak.load import HARDWARE_KINDS
-from infra.soak.records import Run, gives_back
+from infra.soak.records import Run
 
 
 def _t(at: float, begun: float) -> str:
@@ -131,10 +131,9 @@ def markdown(
     for s, held in held_out(records.samples, records.lendable):
         most[s.cluster] = max(most[s.cluster], len(held))
     back: Counter[str] = Counter()
+    lent = set(records.lendable)
     for s in records.samples:
-        lent = {node for c, node in records.lendable if c == s.cluster}
-        now = sum(1 for node, r in s.drained.items() if node in lent and gives_back(r, s.cluster))
-        back[s.cluster] = max(back[s.cluster], now)
+        back[s.cluster] = max(back[s.cluster], len(given_back(s, lent)))
     for cluster in sorted({s.cluster for s in records.samples}):
         bound = max((b.most for b in records.bounds if b.cluster == cluster), default=0)
         trips = sum(1 for c in records.breaker if c.cluster == cluster and c.tripped)
