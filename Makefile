@@ -45,6 +45,7 @@ lint: $(STAMP)
 MINUTES ?= 60
 SEED ?= 1
 soak: $(STAMP)
+	bash infra/k8s/build.sh
 	$(PY) -m infra.soak --minutes $(MINUTES) --seed $(SEED) $(SOAK_ARGS)
 
 bench: $(STAMP)
