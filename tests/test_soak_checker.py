@@ -328,6 +328,59 @@ def test_time_to_training_again_read_from_slurmctlds_log() -> None:
     assert report.recoveries(records, [elsewhere]) == []
 
 
+def test_the_report_counts_the_training_a_fault_met_while_it_lasted() -> None:
+    """A fault in the middle of a job's wait to train again costs the seconds of that wait it
+    covered, from Slurm's log; a job that never trains again waits until the soak's end."""
+    events = log("22.05", "incident", "sandbox")
+    drain = next(e for e in events if e.kind == "drain")
+    restarted = next(e for e in events if e.kind == "progress" and e.job == 5000 and e.restart == 1)
+    failed_at = drain.at - 0.5
+    failure = {
+        "kind": "failure",
+        "at": failed_at,
+        "cluster": "sandbox",
+        "node": "gpu01",
+        "load": "hardware",
+        "status": 200,
+    }
+    mid = (failed_at + restarted.at) / 2
+    hit = {"kind": "fault", "fault": "restart_temporal", "cluster": "", "began": mid, "at": mid + 1.0, "said": "x"}
+    records = inv.Records(end=restarted.at + 100, events=events, samples=[], runs=[], clusters=["sandbox"])
+    text = report.markdown(
+        3, 5, 5, failed_at - 10, records.end, records, {n: [] for n in inv.INVARIANTS}, [failure, hit]
+    )
+    assert "| restart_temporal | shared | " in text and "| 0 | 0 | 1 | 1 |" in text
+    unfinished = [e for e in events if not (e.kind == "progress" and e.job == 5000 and e.restart >= 1)]
+    waits = report.training_waits(replace(records, events=unfinished), [failure])
+    assert waits == [("sandbox", failed_at, records.end, False)]
+    assert "left out (1 jobs)" in report.markdown(
+        3,
+        5,
+        5,
+        failed_at - 10,
+        records.end,
+        replace(records, events=unfinished),
+        {n: [] for n in inv.INVARIANTS},
+        [failure],
+    )
+
+
+def test_a_failure_on_a_node_its_job_was_requeued_from_is_not_that_jobs() -> None:
+    """A job requeued off a node (or ended) is no longer on it: a later failure there is no wait
+    of that job's (slurmctld logs the requeue; the job starts elsewhere, or waits)."""
+    events = [
+        LogEvent(1.0, "c", "allocate", node="gpu01", job=7),
+        LogEvent(5.0, "c", "requeue", job=7),
+        LogEvent(20.0, "c", "allocate", node="gpu02", job=7),
+        LogEvent(30.0, "c", "progress", job=7, restart=1),
+    ]
+    failure = {"kind": "failure", "at": 10.0, "cluster": "c", "node": "gpu01", "load": "hardware", "status": 200}
+    records = inv.Records(end=40.0, events=events, samples=[], runs=[])
+    assert report.training_waits(records, [failure]) == []
+    on_it = {**failure, "at": 3.0}
+    assert report.training_waits(records, [on_it]) == [("c", 3.0, 30.0, True)]
+
+
 def test_a_job_started_by_the_backfill_is_placed_from_slurm_sampled(tmp_path: Path) -> None:
     """slurmctld logs a backfill start below its info level: the sampled squeue places the job, so
     its second requeue is the second node's incident's, not the first's twice."""

@@ -59,6 +59,7 @@ class Acts:
         self.relapsed: set[tuple[str, str]] = set()  # (cluster, node) failed again after an abort
         self.relapsing: dict[tuple[str, str], asyncio.Task[None]] = {}  # not yet sent: not returned
         self.sent: dict[tuple[str, str], list[tuple[float, int, int]]] = {}  # node -> (at, GPU, XID)
+        self.struck: float | None = None  # when the fault being carried out acted, if not at its start
 
     def record(self, kind: str, **fields: Any) -> None:
         with self.path.open("a") as f:
@@ -171,12 +172,17 @@ class Acts:
     async def inflict(self, dealt: list[faulting.Fault]) -> None:
         for fault in dealt:
             await self.until(fault.at_s)
-            began = time.time()
+            began, self.struck = time.time(), None
             try:
                 said = await getattr(self, f"_{fault.kind}")(fault)
             except Exception as err:  # a fault that could not be carried out is said, not hidden
                 said = f"could not: {err}"
-            self.record("fault", fault=fault.kind, cluster=fault.cluster, began=began, said=said)
+            # over: when it stopped acting on the world (a refusal of notices goes on after its act;
+            # one skipped or failed did nothing)
+            acted = not said.startswith(("could not", "skipped"))
+            over = max(time.time(), began + fault.lasts_s) if acted else time.time()
+            began = self.struck or began  # a fault that looks before it acts began when it acted
+            self.record("fault", fault=fault.kind, cluster=fault.cluster, began=began, over=over, said=said)
 
     async def _kill_worker(self, f: faulting.Fault) -> str:
         """SIGKILL the worker running an incident's activity (the server's pending activities name
@@ -191,6 +197,7 @@ class Acts:
             if chosen is None:
                 await asyncio.sleep(1)
         i, during = chosen or (self.rng.randrange(len(c.workers)), f"no activity ran in {KILL_WAIT_S:.0f} s")
+        self.struck = time.time()
         c.workers[i].send_signal(signal.SIGKILL)
         await asyncio.to_thread(c.workers[i].wait)
         await asyncio.sleep(2)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from infra.soak import costs
 from infra.soak.invariants import INVARIANTS, Records, Violation, given_back, held_out
 from infra.soak.load import HARDWARE_KINDS
 from infra.soak.records import Run
@@ -32,26 +33,34 @@ def fault_before(at: float, cluster: str, acts: Sequence[Mapping[str, Any]], beg
 def recoveries(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[float]:
     """Failure to training again, per hardware failure that hit a job: from the soak's injection to
     the job's first progress line after its restart (slurmctld's log: its comment, restart=N+1)."""
-    moments: list[tuple[float, int, Any]] = [(e.at, 1, e) for e in records.events if e.kind in ("allocate", "progress")]
+    return [stop - start for _, start, stop, trained in training_waits(records, acts) if trained]
+
+
+def training_waits(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float, bool]]:
+    """Each job's wait to train again after a hardware failure that hit it: (cluster, failed at,
+    trained again at, True), or (..., the soak's end, False) for a job that had not by then."""
+    kinds = ("allocate", "progress", "requeue", "end")
+    moments: list[tuple[float, int, Any]] = [(e.at, 1, e) for e in records.events if e.kind in kinds]
     moments += [(a["at"], 0, a) for a in acts if a["kind"] == "failure" and a["load"] in HARDWARE_KINDS]
     on: dict[tuple[str, str], int] = {}
     restarts: dict[tuple[str, int], int] = {}
     waiting: dict[tuple[str, int], tuple[float, int]] = {}  # job -> (failed at, its restarts then)
-    took: list[float] = []
+    took: list[tuple[str, float, float, bool]] = []
     for at, _, m in sorted(moments, key=lambda x: (x[0], x[1])):
         if isinstance(m, dict):
             job = on.get((m["cluster"], m["node"]))
             if job is not None and (m["cluster"], job) not in waiting:
                 waiting[(m["cluster"], job)] = (at, restarts.get((m["cluster"], job), 0))
-        elif m.kind == "allocate":
+        elif m.kind in ("allocate", "requeue", "end"):  # a job off its nodes: a failure there is not its
             on = {k: v for k, v in on.items() if not (k[0] == m.cluster and v == m.job)}
-            on[(m.cluster, m.node)] = m.job
+            if m.kind == "allocate":
+                on[(m.cluster, m.node)] = m.job
         else:
             key = (m.cluster, m.job)
             restarts[key] = m.restart
             if key in waiting and m.restart > waiting[key][1]:
-                took.append(at - waiting.pop(key)[0])
-    return took
+                took.append((m.cluster, waiting.pop(key)[0], at, True))
+    return took + [(cluster, start, max(start, records.end), False) for (cluster, _), (start, _) in waiting.items()]
 
 
 def markdown(
@@ -161,6 +170,9 @@ def markdown(
             f"slurmctld's log): p50 {statistics.median(took):.1f} s, p95 {q[18]:.1f} s, max {max(took):.1f} s "
             f"({len(took)} jobs)."
         ]
+    waits = training_waits(records, acts)
+    trained = [(c, start, stop) for c, start, stop, done in waits if done]
+    lines += ["", *costs.lines(costs.fault_costs(records.runs, trained, acts, end), len(waits) - len(trained), begun)]
     return "\n".join(lines) + "\n"
 
 
