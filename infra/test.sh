@@ -47,6 +47,7 @@ stop_soak() {  # SIGTERM: the soak cancels itself and stops its world before it 
 }
 if [ "${GPUHEAL_TEST_SOAK:-1}" != 0 ]; then
   echo "make test: the five-minute soak beside the built tests (progress: .run/soak.log)"
+  rm -f .run/soak/verdicts.json .run/soak/soak.md  # a soak that fails to start leaves no old verdict
   setsid .venv/bin/python -m infra.soak --minutes 5 --seed "${GPUHEAL_SOAK_SEED:-3}" --root .run/soak \
     >.run/soak.log 2>&1 &
   soak=$!

@@ -373,10 +373,13 @@ def test_a_failure_on_a_node_its_job_was_requeued_from_is_not_that_jobs() -> Non
         LogEvent(5.0, "c", "requeue", job=7),
         LogEvent(20.0, "c", "allocate", node="gpu02", job=7),
         LogEvent(30.0, "c", "progress", job=7, restart=1),
+        LogEvent(2.0, "c", "allocate", node="gpu03", job=8),
+        LogEvent(4.0, "c", "end", node="gpu03", job=8, text="COMPLETED"),
     ]
     failure = {"kind": "failure", "at": 10.0, "cluster": "c", "node": "gpu01", "load": "hardware", "status": 200}
     records = inv.Records(end=40.0, events=events, samples=[], runs=[])
     assert report.training_waits(records, [failure]) == []
+    assert report.training_waits(records, [{**failure, "at": 6.0, "node": "gpu03"}]) == []  # job 8 ended
     on_it = {**failure, "at": 3.0}
     assert report.training_waits(records, [on_it]) == [("c", 3.0, 30.0, True)]
 

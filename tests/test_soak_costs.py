@@ -89,14 +89,17 @@ def test_a_kill_that_waits_for_an_activity_begins_when_it_kills(tmp_path: Path) 
     killed: list[float] = []
     worker = SimpleNamespace(pid=41, send_signal=lambda _sig: killed.append(time.time()), wait=lambda: 0)
     cluster = SimpleNamespace(workers=[worker], start_worker=lambda _i: None, worker_name=lambda i: f"worker-{i}")
-    doing = Acts(SimpleNamespace(root=tmp_path, clusters={"east": cluster}), None, time.time(), 1)  # type: ignore[arg-type]
+    notices = SimpleNamespace(refuse_for=lambda _s: None)
+    world = SimpleNamespace(root=tmp_path, clusters={"east": cluster}, notices=notices)
+    doing = Acts(world, None, time.time(), 1)  # type: ignore[arg-type]
     looks = iter([[], [(41, "drain_slurm_node of gpuheal-east-gpu01")]])
 
     async def running(_cluster: str) -> list[tuple[int, str]]:
         return next(looks)
 
     doing.running_activities = running  # type: ignore[method-assign,assignment]
-    asyncio.run(doing.inflict([Fault(0.0, "kill_worker", "east", 0.0)]))
-    (act,) = [json.loads(line) for line in (tmp_path / "acts.jsonl").read_text().splitlines()]
+    asyncio.run(doing.inflict([Fault(0.0, "kill_worker", "east", 0.0), Fault(0.0, "notices_refused", "", 10.0)]))
+    act, after = [json.loads(line) for line in (tmp_path / "acts.jsonl").read_text().splitlines()]
     assert "during drain_slurm_node" in act["said"]
     assert act["began"] == pytest.approx(killed[0], abs=0.05) and act["at"] - act["began"] >= 2
+    assert after["began"] >= act["at"]  # the next fault begins at its own start, not at the kill

@@ -235,7 +235,7 @@ class World:
 
     def start(self) -> None:
         self.stop()
-        for record in ("acts.jsonl", "samples.jsonl", "notices.jsonl", "records.json", "verdicts.json"):
+        for record in ("acts.jsonl", "samples.jsonl", "notices.jsonl", "records.json", "verdicts.json", "soak.md"):
             (self.root / record).unlink(missing_ok=True)  # a soak's records are its own
         self.temporal.start_temporal(fresh=True)
         for c in self.clusters.values():
