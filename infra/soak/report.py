@@ -33,7 +33,11 @@ def fault_before(at: float, cluster: str, acts: Sequence[Mapping[str, Any]], beg
 def recoveries(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[float]:
     """Failure to training again, per hardware failure that hit a job: from the soak's injection to
     the job's first progress line after its restart (slurmctld's log: its comment, restart=N+1)."""
-    return [stop - start for _, start, stop, trained in training_waits(records, acts) if trained]
+    return _took(training_waits(records, acts))
+
+
+def _took(waits: Sequence[tuple[str, float, float, bool]]) -> list[float]:
+    return [stop - start for _, start, stop, trained in waits if trained]
 
 
 def training_waits(records: Records, acts: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float, bool]]:
@@ -162,7 +166,8 @@ def markdown(
             f"Resolved incidents' time open (report to close): p50 {statistics.median(resolved):.1f} s, "
             f"p95 {q[18]:.1f} s, max {max(resolved):.1f} s ({len(resolved)} runs).",
         ]
-    took = recoveries(records, acts)
+    waits = training_waits(records, acts)  # read once: the figure below and each fault's share
+    took = _took(waits)
     if took:
         q = statistics.quantiles(took, n=20, method="inclusive") if len(took) > 1 else [took[0]] * 19
         lines += [
@@ -170,7 +175,6 @@ def markdown(
             f"slurmctld's log): p50 {statistics.median(took):.1f} s, p95 {q[18]:.1f} s, max {max(took):.1f} s "
             f"({len(took)} jobs)."
         ]
-    waits = training_waits(records, acts)
     trained = [(c, start, stop) for c, start, stop, done in waits if done]
     lines += ["", *costs.lines(costs.fault_costs(records.runs, trained, acts, end), len(waits) - len(trained), begun)]
     return "\n".join(lines) + "\n"
